@@ -1,0 +1,1 @@
+"""Runnable examples: a tool API to put behind the gateway, and agent demos."""

@@ -1,0 +1,128 @@
+"""`create_app(settings)`: wire the store, the forwarder, the engine and the handlers.
+
+Everything with a lifetime (store connection, client sessions, lease
+renewal) is set up and torn down in one `cleanup_ctx`, in dependency order.
+On shutdown, engine tasks still running (their callers may be gone) are
+awaited so their receipts are recorded before the store closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from gateway import __version__
+from gateway.appkeys import BACKGROUND, ENGINE, METRICS, ROUTES, SCOPES, SETTINGS, STORE
+from gateway.config import Settings
+from gateway.errors import StoreUnavailable
+from gateway.forwarder import Forwarder
+from gateway.lifecycle import IdempotencyEngine
+from gateway.metrics import GatewayMetrics
+from gateway.operations_view import lookup
+from gateway.problems import problem_middleware
+from gateway.proxy_view import proxy
+from gateway.routing import RouteTable
+from gateway.scopes import ScopeResolver
+from gateway.store.factory import make_store
+
+log = logging.getLogger("gateway.app")
+
+_OPERATION_COUNT_TTL = 5.0
+"""Seconds a state count is reused by /metrics: counting is a scan, scrapes are frequent."""
+
+SHUTDOWN_GRACE = 60.0
+
+
+def instance_id() -> str:
+    """This process's lease-owner name: host, pid and a random suffix (pids get reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def create_app(settings: Settings) -> web.Application:
+    """The gateway as an aiohttp application.
+
+    >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
+    """
+    app = web.Application(middlewares=[problem_middleware], client_max_size=1024**4)
+    app[SETTINGS] = settings
+    app[METRICS] = GatewayMetrics(version=__version__)
+    app[ROUTES] = RouteTable(settings.routes)
+    app[BACKGROUND] = set()
+    app.cleanup_ctx.append(_services)
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/operations/{key:.+}", lookup)
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    return app
+
+
+async def _services(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    metrics = app[METRICS]
+    store = make_store(settings.store, on_batch=metrics.commit)
+    await store.open()
+    forwarder = Forwarder(settings.routes)
+    await forwarder.start()
+    engine = IdempotencyEngine(
+        store=store,
+        forwarder=forwarder,
+        settings=settings.idempotency,
+        routes=settings.routes,
+        owner=instance_id(),
+        observer=metrics,
+        fault=settings.testing.fault,
+    )
+    await engine.start()
+    app[STORE] = store
+    app[ENGINE] = engine
+    app[SCOPES] = ScopeResolver(
+        clients=settings.clients,
+        scope_headers=settings.idempotency.scope_headers,
+        secret=await store.scope_secret(),
+    )
+    try:
+        yield
+    finally:
+        await _drain(app[BACKGROUND])
+        await engine.stop()
+        await forwarder.close()
+        await store.close()
+
+
+async def _drain(background: set[asyncio.Task[Any]]) -> None:
+    if not background:
+        return
+    log.info("waiting for %d upstream calls to finish", len(background))
+    await asyncio.wait(set(background), timeout=SHUTDOWN_GRACE)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    await request.app[STORE].ping()
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    app = request.app
+    if app[METRICS].operation_counts_stale(time.monotonic(), _OPERATION_COUNT_TTL):
+        # On a store outage the last known counts stay; /readyz reports the outage.
+        with contextlib.suppress(StoreUnavailable):
+            app[METRICS].set_operation_counts(await app[STORE].count_by_state(), time.monotonic())
+    return web.Response(
+        body=app[METRICS].render(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )

@@ -1,0 +1,78 @@
+"""Which headers cross the gateway, in which direction, and which are kept.
+
+Pure functions over header pairs, so the forwarder, the receipt writer and the
+tests share one definition of "hop-by-hop" and of "never stored".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Pairs = tuple[tuple[str, str], ...]
+
+HOP_BY_HOP: frozenset[str] = frozenset(
+    {
+        "connection",  # RFC 9110 7.6.1: describes this connection only
+        "keep-alive",  # connection management, meaningless on the next hop
+        "proxy-connection",  # non-standard twin of Connection sent by old clients
+        "proxy-authenticate",  # addressed to the proxy, not the origin
+        "proxy-authorization",  # the caller's credential for this proxy
+        "te",  # transfer codings the sender accepts on this hop
+        "trailer",  # announces trailers of this hop's chunked framing
+        "transfer-encoding",  # framing is re-done by each hop
+        "upgrade",  # protocol switches are per connection; the gateway never upgrades
+    }
+)
+"""Headers that describe one connection and must not be forwarded (RFC 9110 7.6.1)."""
+
+FRAMING: frozenset[str] = frozenset({"content-length"})
+"""Recomputed by aiohttp from the body it sends; a stale copy would corrupt framing."""
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
+IDEMPOTENCY_STATUS = "Idempotency-Status"
+IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
+
+GATEWAY_OWNED: frozenset[str] = frozenset(
+    {"idempotency-key", "idempotency-status", "idempotent-replayed"}
+)
+"""Headers the gateway sets itself on every answer that concerns a key."""
+
+
+def connection_tokens(pairs: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """Header names the sender listed in `Connection`: hop-by-hop for this message too."""
+    tokens: set[str] = set()
+    for name, value in pairs:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return frozenset(tokens)
+
+
+def end_to_end(pairs: Iterable[tuple[str, str]], *, drop: frozenset[str] = frozenset()) -> Pairs:
+    """The pairs minus hop-by-hop, framing, `Connection`-listed and `drop` headers.
+
+    >>> end_to_end([("Connection", "x-a"), ("X-A", "1"), ("X-B", "2"), ("TE", "gzip")])
+    (('X-B', '2'),)
+    """
+    pairs = tuple(pairs)
+    excluded = HOP_BY_HOP | FRAMING | connection_tokens(pairs) | drop
+    return tuple((name, value) for name, value in pairs if name.lower() not in excluded)
+
+
+def forwarded_for(existing: str | None, client_ip: str | None) -> str | None:
+    """Append the caller's address to `X-Forwarded-For`, keeping earlier hops."""
+    if not client_ip:
+        return existing
+    return f"{existing}, {client_ip}" if existing else client_ip
+
+
+def forwarded(existing: str | None, client_ip: str | None, host: str | None, proto: str) -> str:
+    """Append this hop to the RFC 7239 `Forwarded` header."""
+    parts = []
+    if client_ip:
+        node = f'"[{client_ip}]"' if ":" in client_ip else client_ip
+        parts.append(f"for={node}")
+    if host:
+        parts.append(f'host="{host}"')
+    parts.append(f"proto={proto}")
+    element = ";".join(parts)
+    return f"{existing}, {element}" if existing else element

@@ -1,0 +1,152 @@
+"""Values the core passes around: operations, receipts, claims.
+
+These are frozen dataclasses, not pydantic models: they never cross the wire
+as-is (the HTTP layer renders them), and the hot path creates one or two of them
+per request, so they stay plain and cheap. Times are POSIX seconds on the
+store's clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class State(enum.StrEnum):
+    """Where an operation stands. The transitions live in `gateway.lifecycle`."""
+
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+    UNKNOWN = "unknown"
+    RELEASED = "released"
+
+
+Headers = tuple[tuple[str, str], ...]
+"""Header pairs in order, repeated names kept: a replay must match byte for byte."""
+
+ResolvedBy = Literal["upstream", "probe", "owner", "admin"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """An upstream answer as the gateway keeps it (hop-by-hop and redacted headers removed).
+
+    >>> StoredResponse(201, (("content-type", "application/json"),), b"{}").status
+    201
+    """
+
+    status: int
+    headers: Headers
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What a writer learned after it lost the right to write it (stale token, late probe).
+
+    Kept on the operation so whoever reconciles sees every fact, even the ones
+    that arrived too late to decide anything.
+    """
+
+    at: float
+    source: str
+    detail: str
+    status: int | None = None
+    body_sha256: str | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "at": self.at,
+            "source": self.source,
+            "detail": self.detail,
+            "status": self.status,
+            "body_sha256": self.body_sha256,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """Who settled the outcome, when, and why."""
+
+    by: ResolvedBy
+    at: float
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One idempotency key in one scope, and everything known about its effect.
+
+    `token` is the fencing token: it grows on every attempt and every
+    resolution, and an outcome is written only by the holder of the current
+    one. `version` grows on every write and makes the ETag.
+    """
+
+    id: str
+    scope: str
+    key: str
+    state: State
+    route: str
+    method: str
+    path: str
+    fingerprint: str
+    attempts: int
+    token: int
+    version: int
+    created_at: float
+    updated_at: float
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    sent_at: float | None = None
+    response: StoredResponse | None = None
+    body_retained: bool = True
+    expires_at: float | None = None
+    forgotten_at: float | None = None
+    resolution: Resolution | None = None
+    evidence: tuple[Evidence, ...] = field(default_factory=tuple)
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.id}.{self.version}"'
+
+    def receipt_available(self, now: float) -> bool:
+        """True when a completed operation can still be replayed byte for byte."""
+        return (
+            self.state is State.COMPLETED
+            and self.response is not None
+            and self.body_retained
+            and (self.expires_at is None or now < self.expires_at)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NewAttempt:
+    """The store granted this caller the right to send: a fresh key or a released one."""
+
+    operation: Operation
+
+
+@dataclass(frozen=True, slots=True)
+class Existing:
+    """The key is bound to an operation the caller does not own; the lifecycle decides."""
+
+    operation: Operation
+
+
+ClaimResult = NewAttempt | Existing
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """Everything the store needs to bind a key to a request and lease it."""
+
+    scope: str
+    key: str
+    fingerprint: str
+    route: str
+    method: str
+    path: str
+    owner: str
+    lease_seconds: float
+    tombstone_seconds: float

@@ -1,0 +1,88 @@
+"""Render every gateway error as RFC 9457 `application/problem+json`.
+
+One middleware catches `GatewayError` (and anything unexpected) at the edge
+of the application, so handlers raise and never format errors themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+from aiohttp import web
+
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
+
+log = logging.getLogger("gateway.problems")
+
+PROBLEM_JSON = "application/problem+json"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def operation_url(key: str) -> str:
+    """The lookup URL for a key, percent-encoded as one path segment."""
+    return "/operations/" + quote(key, safe="")
+
+
+def problem_response(error: GatewayError, *, instance: str | None = None) -> web.Response:
+    """The problem+json answer for one error, with the key headers when a key is concerned."""
+    document: dict[str, object] = {
+        "type": error.type_uri,
+        "title": error.title,
+        "status": error.status,
+        "detail": error.detail,
+    }
+    if instance:
+        document["instance"] = instance
+    if error.key is not None:
+        document["key"] = error.key
+        document["operation"] = operation_url(error.key)
+    if error.state is not None:
+        document["state"] = error.state
+    if error.operation_id is not None:
+        document["operation_id"] = error.operation_id
+    if error.safe_to_retry is not None:
+        document["safe_to_retry"] = error.safe_to_retry
+    headers: dict[str, str] = {}
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+    if error.key is not None:
+        headers[IDEMPOTENCY_KEY] = error.key
+        if error.state is not None:
+            headers[IDEMPOTENCY_STATUS] = error.state
+    return web.Response(
+        status=error.status,
+        body=json.dumps(document).encode(),
+        content_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GatewayError as error:
+        return problem_response(error, instance=request.path)
+    except web.HTTPNotFound:
+        return problem_response(NotFound(f"nothing at {request.path}"), instance=request.path)
+    except web.HTTPMethodNotAllowed as exc:
+        response = problem_response(
+            MethodNotAllowed(f"{request.method} is not allowed on {request.path}"),
+            instance=request.path,
+        )
+        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        return response
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return problem_response(
+            GatewayError("the gateway hit an unexpected error; see its log"),
+            instance=request.path,
+        )

@@ -1,0 +1,196 @@
+"""The catch-all handler: translate an HTTP request into a call on the engine and back.
+
+It parses (route, scope, key, body), fingerprints, and hands the request to
+`IdempotencyEngine`; it decides nothing about keys itself. The engine call
+runs in its own task, shielded from the handler: a client that disconnects
+cancels nothing, the upstream call runs to its end and its receipt is
+recorded, ready for the retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway.appkeys import BACKGROUND, ENGINE, METRICS, ROUTES, SCOPES
+from gateway.errors import (
+    GatewayError,
+    InProgress,
+    KeyMismatch,
+    MissingKey,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    UpstreamConnectionLost,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from gateway.fingerprint import fingerprint_request
+from gateway.headers import (
+    IDEMPOTENCY_KEY,
+    IDEMPOTENCY_STATUS,
+    IDEMPOTENT_REPLAYED,
+    Pairs,
+    end_to_end,
+    forwarded,
+    forwarded_for,
+)
+from gateway.keys import parse_idempotency_key
+from gateway.lifecycle import ProxyRequest, Reply
+from gateway.scopes import CallerScope
+
+log = logging.getLogger("gateway.proxy")
+
+_NOT_FORWARDED = frozenset({"host", "idempotency-key", "x-forwarded-for", "forwarded"})
+"""Replaced by the gateway: `Host` names the upstream, the key is forwarded per route."""
+
+_READ_CHUNK = 64 * 1024
+
+
+async def proxy(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    url = request.rel_url
+    match = app[ROUTES].match(url.raw_path, url.raw_query_string)
+    route = match.route
+    caller = app[SCOPES].resolve(request.headers)
+    protected = request.method in route.methods
+    key = parse_idempotency_key(request.headers.getall(IDEMPOTENCY_KEY, [])) if protected else None
+    if protected and key is None and route.require_key:
+        raise MissingKey(
+            f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
+        )
+    body = await _read_body(request, route.max_body)
+    headers = _forward_headers(request, caller)
+    engine = app[ENGINE]
+    metrics = app[METRICS]
+
+    if key is None:
+        metrics.passthrough.labels(route.name).inc()
+        reply = await engine.passthrough(route, request.method, match.upstream_url, headers, body)
+        return await write_reply(request, reply)
+
+    proxy_request = ProxyRequest(
+        route=route,
+        upstream_url=match.upstream_url,
+        method=request.method,
+        path=url.raw_path,
+        headers=headers,
+        body=body,
+        scope=caller.scope,
+        key=key,
+        fingerprint=fingerprint_request(
+            method=request.method,
+            route=route.name,
+            path=url.raw_path,
+            query=url.raw_query_string,
+            content_type=request.headers.get("Content-Type"),
+            body=body,
+        ),
+    )
+    task: asyncio.Task[Reply] = asyncio.ensure_future(engine.execute(proxy_request))
+    _keep_until_done(app, task)
+    try:
+        reply = await asyncio.shield(task)
+    except GatewayError as error:
+        metrics.request(route.name, _outcome_of(error))
+        raise
+    metrics.request(route.name, _outcome_of_reply(reply))
+    return await write_reply(request, reply)
+
+
+async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
+    """Send a reply as received or as stored, plus the key headers."""
+    headers: CIMultiDict[str] = CIMultiDict(reply.headers)
+    if reply.key is not None:
+        headers[IDEMPOTENCY_KEY] = reply.key
+        if reply.state is not None:
+            headers[IDEMPOTENCY_STATUS] = reply.state.value
+    if reply.replayed:
+        headers[IDEMPOTENT_REPLAYED] = "true"
+    if reply.stream is None:
+        return web.Response(status=reply.status, headers=headers, body=reply.body)
+    response = web.StreamResponse(status=reply.status, headers=headers)
+    try:
+        await response.prepare(request)
+        async for chunk in reply.stream:
+            await response.write(chunk)
+        await response.write_eof()
+    finally:
+        if reply.close is not None:
+            reply.close()
+    return response
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(f"the request body is {declared} bytes; this route accepts {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(_READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the request body exceeds this route's limit of {limit} bytes")
+        chunks.append(chunk)
+
+
+def _forward_headers(request: web.Request, caller: CallerScope) -> Pairs:
+    drop = _NOT_FORWARDED | {"authorization"} if caller.strips_authorization else _NOT_FORWARDED
+    pairs = end_to_end(
+        ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers),
+        drop=drop,
+    )
+    client_ip = request.remote
+    return (
+        *pairs,
+        ("X-Forwarded-For", forwarded_for(request.headers.get("X-Forwarded-For"), client_ip) or ""),
+        (
+            "Forwarded",
+            forwarded(request.headers.get("Forwarded"), client_ip, request.host, request.scheme),
+        ),
+    )
+
+
+def _keep_until_done(app: web.Application, task: asyncio.Task[Reply]) -> None:
+    """Hold a reference (and let shutdown wait) while the caller may have gone."""
+    background = app[BACKGROUND]
+    background.add(task)
+    task.add_done_callback(_forget(background))
+
+
+def _forget(background: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Reply]], None]:
+    def done(task: asyncio.Task[Reply]) -> None:
+        background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            if not isinstance(error, GatewayError):
+                log.error("engine task failed", exc_info=error)
+
+    return done
+
+
+def _outcome_of_reply(reply: Reply) -> str:
+    if reply.replayed:
+        return "replayed"
+    if reply.state is not None and reply.state.value == "released":
+        return "released"
+    return "forwarded"
+
+
+def _outcome_of(error: GatewayError) -> str:
+    if isinstance(error, KeyMismatch):
+        return "mismatch"
+    if isinstance(error, InProgress):
+        return "in_progress"
+    if isinstance(error, OutcomeUnknown | UpstreamTimeout | UpstreamConnectionLost):
+        return "unknown"
+    if isinstance(error, UpstreamUnreachable):
+        return "released"
+    return "rejected"

@@ -1,0 +1,115 @@
+"""Who a request belongs to: the scope that keys live in.
+
+Two keys in two scopes are two operations; one scope can never read, replay
+or resolve another's. A scope is derived only from a credential the caller
+must hold, never from anything it can choose freely:
+
+- with `[[clients]]`, the gateway-issued bearer token names the client, and
+  the scope is the client's name (stable across token rotation: a client may
+  list several token digests);
+- otherwise, an HMAC of the `scope_headers` values, keyed by a secret kept in
+  the store, so the credential itself is never stored in clear. Rotating such
+  a credential changes the scope; agents whose tokens rotate should use
+  `[[clients]]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.errors import Unauthorized
+
+if TYPE_CHECKING:
+    from gateway.config import ClientSettings
+
+ANONYMOUS_SCOPE = "anonymous"
+
+
+class HeaderSource(Protocol):
+    """The slice of a header mapping this module needs (aiohttp's CIMultiDictProxy fits)."""
+
+    def getall(self, key: str, default: list[str]) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallerScope:
+    """A request's scope, and whether its `Authorization` was ours to consume."""
+
+    scope: str
+    strips_authorization: bool
+
+    @property
+    def short_hash(self) -> str:
+        """A log-safe handle: never the client's token, never the raw scope header."""
+        return hashlib.sha256(self.scope.encode()).hexdigest()[:12]
+
+
+class ScopeResolver:
+    """Derives scopes from request headers.
+
+    >>> resolver = ScopeResolver(clients=(), scope_headers=("Authorization",), secret=b"k" * 32)
+    >>> resolver.resolve(_Headers({})).scope
+    'anonymous'
+    """
+
+    def __init__(
+        self,
+        *,
+        clients: Sequence[ClientSettings],
+        scope_headers: Sequence[str],
+        secret: bytes,
+    ) -> None:
+        self._client_by_digest = {
+            digest.lower(): client.name for client in clients for digest in client.token_sha256
+        }
+        self._uses_clients = bool(clients)
+        self._scope_headers = tuple(scope_headers)
+        self._secret = secret
+
+    @property
+    def uses_clients(self) -> bool:
+        return self._uses_clients
+
+    def resolve(self, headers: HeaderSource) -> CallerScope:
+        if self._uses_clients:
+            return CallerScope(
+                scope="client:" + self._client_name(headers), strips_authorization=True
+            )
+        return CallerScope(scope=self._header_scope(headers), strips_authorization=False)
+
+    def _client_name(self, headers: HeaderSource) -> str:
+        values = headers.getall("Authorization", [])
+        if len(values) != 1:
+            raise Unauthorized("send exactly one 'Authorization: Bearer <client token>' header")
+        scheme, _, token = values[0].strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("the Authorization header must be 'Bearer <client token>'")
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        name = self._client_by_digest.get(digest)
+        if name is None:
+            raise Unauthorized("unknown client token")
+        return name
+
+    def _header_scope(self, headers: HeaderSource) -> str:
+        material: list[bytes] = []
+        for name in self._scope_headers:
+            for value in headers.getall(name, []):
+                material.append(f"{name.lower()}:{value}".encode("latin-1", "replace"))
+        if not material:
+            return ANONYMOUS_SCOPE
+        mac = hmac.new(self._secret, b"\x00".join(material), hashlib.sha256)
+        return "hmac:" + mac.hexdigest()
+
+
+class _Headers:
+    """A tiny header source for the doctest."""
+
+    def __init__(self, values: dict[str, list[str]]) -> None:
+        self._values = values
+
+    def getall(self, key: str, default: list[str]) -> list[str]:
+        return self._values.get(key, default)

@@ -1,0 +1,7 @@
+"""Stores persist operations; `open_store` picks one from the configured URL."""
+
+from __future__ import annotations
+
+from gateway.store.base import Page, Store, SweepReport
+
+__all__ = ["Page", "Store", "SweepReport"]

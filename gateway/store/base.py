@@ -1,0 +1,150 @@
+"""The `Store` protocol: the few verbs the state machine needs persisted.
+
+Stores persist what `gateway.lifecycle` decides; they never decide. Each verb
+is one atomic transaction. Every outcome write is conditional on the
+operation still being `in_flight` under the caller's fencing token, so a
+writer that lost its lease can never overwrite a newer truth: it gets `None`
+back and records what it learned with `add_evidence` instead.
+
+Failures of the database itself surface as `gateway.errors.StoreUnavailable`,
+never as a driver exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.models import (
+        ClaimRequest,
+        ClaimResult,
+        Evidence,
+        Operation,
+        Resolution,
+        State,
+        StoredResponse,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of an operator listing; `next_cursor` is opaque to callers."""
+
+    items: tuple[Operation, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    """What one bounded sweep pass changed."""
+
+    receipts_expired: int = 0
+    forgotten: int = 0
+    leases_expired: int = 0
+
+
+class Store(Protocol):
+    """Durable home of operations. Implementations: SQLite and PostgreSQL.
+
+    Guarantees every implementation must give (the conformance suite in
+    `tests/test_store_conformance.py` checks each one):
+
+    - `claim` is atomic per (scope, key): of many concurrent claims for a new
+      or released key, exactly one gets `NewAttempt`; it returns only once
+      the claim is durable.
+    - Outcome writes (`complete`, `mark_unknown`, `release`) apply only while
+      the state is `in_flight` and the token matches, and return `None`
+      otherwise. A completed receipt is never overwritten.
+    - Times come from the store's own clock.
+    """
+
+    async def open(self) -> None:
+        """Connect, take any exclusive lock, and migrate the schema."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise `StoreUnavailable` unless the store answers and is migrated."""
+
+    async def now(self) -> float:
+        """The store's clock, in POSIX seconds."""
+
+    async def scope_secret(self) -> bytes:
+        """The HMAC key for header-derived scopes, created once and shared by replicas."""
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        """Bind the key to the request and lease it, or report the operation holding it.
+
+        A fresh key (or one whose tombstone is forgotten) is inserted
+        `in_flight`; a `released` key with the same fingerprint starts a new
+        attempt (attempts and token grow). An `in_flight` record whose lease
+        has expired becomes `unknown` on the way.
+        """
+
+    async def complete(
+        self,
+        operation_id: str,
+        token: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        resolution: Resolution,
+    ) -> Operation | None:
+        """Record the receipt; `None` if the caller's token is stale."""
+
+    async def mark_unknown(
+        self, operation_id: str, token: int, evidence: Evidence
+    ) -> Operation | None:
+        """The effect may have happened; hold the key for reconciliation."""
+
+    async def release(
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        *,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        """The request provably did not take effect; the key may be used again."""
+
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+        """Extend the leases (operation id to token) this owner still holds; the ids renewed."""
+
+    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None: ...
+
+    async def get(self, scope: str, key: str) -> Operation | None:
+        """The operation for the key in the scope, `None` when never used or forgotten."""
+
+    async def get_by_id(self, operation_id: str) -> Operation | None: ...
+
+    async def resolve(
+        self,
+        operation_id: str,
+        *,
+        expected_version: int | None,
+        state: State,
+        response: StoredResponse | None,
+        resolution: Resolution,
+        retention_seconds: float,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        """Settle an `unknown` operation; `None` if it is not unknown or not at that version."""
+
+    async def list_operations(
+        self, *, state: State | None, limit: int, cursor: str | None
+    ) -> Page: ...
+
+    async def expire_orphans(self, *, owner: str | None) -> int:
+        """Turn `in_flight` records into `unknown`: expired leases, or all of a dead owner's.
+
+        With `owner=None`, every `in_flight` record whose lease expired. SQLite
+        also calls it at start for every record of the previous process.
+        """
+
+    async def sweep(self, *, batch: int) -> SweepReport:
+        """Drop expired receipt bodies and forgotten tombstones, one bounded batch."""
+
+    async def count_by_state(self) -> dict[State, int]: ...

@@ -1,0 +1,18 @@
+"""Pick the store the configured URL names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.config import StoreSettings
+from gateway.errors import ConfigError
+from gateway.store.base import Store
+from gateway.store.sqlite import SqliteStore
+
+
+def make_store(settings: StoreSettings, *, on_batch: Callable[[int], None] | None = None) -> Store:
+    """A not-yet-opened store for `store.url`."""
+    path = settings.sqlite_path
+    if path is not None:
+        return SqliteStore(path=path, busy_timeout=settings.busy_timeout, on_batch=on_batch)
+    raise ConfigError(f"store.url: no store implementation for {settings.url!r} yet")

@@ -1,0 +1,551 @@
+"""The embedded SQLite store: one file, one gateway process, durable before forwarding.
+
+WAL with `synchronous=FULL`: a claim is on disk before the request goes
+upstream. All statements run on one writer thread that groups concurrent work
+into shared commits (`gateway.store.sqlite_thread`). A lock file enforces one
+gateway process per database; therefore, at start, every `in_flight` record
+left behind belongs to a dead process and becomes `unknown` at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from gateway.errors import StoreUnavailable
+from gateway.ids import new_operation_id
+from gateway.models import (
+    ClaimRequest,
+    ClaimResult,
+    Evidence,
+    Existing,
+    NewAttempt,
+    Operation,
+    Resolution,
+    State,
+    StoredResponse,
+)
+from gateway.store.base import Page, SweepReport
+from gateway.store.sqlite_schema import COLUMNS, migrate
+from gateway.store.sqlite_thread import SqliteWriterThread
+
+T = TypeVar("T")
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
+_RETURNING = f"RETURNING {', '.join(COLUMNS)}"
+
+
+class SqliteStore:
+    """`Store` on one SQLite file, for a single gateway process.
+
+    >>> # store = SqliteStore(path=Path("data/gateway.db"), busy_timeout=5.0)
+    >>> # await store.open(); ...; await store.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        busy_timeout: float = 5.0,
+        max_batch: int = 256,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self.path = path
+        self._busy_timeout = busy_timeout
+        self._writer = SqliteWriterThread(self._connect, max_batch=max_batch, on_batch=on_batch)
+        self._lock_file: IO[bytes] | None = None
+        self._secret: bytes | None = None
+        self.orphans_at_start = 0
+
+    @property
+    def batch_stats(self) -> Any:
+        return self._writer.stats
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._take_process_lock()
+        try:
+            self._writer.start()
+            await self._writer.run(migrate)
+            self._secret = await self._writer.run(_load_or_create_secret)
+            self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
+        except BaseException:
+            await self._writer.stop()
+            self._release_process_lock()
+            raise
+
+    async def close(self) -> None:
+        await self._writer.stop()
+        self._release_process_lock()
+
+    def _take_process_lock(self) -> None:
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        handle = open(lock_path, "ab")  # noqa: SIM115 - held for the process's lifetime
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            handle.close()
+            raise StoreUnavailable(
+                f"{self.path} is in use by another gateway process (lock {lock_path}); "
+                "SQLite serves one gateway process: use PostgreSQL for replicas"
+            ) from exc
+        self._lock_file = handle
+
+    def _release_process_lock(self) -> None:
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout
+        )
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=FULL")
+        connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        connection.execute("PRAGMA foreign_keys=ON")
+        return connection
+
+    async def ping(self) -> None:
+        await self._writer.run(lambda c: c.execute("SELECT version FROM schema_version").fetchone())
+
+    async def now(self) -> float:
+        return time.time()
+
+    async def scope_secret(self) -> bytes:
+        if self._secret is None:
+            raise StoreUnavailable("the SQLite store is not open")
+        return self._secret
+
+    # -- the state machine's verbs ------------------------------------------
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        return await self._writer.run(lambda c: _claim(c, request))
+
+    async def complete(
+        self,
+        operation_id: str,
+        token: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        resolution: Resolution,
+    ) -> Operation | None:
+        headers = _encode_headers(response.headers)
+        body = response.body if body_retained else None
+
+        def job(c: sqlite3.Connection) -> Operation | None:
+            now = time.time()
+            row = c.execute(
+                "UPDATE operations SET state = 'completed', response_status = ?, "
+                "response_headers = ?, response_body = ?, body_retained = ?, "
+                "expires_at = ?, forgotten_at = ?, resolution_by = ?, resolution_at = ?, "
+                "resolution_note = ?, lease_owner = NULL, lease_expires_at = NULL, "
+                "updated_at = ?, version = version + 1 "
+                f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
+                (
+                    response.status,
+                    headers,
+                    body,
+                    int(body_retained),
+                    now + retention_seconds,
+                    now + max(tombstone_seconds, retention_seconds),
+                    resolution.by,
+                    now,
+                    resolution.note,
+                    now,
+                    operation_id,
+                    token,
+                ),
+            ).fetchone()
+            return None if row is None else _row_to_operation(row)
+
+        return await self._writer.run(job)
+
+    async def mark_unknown(
+        self, operation_id: str, token: int, evidence: Evidence
+    ) -> Operation | None:
+        def job(c: sqlite3.Connection) -> Operation | None:
+            row = c.execute(
+                "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+                "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+                "evidence = json_insert(evidence, '$[#]', json(?)) "
+                f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
+                (time.time(), json.dumps(evidence.as_json()), operation_id, token),
+            ).fetchone()
+            return None if row is None else _row_to_operation(row)
+
+        return await self._writer.run(job)
+
+    async def release(
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        *,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        def job(c: sqlite3.Connection) -> Operation | None:
+            now = time.time()
+            row = c.execute(
+                "UPDATE operations SET state = 'released', lease_owner = NULL, "
+                "lease_expires_at = NULL, forgotten_at = ?, updated_at = ?, "
+                "version = version + 1, evidence = json_insert(evidence, '$[#]', json(?)) "
+                f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
+                (
+                    now + tombstone_seconds,
+                    now,
+                    json.dumps(evidence.as_json()),
+                    operation_id,
+                    token,
+                ),
+            ).fetchone()
+            return None if row is None else _row_to_operation(row)
+
+        return await self._writer.run(job)
+
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+        items = list(leases.items())
+
+        def job(c: sqlite3.Connection) -> set[str]:
+            expires = time.time() + lease_seconds
+            renewed = set()
+            for op_id, token in items:
+                cursor = c.execute(
+                    "UPDATE operations SET lease_expires_at = ? WHERE id = ? AND token = ? "
+                    "AND lease_owner = ? AND state = 'in_flight'",
+                    (expires, op_id, token, owner),
+                )
+                if cursor.rowcount:
+                    renewed.add(op_id)
+            return renewed
+
+        return await self._writer.run(job) if items else set()
+
+    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None:
+        await self._writer.run(
+            lambda c: c.execute(
+                "UPDATE operations SET evidence = json_insert(evidence, '$[#]', json(?)), "
+                "version = version + 1 WHERE id = ?",
+                (json.dumps(evidence.as_json()), operation_id),
+            )
+        )
+
+    async def get(self, scope: str, key: str) -> Operation | None:
+        def job(c: sqlite3.Connection) -> Operation | None:
+            row = c.execute(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key)).fetchone()
+            if row is None:
+                return None
+            operation = _row_to_operation(row)
+            return None if _is_forgotten(operation, time.time()) else operation
+
+        return await self._writer.run(job)
+
+    async def get_by_id(self, operation_id: str) -> Operation | None:
+        def job(c: sqlite3.Connection) -> Operation | None:
+            row = c.execute(f"{_SELECT} WHERE id = ?", (operation_id,)).fetchone()
+            return None if row is None else _row_to_operation(row)
+
+        return await self._writer.run(job)
+
+    async def resolve(
+        self,
+        operation_id: str,
+        *,
+        expected_version: int | None,
+        state: State,
+        response: StoredResponse | None,
+        resolution: Resolution,
+        retention_seconds: float,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        def job(c: sqlite3.Connection) -> Operation | None:
+            now = time.time()
+            retained = response is not None
+            row = c.execute(
+                "UPDATE operations SET state = ?, response_status = ?, response_headers = ?, "
+                "response_body = ?, body_retained = ?, expires_at = ?, forgotten_at = ?, "
+                "resolution_by = ?, resolution_at = ?, resolution_note = ?, "
+                "token = token + 1, updated_at = ?, version = version + 1 "
+                "WHERE id = ? AND state = 'unknown' AND (? IS NULL OR version = ?) "
+                f"{_RETURNING}",
+                (
+                    state.value,
+                    response.status if response else None,
+                    _encode_headers(response.headers) if response else None,
+                    response.body if response else None,
+                    int(retained),
+                    now + retention_seconds if state is State.COMPLETED else None,
+                    now + max(tombstone_seconds, retention_seconds),
+                    resolution.by,
+                    now,
+                    resolution.note,
+                    now,
+                    operation_id,
+                    expected_version,
+                    expected_version,
+                ),
+            ).fetchone()
+            return None if row is None else _row_to_operation(row)
+
+        return await self._writer.run(job)
+
+    async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
+        after = _decode_cursor(cursor)
+
+        def job(c: sqlite3.Connection) -> Page:
+            clauses: list[str] = ["seq > ?"]
+            params: list[object] = [after]
+            if state is not None:
+                clauses.append("state = ?")
+                params.append(state.value)
+            rows = c.execute(
+                f"SELECT seq, {', '.join(COLUMNS)} FROM operations "
+                f"WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",
+                (*params, limit + 1),
+            ).fetchall()
+            more = len(rows) > limit
+            rows = rows[:limit]
+            items = tuple(_row_to_operation(row[1:]) for row in rows)
+            next_cursor = _encode_cursor(rows[-1][0]) if more and rows else None
+            return Page(items=items, next_cursor=next_cursor)
+
+        return await self._writer.run(job)
+
+    async def expire_orphans(self, *, owner: str | None, everything: bool = False) -> int:
+        def job(c: sqlite3.Connection) -> int:
+            now = time.time()
+            params: tuple[object, ...]
+            if everything:
+                detail = "the gateway process holding the lease died"
+                where, params = "state = 'in_flight'", ()
+            elif owner is not None:
+                detail = f"lease holder {owner} is gone"
+                where, params = "state = 'in_flight' AND lease_owner = ?", (owner,)
+            else:
+                detail = "the lease expired before an outcome was recorded"
+                where, params = "state = 'in_flight' AND lease_expires_at <= ?", (now,)
+            evidence = json.dumps(Evidence(at=now, source="lease", detail=detail).as_json())
+            cursor = c.execute(
+                "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+                "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+                "evidence = json_insert(evidence, '$[#]', json(?)) "
+                f"WHERE {where}",
+                (now, evidence, *params),
+            )
+            return cursor.rowcount
+
+        return await self._writer.run(job)
+
+    async def sweep(self, *, batch: int) -> SweepReport:
+        def job(c: sqlite3.Connection) -> SweepReport:
+            now = time.time()
+            expired = c.execute(
+                "UPDATE operations SET response_body = NULL, response_headers = NULL, "
+                "version = version + 1 WHERE seq IN (SELECT seq FROM operations "
+                "WHERE state = 'completed' AND response_body IS NOT NULL AND expires_at <= ? "
+                "LIMIT ?)",
+                (now, batch),
+            ).rowcount
+            forgotten = c.execute(
+                "DELETE FROM operations WHERE seq IN (SELECT seq FROM operations "
+                "WHERE state IN ('completed', 'released') AND forgotten_at <= ? LIMIT ?)",
+                (now, batch),
+            ).rowcount
+            return SweepReport(receipts_expired=expired, forgotten=forgotten)
+
+        return await self._writer.run(job)
+
+    async def count_by_state(self) -> dict[State, int]:
+        def job(c: sqlite3.Connection) -> dict[State, int]:
+            counts = dict.fromkeys(State, 0)
+            for state, count in c.execute("SELECT state, count(*) FROM operations GROUP BY state"):
+                counts[State(state)] = count
+            return counts
+
+        return await self._writer.run(job)
+
+
+# -- statements run on the writer thread -------------------------------------
+
+
+def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
+    now = time.time()
+    row = c.execute(
+        f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
+    ).fetchone()
+    if row is not None:
+        current = _row_to_operation(row)
+        if _is_forgotten(current, now):
+            c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
+        elif current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+            updated = c.execute(
+                "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
+                "token = token + 1, version = version + 1, lease_owner = ?, "
+                "lease_expires_at = ?, sent_at = ?, forgotten_at = NULL, updated_at = ? "
+                f"WHERE id = ? {_RETURNING}",
+                (request.owner, now + request.lease_seconds, now, now, current.id),
+            ).fetchone()
+            return NewAttempt(_row_to_operation(updated))
+        elif (
+            current.state is State.IN_FLIGHT
+            and current.lease_expires_at is not None
+            and current.lease_expires_at <= now
+        ):
+            evidence = Evidence(
+                at=now, source="lease", detail="the lease expired before an outcome was recorded"
+            )
+            expired = c.execute(
+                "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+                "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+                "evidence = json_insert(evidence, '$[#]', json(?)) "
+                f"WHERE id = ? {_RETURNING}",
+                (now, json.dumps(evidence.as_json()), current.id),
+            ).fetchone()
+            return Existing(_row_to_operation(expired))
+        else:
+            return Existing(current)
+
+    inserted = c.execute(
+        "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
+        "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
+        "sent_at) VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?) "
+        f"{_RETURNING}",
+        (
+            new_operation_id(now),
+            request.scope,
+            request.key,
+            request.route,
+            request.method,
+            request.path,
+            request.fingerprint,
+            now,
+            now,
+            request.owner,
+            now + request.lease_seconds,
+            now,
+        ),
+    ).fetchone()
+    return NewAttempt(_row_to_operation(inserted))
+
+
+def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
+    row = c.execute("SELECT value FROM gateway_meta WHERE name = 'scope_secret'").fetchone()
+    if row is not None:
+        return bytes(row[0])
+    secret = secrets.token_bytes(32)
+    c.execute("INSERT INTO gateway_meta (name, value) VALUES ('scope_secret', ?)", (secret,))
+    return secret
+
+
+def _is_forgotten(operation: Operation, now: float) -> bool:
+    return (
+        operation.state in (State.COMPLETED, State.RELEASED)
+        and operation.forgotten_at is not None
+        and operation.forgotten_at <= now
+    )
+
+
+def _encode_headers(headers: Sequence[tuple[str, str]]) -> str:
+    return json.dumps([[name, value] for name, value in headers], separators=(",", ":"))
+
+
+def _decode_headers(raw: str | None) -> tuple[tuple[str, str], ...]:
+    if not raw:
+        return ()
+    return tuple((name, value) for name, value in json.loads(raw))
+
+
+def _encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"s{seq}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        text = base64.urlsafe_b64decode(padded.encode()).decode()
+        if not text.startswith("s"):
+            raise ValueError(cursor)
+        return int(text[1:])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"invalid cursor {cursor!r}") from exc
+
+
+def _row_to_operation(row: Sequence[Any]) -> Operation:
+    (
+        op_id,
+        scope,
+        key,
+        state,
+        route,
+        method,
+        path,
+        fingerprint,
+        attempts,
+        token,
+        version,
+        created_at,
+        updated_at,
+        lease_owner,
+        lease_expires_at,
+        sent_at,
+        response_status,
+        response_headers,
+        response_body,
+        body_retained,
+        expires_at,
+        forgotten_at,
+        resolution_by,
+        resolution_at,
+        resolution_note,
+        evidence,
+    ) = row
+    response = None
+    if response_status is not None:
+        response = StoredResponse(
+            status=response_status,
+            headers=_decode_headers(response_headers),
+            body=bytes(response_body) if response_body is not None else b"",
+        )
+    return Operation(
+        id=op_id,
+        scope=scope,
+        key=key,
+        state=State(state),
+        route=route,
+        method=method,
+        path=path,
+        fingerprint=fingerprint,
+        attempts=attempts,
+        token=token,
+        version=version,
+        created_at=created_at,
+        updated_at=updated_at,
+        lease_owner=lease_owner,
+        lease_expires_at=lease_expires_at,
+        sent_at=sent_at,
+        response=response,
+        body_retained=bool(body_retained),
+        expires_at=expires_at,
+        forgotten_at=forgotten_at,
+        resolution=(
+            Resolution(by=resolution_by, at=resolution_at, note=resolution_note)
+            if resolution_by
+            else None
+        ),
+        evidence=tuple(Evidence(**item) for item in json.loads(evidence or "[]")),
+    )

@@ -1,0 +1,156 @@
+"""The example ticket tool API: effects with no idempotency, and a client_ref lookup."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+from examples.tool_api import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+async def tool_api() -> AsyncIterator[str]:
+    runner = web.AppRunner(create_app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+async def test_create_issue_increments_ids(tool_api: str, session: aiohttp.ClientSession) -> None:
+    """Every POST creates a new ticket, even for the same request."""
+    for expected in ("T-1", "T-2"):
+        async with session.post(f"{tool_api}/v1/issues", json={"title": "Disk full"}) as response:
+            assert response.status == 201
+            assert await response.json() == {
+                "id": expected,
+                "title": "Disk full",
+                "client_ref": None,
+            }
+
+
+async def test_list_issues(tool_api: str, session: aiohttp.ClientSession) -> None:
+    """GET /v1/issues lists every ticket in creation order."""
+    for title in ("a", "b"):
+        async with session.post(
+            f"{tool_api}/v1/issues", json={"title": title, "client_ref": title}
+        ):
+            pass
+    async with session.get(f"{tool_api}/v1/issues") as response:
+        assert response.status == 200
+        assert await response.json() == {
+            "items": [
+                {"id": "T-1", "title": "a", "client_ref": "a"},
+                {"id": "T-2", "title": "b", "client_ref": "b"},
+            ]
+        }
+
+
+async def test_lookup_by_client_ref(tool_api: str, session: aiohttp.ClientSession) -> None:
+    """GET /v1/issues?client_ref=X answers 200 with the ticket, or 404 when there is none."""
+    async with session.post(f"{tool_api}/v1/issues", json={"title": "t", "client_ref": "r-1"}):
+        pass
+    async with session.get(f"{tool_api}/v1/issues", params={"client_ref": "r-1"}) as response:
+        assert response.status == 200
+        assert await response.json() == {"id": "T-1", "title": "t", "client_ref": "r-1"}
+    async with session.get(f"{tool_api}/v1/issues", params={"client_ref": "r-2"}) as response:
+        assert response.status == 404
+        assert await response.json() == {"error": "not found"}
+
+
+async def test_idempotency_key_becomes_client_ref(
+    tool_api: str, session: aiohttp.ClientSession
+) -> None:
+    """Without a client_ref in the body, the Idempotency-Key header is recorded as one."""
+    headers = {"Idempotency-Key": "run-7:0:c1"}
+    async with session.post(
+        f"{tool_api}/v1/issues", json={"title": "t"}, headers=headers
+    ) as response:
+        assert (await response.json())["client_ref"] == "run-7:0:c1"
+    async with session.get(
+        f"{tool_api}/v1/issues", params={"client_ref": "run-7:0:c1"}
+    ) as response:
+        assert response.status == 200
+    body = {"title": "t", "client_ref": "mine"}
+    async with session.post(f"{tool_api}/v1/issues", json=body, headers=headers) as response:
+        assert (await response.json())["client_ref"] == "mine"
+
+
+async def test_emails_and_stats(tool_api: str, session: aiohttp.ClientSession) -> None:
+    """POST /v1/emails answers 202, and stats count issues and emails."""
+    email = {"to": "ops@example.com", "subject": "hi"}
+    async with session.post(f"{tool_api}/v1/emails", json=email) as response:
+        assert response.status == 202
+        assert await response.json() == {"id": "E-1", **email}
+    async with session.get(f"{tool_api}/v1/emails") as response:
+        assert await response.json() == {"items": [{"id": "E-1", **email}]}
+    async with session.get(f"{tool_api}/v1/stats") as response:
+        assert await response.json() == {"issues": 0, "emails": 1}
+
+
+@pytest.mark.parametrize(
+    ("path", "data"),
+    [
+        ("/v1/issues", b"{not json"),
+        ("/v1/issues", b"[]"),
+        ("/v1/issues", b'{"title": 3}'),
+        ("/v1/issues", b'{"title": "t", "client_ref": 3}'),
+        ("/v1/emails", b'{"to": "a@b"}'),
+        ("/v1/emails", b"\xff"),
+    ],
+)
+async def test_bad_body_is_a_400_json_error(
+    tool_api: str, session: aiohttp.ClientSession, path: str, data: bytes
+) -> None:
+    """A body that is not the expected JSON object is refused with a JSON error and no effect."""
+    async with session.post(f"{tool_api}{path}", data=data) as response:
+        assert response.status == 400
+        assert "error" in await response.json()
+    async with session.get(f"{tool_api}/v1/stats") as response:
+        assert await response.json() == {"issues": 0, "emails": 0}
+
+
+async def test_cli_prints_its_address_when_ready() -> None:
+    """python -m examples.tool_api prints one line with its address, then serves."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "examples.tool_api",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(10):
+            line = (await process.stdout.readline()).decode().strip()
+        prefix = "tool API listening on "
+        assert line.startswith(f"{prefix}http://127.0.0.1:")
+        async with (
+            aiohttp.ClientSession() as client,
+            client.get(f"{line.removeprefix(prefix)}/v1/stats") as response,
+        ):
+            assert await response.json() == {"issues": 0, "emails": 0}
+    finally:
+        process.terminate()
+        assert await process.wait() == 0

@@ -1,0 +1,280 @@
+"""A counting upstream: the tool API that gateway tests put behind the gateway.
+
+The gateway's whole promise is "at most one effect per key", so tests need an
+upstream that counts effects rather than one that merely answers. Every request
+that reaches the handler is one effect, recorded with what the upstream saw
+(method, path, query, headers, body, and the ``Idempotency-Key`` it received).
+
+Tests script the upstream through query parameters, because the gateway
+forwards the query string unchanged and a test can then drive the upstream
+through the gateway without any side channel:
+
+- ``status=N``: answer with status N (default 201 for POST, 200 otherwise);
+- ``delay=SECONDS``: apply the effect, then wait before answering, like a slow
+  API that has already done the work;
+- ``drop=after_effect``: apply the effect, then close the connection without
+  a response (the ambiguous case: sent, no answer);
+- ``drop=mid_body``: send the headers and half of a body announced by a larger
+  ``Content-Length``, then close (connection lost mid-response);
+- ``size=N``: answer with N bytes of a deterministic pattern;
+- ``redirect=URL``: answer 302 with ``Location: URL`` (a proxy must not follow);
+- ``gzip=1``: answer with a gzip-compressed body and ``Content-Encoding: gzip``
+  (a proxy must not decompress);
+- ``cookie=1``: add ``Set-Cookie: session=secret`` and ``X-Custom: yes``.
+
+The default body is JSON describing the effect, and every response carries
+``X-Effect-Id`` so a test can tell which effect a (replayed) response came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Self
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["CountingUpstream", "Effect", "UpstreamFactory"]
+
+HOST = "127.0.0.1"
+
+# A pattern rather than one repeated byte, so a shifted or truncated body
+# cannot pass a byte-for-byte comparison by accident.
+_PATTERN = b"0123456789abcdefghijklmnopqrstuvwxyz\n"
+
+# Statuses that must not carry a body (RFC 9110); aiohttp refuses to send one.
+_BODYLESS = frozenset({204, 304})
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One request that reached the upstream's handler.
+
+    Header names are lower-cased and repeated headers are joined with ``", "``,
+    so tests can look them up without caring how the gateway spelled them.
+
+    >>> effect.key, effect.headers["content-type"]
+    ('run-1:0:c1', 'application/json')
+    """
+
+    number: int
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    key: str | None
+
+
+class CountingUpstream:
+    """A real aiohttp server on 127.0.0.1 that records every effect it applies.
+
+    >>> async with CountingUpstream(keepalive_timeout=0.5) as upstream:
+    ...     ...  # send requests to f"{upstream.url}/v1/issues?status=500"
+    ...     assert upstream.count_for("run-1:0:c1") == 1
+    """
+
+    def __init__(self, *, keepalive_timeout: float = 75.0, shutdown_timeout: float = 1.0) -> None:
+        if keepalive_timeout < 0:
+            raise ValueError(f"keepalive_timeout must be >= 0, got {keepalive_timeout!r}")
+        if shutdown_timeout < 0:
+            raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout!r}")
+        self._keepalive_timeout = keepalive_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self.effects: list[Effect] = []
+        # Holding the transports (not their ids) keeps ids from being reused by
+        # a new connection after an old one is garbage-collected.
+        self._transports: set[object] = set()
+        self._changed = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL, without a trailing slash, e.g. ``http://127.0.0.1:41234``."""
+        if self._url is None:
+            raise RuntimeError("CountingUpstream is not started")
+        return self._url
+
+    @property
+    def count(self) -> int:
+        """How many effects were applied since the start (or the last reset)."""
+        return len(self.effects)
+
+    @property
+    def connections(self) -> int:
+        """How many distinct TCP connections carried a request to the handler."""
+        return len(self._transports)
+
+    def count_for(self, key: str) -> int:
+        """How many effects arrived with this ``Idempotency-Key`` value."""
+        return sum(1 for effect in self.effects if effect.key == key)
+
+    def reset(self) -> None:
+        """Forget the recorded effects and connections (the server keeps running)."""
+        self.effects.clear()
+        self._transports.clear()
+
+    async def wait_for_count(self, count: int, *, seconds: float = 2.0) -> None:
+        """Wait until at least ``count`` effects were applied; TimeoutError after ``seconds``.
+
+        For tests where the effect happens behind the client's back, e.g. after
+        the caller disconnected from the gateway.
+        """
+        async with asyncio.timeout(seconds):
+            while self.count < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def start(self) -> None:
+        """Listen on 127.0.0.1 on a port the OS chooses."""
+        if self._runner is not None:
+            raise RuntimeError("CountingUpstream is already started")
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(
+            app,
+            keepalive_timeout=self._keepalive_timeout,
+            shutdown_timeout=self._shutdown_timeout,
+            access_log=None,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, HOST, 0).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        port = runner.addresses[0][1]
+        self._url = f"http://{HOST}:{port}"
+
+    async def stop(self) -> None:
+        """Stop listening and close every connection; safe to call twice."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return f"<CountingUpstream url={self._url!r} count={self.count}>"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        effect = self._record(request, body)
+        controls = request.query
+
+        if "delay" in controls:
+            await asyncio.sleep(float(controls["delay"]))
+
+        drop = controls.get("drop")
+        if drop == "after_effect":
+            _close(request)
+            # Returning lets aiohttp find the closed transport and treat it as
+            # a client disconnect, without logging a server error.
+            return web.Response(status=500)
+
+        status = int(controls.get("status", 201 if request.method == "POST" else 200))
+        headers = {"X-Effect-Id": str(effect.number)}
+        if "redirect" in controls:
+            status = 302
+            headers["Location"] = controls["redirect"]
+        if controls.get("cookie") == "1":
+            headers["Set-Cookie"] = "session=secret"
+            headers["X-Custom"] = "yes"
+
+        if "size" in controls:
+            payload = _pattern(int(controls["size"]))
+            headers["Content-Type"] = "application/octet-stream"
+        else:
+            payload = _describe(effect).encode()
+            headers["Content-Type"] = "application/json"
+        if controls.get("gzip") == "1":
+            payload = gzip.compress(payload, mtime=0)
+            headers["Content-Encoding"] = "gzip"
+        if status in _BODYLESS:
+            payload = b""
+
+        if drop == "mid_body":
+            return await _send_truncated(request, status, headers, payload)
+        return web.Response(status=status, headers=headers, body=payload)
+
+    def _record(self, request: web.Request, body: bytes) -> Effect:
+        headers: dict[str, str] = {}
+        for name, value in request.headers.items():
+            lowered = name.lower()
+            headers[lowered] = f"{headers[lowered]}, {value}" if lowered in headers else value
+        effect = Effect(
+            number=len(self.effects) + 1,
+            method=request.method,
+            path=request.path,
+            query=request.query_string,
+            headers=headers,
+            body=body,
+            key=request.headers.get("Idempotency-Key"),
+        )
+        self.effects.append(effect)
+        if request.transport is not None:
+            self._transports.add(request.transport)
+        self._changed.set()
+        return effect
+
+
+class UpstreamFactory(Protocol):
+    """The ``upstream_factory`` fixture: starts an upstream, stopped after the test."""
+
+    async def __call__(
+        self, *, keepalive_timeout: float = 75.0, shutdown_timeout: float = 1.0
+    ) -> CountingUpstream: ...
+
+
+def _describe(effect: Effect) -> str:
+    return json.dumps(
+        {
+            "effect": effect.number,
+            "method": effect.method,
+            "path": effect.path,
+            "query": effect.query,
+            "key": effect.key,
+            "body": effect.body.decode("utf-8", "replace"),
+        }
+    )
+
+
+def _pattern(size: int) -> bytes:
+    repeats = size // len(_PATTERN) + 1
+    return (_PATTERN * repeats)[:size]
+
+
+def _close(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def _send_truncated(
+    request: web.Request, status: int, headers: dict[str, str], payload: bytes
+) -> web.StreamResponse:
+    """Announce the whole body, send less than half of it, then hang up."""
+    # Pad a small body so there is always something to send and something missing.
+    full = payload if len(payload) >= 2 else payload + _pattern(64)
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_length = len(full)
+    await response.prepare(request)
+    await response.write(full[: len(full) // 2])
+    _close(request)
+    return response
