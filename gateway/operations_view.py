@@ -27,9 +27,12 @@ def key_from_path(raw_path: str) -> str:
     encoded = raw_path[len(_PREFIX) :]
     if not encoded or "/" in encoded:
         raise InvalidKey("the operation path must be /operations/<percent-encoded key>")
-    key = unquote(encoded, errors="strict")
+    try:
+        key = unquote(encoded, errors="strict")
+    except UnicodeDecodeError:
+        key = ""  # not even UTF-8, so certainly not printable ASCII
     if not 0 < len(key) <= MAX_KEY_LENGTH or not all(" " <= ch <= "~" for ch in key):
-        raise InvalidKey(f"a key is 1 to {MAX_KEY_LENGTH} printable ASCII characters", key=None)
+        raise InvalidKey(f"a key is 1 to {MAX_KEY_LENGTH} printable ASCII characters")
     return key
 
 

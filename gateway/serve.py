@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import Settings
+from gateway.errors import GatewayError
 from gateway.logs import configure_logging
 
 log = logging.getLogger("gateway.serve")
@@ -56,6 +57,9 @@ def run(settings: Settings) -> int:
     _use_uvloop()
     try:
         asyncio.run(serve(settings))
+    except GatewayError as exc:
+        print(f"idempotency-gateway: cannot start: {exc.detail}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"idempotency-gateway: cannot listen: {exc}", file=sys.stderr)
         return 1

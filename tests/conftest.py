@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest_asyncio
+from harness import RunningGateway, settings_for, start_gateway, stop_gateway
 from upstream import CountingUpstream
 
 if TYPE_CHECKING:
@@ -38,3 +41,27 @@ async def upstream_factory() -> AsyncIterator[UpstreamFactory]:
     yield make
     for started in reversed(made):
         await started.stop()
+
+
+GatewayFactory = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest_asyncio.fixture
+async def gateway_factory(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
+    """Start in-process gateways (settings as `harness.settings_for`); all stopped after."""
+    made: list[RunningGateway] = []
+
+    async def make(upstream_url: str, **options: Any) -> RunningGateway:
+        started = await start_gateway(settings_for(tmp_path, upstream_url, **options))
+        made.append(started)
+        return started
+
+    yield make
+    for started in reversed(made):
+        await stop_gateway(started)
+
+
+@pytest_asyncio.fixture
+async def gateway(gateway_factory: GatewayFactory, upstream: CountingUpstream) -> RunningGateway:
+    """A gateway with route /tickets in front of the counting upstream."""
+    return await gateway_factory(upstream.url)

@@ -1,0 +1,895 @@
+"""The gateway's configuration: one TOML file, environment overrides, one check.
+
+A gateway that starts with a wrong setting loses or duplicates effects
+quietly, so everything is validated once, at start, and a bad value stops the
+process with a message that names the key (`routes[0].timeout`), the bad
+value and where it came from (the file, an environment variable, a flag).
+The result is a tree of frozen pydantic models passed down explicitly; this
+is the only module that reads `os.environ` (test-only fault injection comes
+through `Settings.testing` like everything else).
+
+Precedence, lowest first: built-in defaults, the TOML file, environment
+variables `IDEMPOTENCY_GATEWAY_<SECTION>__<KEY>`, then `overrides` (command
+line flags and tests). `${VAR}` in upstream and probe header values is
+replaced from the environment at load time, so secrets never sit in the file;
+`render_effective` masks them again for display.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar, get_args
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gateway.errors import ConfigError
+from gateway.units import format_duration, format_size, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "DEFAULT_CONFIG_PATH",
+    "ENV_PREFIX",
+    "GATEWAY_PATHS",
+    "AdminSettings",
+    "ClientSettings",
+    "Duration",
+    "IdempotencySettings",
+    "LoggingSettings",
+    "ProbeSettings",
+    "RouteSettings",
+    "ServerSettings",
+    "Settings",
+    "Size",
+    "StoreSettings",
+    "TestingSettings",
+    "load_settings",
+    "render_effective",
+]
+
+ENV_PREFIX = "IDEMPOTENCY_GATEWAY_"
+CONFIG_ENV_VAR = "IDEMPOTENCY_GATEWAY_CONFIG"
+DEFAULT_CONFIG_PATH = Path("config/gateway.toml")
+
+GATEWAY_PATHS: tuple[str, ...] = (
+    "/operations",
+    "/admin",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+)
+"""The gateway's own paths; no route prefix may equal or nest with one of them."""
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written as `500ms`, `30s`, `5m`, `24h`, `30d` or a plain number."""
+Size = Annotated[int, BeforeValidator(parse_size)]
+"""Bytes, written as `512B`, `64KiB`, `1MiB`, `1GiB` or a plain integer."""
+
+_SETTINGS_MODEL = ConfigDict(frozen=True, extra="forbid")
+_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+# Headers the forwarder owns; a static value from the config would break it.
+_RESERVED_UPSTREAM_HEADERS = {
+    "connection": "hop-by-hop: the forwarder manages its connections",
+    "keep-alive": "hop-by-hop: the forwarder manages its connections",
+    "te": "hop-by-hop",
+    "trailer": "hop-by-hop",
+    "upgrade": "hop-by-hop: the gateway never upgrades a connection",
+    "transfer-encoding": "message framing is the forwarder's",
+    "content-length": "message framing is the forwarder's",
+    "idempotency-key": "set per request by `forward_key`; a fixed key would merge every request",
+}
+
+# Values that may hold credentials: masked in error messages and render_effective.
+_SECRET_KEYS = frozenset({"token", "upstream_headers", "headers"})
+
+_Loc = tuple[str | int, ...]
+_T = TypeVar("_T")
+
+
+class _Problems(ValueError):
+    """Errors found by a validator, each at a location below the validated value.
+
+    Pydantic keeps the raised exception in the error's context, so
+    `_describe` can report each problem at its exact dotted key.
+    """
+
+    def __init__(self, *problems: tuple[_Loc, str]) -> None:
+        super().__init__("; ".join(f"{_dotted(loc)}: {message}" for loc, message in problems))
+        self.problems = problems
+
+
+def _http_token(value: str, what: str) -> str:
+    if not _TOKEN_RE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a valid {what} (an HTTP token)")
+    return value
+
+
+def _header_name(value: str) -> str:
+    return _http_token(value, "header name")
+
+
+def _method(value: str) -> str:
+    return _http_token(value, "HTTP method").upper()
+
+
+def _name(value: str) -> str:
+    if not _NAME_RE.fullmatch(value):
+        raise ValueError(
+            f"invalid name {value!r}: use letters, digits, '_', '.' and '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def _sha256_hex(value: str) -> str:
+    digest = value.strip().lower()
+    if not _SHA256_RE.fullmatch(digest):
+        raise ValueError(
+            f"{value!r} is not a SHA-256 hex digest (64 hex characters, "
+            "e.g. from `printf %s TOKEN | sha256sum`)"
+        )
+    return digest
+
+
+def _not_empty(values: tuple[_T, ...], message: str) -> tuple[_T, ...]:
+    # A field validator, not Field(min_length=1): that one also fires, misleadingly,
+    # when an item was invalid.
+    if not values:
+        raise ValueError(message)
+    return values
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+def _forward_key(value: object) -> object:
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, bool) or value == "operation_id":
+        return value
+    raise ValueError(f'invalid forward_key {value!r}: expected true, false or "operation_id"')
+
+
+HeaderName = Annotated[str, AfterValidator(_header_name)]
+HttpMethod = Annotated[str, AfterValidator(_method)]
+HttpStatus = Annotated[int, Field(ge=100, le=599)]
+Name = Annotated[str, AfterValidator(_name)]
+
+
+def _expand_headers(headers: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    """Check header names and values, replacing `${VAR}` from the environment."""
+    context = info.context
+    environ: Mapping[str, str] = (
+        context["environ"] if isinstance(context, dict) and "environ" in context else os.environ
+    )
+    problems: list[tuple[_Loc, str]] = []
+    expanded: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for name, value in headers.items():
+        lowered = name.lower()
+        if not _TOKEN_RE.fullmatch(name):
+            problems.append(((name,), "not a valid header name (an HTTP token)"))
+        elif lowered in seen:
+            problems.append(((name,), f"the header is given twice (also as {seen[lowered]!r})"))
+        elif lowered in _RESERVED_UPSTREAM_HEADERS:
+            reason = _RESERVED_UPSTREAM_HEADERS[lowered]
+            problems.append(((name,), f"the gateway sets this header itself ({reason})"))
+        elif missing := [var for var in _ENV_REF_RE.findall(value) if var not in environ]:
+            problems.append(((name,), f"environment variable {missing[0]} is not set"))
+        else:
+            result = _ENV_REF_RE.sub(lambda match: environ[match[1]], value)
+            if any(char in result for char in "\r\n\0"):
+                problems.append(((name,), "the value contains CR, LF or NUL"))
+            expanded[name] = result
+        seen.setdefault(lowered, name)
+    if problems:
+        raise _Problems(*problems)
+    return expanded
+
+
+class ServerSettings(BaseModel):
+    """Where the gateway listens.
+
+    >>> ServerSettings(port=9999)
+    ServerSettings(host='127.0.0.1', port=9999)
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class StoreSettings(BaseModel):
+    """Where operations are recorded: an SQLite file or a PostgreSQL database.
+
+    `sqlite:///relative/path.db` is relative to the current directory,
+    `sqlite:////absolute/path.db` is absolute.
+
+    >>> StoreSettings(url="sqlite:////var/lib/gateway.db").sqlite_path
+    PosixPath('/var/lib/gateway.db')
+    >>> StoreSettings(url="postgresql://gw@db:5432/gw").is_postgres
+    True
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    url: str = "sqlite:///./data/gateway.db"
+    pool_size: int = Field(default=10, ge=1)
+    busy_timeout: Duration = Field(default=5.0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        if url.startswith("sqlite:///"):
+            if url == "sqlite:///" or "?" in url or "#" in url:
+                raise ValueError(
+                    "a SQLite URL is sqlite:///relative/path.db or sqlite:////absolute/path.db"
+                )
+            return url
+        if url.startswith(("postgresql://", "postgres://")):
+            return url
+        raise ValueError(
+            "unsupported store URL: expected sqlite:///relative/path.db, "
+            "sqlite:////absolute/path.db or postgresql://user@host:5432/db"
+        )
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.url.startswith(("postgresql://", "postgres://"))
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The database file for a SQLite URL, None for PostgreSQL."""
+        if self.is_postgres:
+            return None
+        return Path(self.url.removeprefix("sqlite:///"))
+
+
+class IdempotencySettings(BaseModel):
+    """Scopes, leases and how long receipts and used keys are remembered.
+
+    >>> IdempotencySettings(retention="1h").retention
+    3600.0
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    scope_headers: tuple[HeaderName, ...] = ("Authorization",)
+    retention: Duration = Field(default=24 * 3600.0, gt=0)
+    tombstone_retention: Duration = Field(default=30 * 24 * 3600.0, gt=0)
+    lease: Duration = Field(default=30.0, gt=0)
+    max_wait: Duration = 30.0
+    sweep_interval: Duration = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_retentions(self) -> Self:
+        # A key forgotten before its receipt would be run again, not refused.
+        if self.tombstone_retention < self.retention:
+            raise _Problems(
+                (
+                    ("tombstone_retention",),
+                    f"must be at least retention ({format_duration(self.retention)}), "
+                    f"got {format_duration(self.tombstone_retention)}",
+                )
+            )
+        return self
+
+
+class AdminSettings(BaseModel):
+    """The operators' API; disabled (404) while the token is empty.
+
+    `listen`, when set (`HOST:PORT`), serves the admin endpoints on their own
+    address instead of the main one.
+
+    >>> AdminSettings().enabled, AdminSettings(token="s3cret").enabled
+    (False, True)
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    token: SecretStr = SecretStr("")
+    listen: str | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _check_token(cls, token: SecretStr) -> SecretStr:
+        value = token.get_secret_value()
+        if value and not re.fullmatch(r"[\x21-\x7e]+", value):
+            raise ValueError("must be printable ASCII without spaces (it is a Bearer token)")
+        return token
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, listen: str | None) -> str | None:
+        if listen is not None:
+            host, _, port = listen.rpartition(":")
+            if not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"expected HOST:PORT, got {listen!r}")
+        return listen
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token.get_secret_value())
+
+
+class ClientSettings(BaseModel):
+    """A caller with gateway-issued tokens; its name is its scope.
+
+    Several digests let a client rotate tokens without changing scope.
+
+    >>> ClientSettings(name="agent-a", token_sha256=["AB" * 32]).token_sha256[0][:4]
+    'abab'
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    name: Name
+    token_sha256: tuple[Annotated[str, AfterValidator(_sha256_hex)], ...]
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _check_not_empty(cls, digests: tuple[str, ...]) -> tuple[str, ...]:
+        return _not_empty(digests, "a client needs at least one token digest")
+
+
+class ProbeSettings(BaseModel):
+    """How to ask an upstream whether an `unknown` effect exists.
+
+    `{key}` and `{operation_id}` in `path` are replaced (URL-encoded).
+
+    >>> ProbeSettings(path="/v1/issues?client_ref={key}").not_applied_after
+    300.0
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    method: HttpMethod = "GET"
+    path: str
+    applied_statuses: tuple[HttpStatus, ...] = (200,)
+    not_applied_statuses: tuple[HttpStatus, ...] = (404,)
+    not_applied_after: Duration = 300.0
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("applied_statuses")
+    @classmethod
+    def _check_applied(cls, statuses: tuple[int, ...]) -> tuple[int, ...]:
+        return _not_empty(statuses, "a probe needs at least one status that means applied")
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"must start with '/', got {path!r}")
+        if any(not "!" <= char <= "~" for char in path):
+            raise ValueError("must not contain spaces, control or non-ASCII characters")
+        unknown = set(_PLACEHOLDER_RE.findall(path)) - {"key", "operation_id"}
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder {{{sorted(unknown)[0]}}}: only {{key}} and {{operation_id}}"
+            )
+        return path
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, headers: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        return _expand_headers(headers, info)
+
+    @model_validator(mode="after")
+    def _check_statuses(self) -> Self:
+        both = sorted(set(self.applied_statuses) & set(self.not_applied_statuses))
+        if both:
+            raise _Problems(
+                (("not_applied_statuses",), f"{both} also in applied_statuses; a status means one")
+            )
+        return self
+
+
+class RouteSettings(BaseModel):
+    """A path prefix mapped to one upstream, and how its calls are protected.
+
+    >>> route = RouteSettings(name="tickets", prefix="/tickets/", upstream="http://127.0.0.1:9000/")
+    >>> route.prefix, route.upstream, route.methods, route.redact_response_headers
+    ('/tickets', 'http://127.0.0.1:9000', ('POST', 'PATCH'), ('set-cookie',))
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    name: Name
+    prefix: str
+    upstream: str
+    methods: tuple[HttpMethod, ...] = ("POST", "PATCH")
+    require_key: bool = True
+    timeout: Duration = Field(default=30.0, gt=0)
+    keepalive: Duration = 4.0
+    max_body: Size = 1 << 20
+    max_stored_response: Size = 1 << 20
+    max_concurrency: int = Field(default=256, ge=1)
+    forward_key: Annotated[bool | Literal["operation_id"], BeforeValidator(_forward_key)] = True
+    # Only refusals: a 2xx or 3xx may mean the effect happened.
+    release_statuses: tuple[Annotated[int, Field(ge=400, le=599)], ...] = (429,)
+    redact_response_headers: tuple[HeaderName, ...] = ("set-cookie",)
+    tls_ca: Path | None = None
+    tls_client_cert: Path | None = None
+    tls_client_key: Path | None = None
+    upstream_headers: dict[str, str] = Field(default_factory=dict)
+    probe: ProbeSettings | None = None
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, prefix: str) -> str:
+        if not prefix.startswith("/"):
+            raise ValueError(f"must start with '/', got {prefix!r}")
+        stripped = prefix.rstrip("/")
+        if not stripped:
+            raise ValueError("'/' would capture every path; use a prefix such as '/tickets'")
+        if any(char in "?#" or not "!" <= char <= "~" for char in stripped):
+            raise ValueError("must be a plain path: no '?', '#', spaces or non-ASCII")
+        return stripped
+
+    @field_validator("upstream")
+    @classmethod
+    def _check_upstream(cls, upstream: str) -> str:
+        try:
+            parts = urlsplit(upstream)
+            parts.port  # noqa: B018 (urlsplit checks the port only when asked)
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL: {exc}") from exc
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if "@" in parts.netloc:
+            raise ValueError("must not hold credentials; put them in upstream_headers")
+        if "?" in upstream or "#" in upstream:
+            raise ValueError("must not have a query or fragment")
+        return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+    @field_validator("methods")
+    @classmethod
+    def _dedupe_methods(cls, methods: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(methods))
+
+    @field_validator("redact_response_headers")
+    @classmethod
+    def _redact_cookies(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        # Set-Cookie is a credential meant for one client: never stored or replayed.
+        return tuple(dict.fromkeys(("set-cookie", *(name.lower() for name in names))))
+
+    @field_validator("upstream_headers")
+    @classmethod
+    def _check_headers(cls, headers: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        return _expand_headers(headers, info)
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Self:
+        problems: list[tuple[_Loc, str]] = []
+        if self.tls_client_key is not None and self.tls_client_cert is None:
+            problems.append((("tls_client_key",), "needs tls_client_cert"))
+        if not self.upstream.startswith("https://"):
+            for name in ("tls_ca", "tls_client_cert", "tls_client_key"):
+                if getattr(self, name) is not None:
+                    problems.append(((name,), "only applies to an https:// upstream"))
+        if (
+            self.probe is not None
+            and "{operation_id}" in self.probe.path
+            and self.forward_key != "operation_id"
+        ):
+            problems.append(
+                (
+                    ("probe", "path"),
+                    '{operation_id} needs forward_key = "operation_id": '
+                    "otherwise the upstream never sees the operation id",
+                )
+            )
+        if problems:
+            raise _Problems(*problems)
+        return self
+
+
+class LoggingSettings(BaseModel):
+    """Log verbosity and format (JSON lines for machines, text for people).
+
+    >>> LoggingSettings(level="DEBUG").level
+    'debug'
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = "info"
+    format: Annotated[Literal["json", "text"], BeforeValidator(_lower)] = "json"
+
+
+class TestingSettings(BaseModel):
+    """Test-only fault injection (e.g. `crash_after_claim`); production never sets it.
+
+    Only the environment (`IDEMPOTENCY_GATEWAY_TESTING__FAULT`) or `overrides`
+    can set it: a config file with a `[testing]` section is refused, so a
+    copied test config cannot arm a fault in production.
+
+    >>> TestingSettings().fault is None
+    True
+    """
+
+    __test__ = False  # not a pytest test class despite its name
+    model_config = _SETTINGS_MODEL
+
+    fault: str | None = None
+
+
+class Settings(BaseModel):
+    """The whole, validated configuration.
+
+    >>> settings = Settings()
+    >>> settings.server.port, settings.routes, settings.admin.enabled
+    (8080, (), False)
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    idempotency: IdempotencySettings = Field(default_factory=IdempotencySettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    clients: tuple[ClientSettings, ...] = ()
+    routes: tuple[RouteSettings, ...] = ()
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    testing: TestingSettings = Field(default_factory=TestingSettings)
+
+    @model_validator(mode="after")
+    def _check_across(self) -> Self:
+        problems = [*self._client_problems(), *self._route_problems()]
+        if problems:
+            raise _Problems(*problems)
+        return self
+
+    def _client_problems(self) -> Iterator[tuple[_Loc, str]]:
+        names: dict[str, int] = {}
+        owners: dict[str, int] = {}
+        for i, client in enumerate(self.clients):
+            if client.name in names:
+                yield (
+                    ("clients", i, "name"),
+                    f"duplicate client name {client.name!r} (also clients[{names[client.name]}])",
+                )
+            names.setdefault(client.name, i)
+            for j, digest in enumerate(client.token_sha256):
+                owner = owners.setdefault(digest, i)
+                if owner != i:
+                    yield (
+                        ("clients", i, "token_sha256", j),
+                        (
+                            f"this digest also belongs to clients[{owner}]; "
+                            "a token must identify one client"
+                        ),
+                    )
+
+    def _route_problems(self) -> Iterator[tuple[_Loc, str]]:
+        names: dict[str, int] = {}
+        prefixes: dict[str, int] = {}
+        for i, route in enumerate(self.routes):
+            if route.name in names:
+                yield (
+                    ("routes", i, "name"),
+                    f"duplicate route name {route.name!r} (also routes[{names[route.name]}])",
+                )
+            if route.prefix in prefixes:
+                yield (
+                    ("routes", i, "prefix"),
+                    f"duplicate prefix {route.prefix!r} (also routes[{prefixes[route.prefix]}])",
+                )
+            names.setdefault(route.name, i)
+            prefixes.setdefault(route.prefix, i)
+            for own in GATEWAY_PATHS:
+                if _paths_overlap(route.prefix, own):
+                    yield (
+                        ("routes", i, "prefix"),
+                        f"{route.prefix!r} overlaps the gateway's own path {own!r}",
+                    )
+
+
+def _paths_overlap(a: str, b: str) -> bool:
+    """Equal, or one is a whole-segment prefix of the other (`/metrics/x`, not `/metricsx`)."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read, merge and validate the configuration, or raise `ConfigError`.
+
+    The file is `path`, else `$IDEMPOTENCY_GATEWAY_CONFIG`, else
+    `config/gateway.toml` when it exists (else built-in defaults, no routes).
+    Environment variables override the file; `overrides` (dotted keys such as
+    `"server.port"` or `"routes[0].timeout"`) override both.
+
+    >>> load_settings(environ={}, overrides={"server.port": 9999}).server.port
+    9999
+    """
+    env = os.environ if environ is None else environ
+    file = _config_path(path, env)
+    data: dict[str, Any] = _read_toml(file) if file is not None else {}
+    origin = str(file) if file is not None else "built-in defaults (no config file)"
+    if "testing" in data:
+        raise ConfigError(
+            f"invalid configuration in {origin}:\n  testing: test-only settings can only be "
+            f"set through the environment ({ENV_PREFIX}TESTING__FAULT)"
+        )
+    sources: dict[_Loc, str] = {}
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX) and name != CONFIG_ENV_VAR:
+            source = f"environment variable {name}"
+            loc = _env_loc(name, source)
+            sources[_assign(data, loc, _env_value(env[name], source), source)] = source
+    for key, value in (overrides or {}).items():
+        source = f"override {key!r}"
+        sources[_assign(data, _override_loc(key, source), value, source)] = source
+    try:
+        return Settings.model_validate(data, context={"environ": env})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin, sources)) from exc
+
+
+def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    if path is not None:
+        explicit, how = Path(path), "the config file"
+    elif env.get(CONFIG_ENV_VAR):
+        explicit, how = Path(env[CONFIG_ENV_VAR]), f"the config file named by {CONFIG_ENV_VAR}"
+    elif DEFAULT_CONFIG_PATH.is_file():
+        return DEFAULT_CONFIG_PATH
+    else:
+        return None
+    if not explicit.is_file():
+        raise ConfigError(f"{how} {str(explicit)!r} does not exist or is not a file")
+    return explicit
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    try:
+        with file.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read the config file: {exc}") from exc
+
+
+def _env_loc(name: str, source: str) -> _Loc:
+    parts = name.removeprefix(ENV_PREFIX).lower().split("__")
+    if not all(parts):
+        raise ConfigError(f"{source}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+    return tuple(int(part) if part.isdigit() else part for part in parts)
+
+
+def _env_value(value: str, source: str) -> Any:
+    if value.strip().startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{source}: looks like JSON but is not valid: {exc}") from exc
+    return value
+
+
+def _override_loc(key: str, source: str) -> _Loc:
+    loc: list[str | int] = []
+    for piece in key.split("."):
+        match = re.fullmatch(r"([^\[\]]+)((?:\[[0-9]+\])*)", piece)
+        if match is None:
+            raise ConfigError(f"{source}: expected a dotted key such as 'routes[0].timeout'")
+        name = match[1]
+        loc.append(int(name) if name.isdigit() else name)
+        loc.extend(int(index) for index in re.findall(r"[0-9]+", match[2]))
+    return tuple(loc)
+
+
+def _assign(data: dict[str, Any], loc: _Loc, value: Any, source: str) -> _Loc:
+    """Set `value` at `loc` inside the parsed file; return the loc as stored."""
+    container: Any = data
+    stored: list[str | int] = []
+    for depth, part in enumerate(loc):
+        last = depth == len(loc) - 1
+        if isinstance(container, dict):
+            # Env names are upper-case: match a table key whatever its case.
+            key = next((k for k in container if k.lower() == str(part).lower()), str(part))
+            if last:
+                container[key] = value
+            else:
+                container = container.setdefault(key, [] if isinstance(loc[depth + 1], int) else {})
+            stored.append(key)
+        elif isinstance(container, list) and isinstance(part, int) and part < len(container):
+            if last:
+                container[part] = value
+            else:
+                container = container[part]
+            stored.append(part)
+        else:
+            where = _dotted(tuple(stored)) or "the top level"
+            raise ConfigError(f"{source}: cannot set {_dotted(loc)}: no such entry in {where}")
+    return tuple(stored)
+
+
+def _describe(exc: ValidationError, origin: str, sources: Mapping[_Loc, str]) -> str:
+    """One line per problem: dotted key, what is wrong, the bad value, its source."""
+    lines = [f"invalid configuration in {origin}:"]
+    for loc, message in _problems(exc):
+        source = next(
+            (sources[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in sources),
+            # An unknown section set from the environment: name the variables under it.
+            ", ".join(s for key, s in sources.items() if loc and key[: len(loc)] == loc),
+        )
+        suffix = f" [from {source}]" if source else ""
+        lines.append(f"  {_dotted(loc) or '(top level)'}: {message}{suffix}")
+    return "\n".join(lines)
+
+
+def _problems(exc: ValidationError) -> Iterator[tuple[_Loc, str]]:
+    for error in exc.errors():
+        loc: _Loc = tuple(error["loc"])
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, _Problems):
+            for sub, message in cause.problems:
+                yield loc + sub, message
+            continue
+        kind, value = error["type"], error["input"]
+        if kind == "missing":
+            yield loc, "required key is missing"
+        elif kind == "extra_forbidden":
+            known = _known_keys(loc[:-1])
+            yield loc, "unknown key" + (f" (known keys: {', '.join(known)})" if known else "")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            shown = repr(_masked(loc, value))
+            yield loc, message if shown in message else f"{message} (got {shown})"
+
+
+def _masked(loc: _Loc, value: Any) -> Any:
+    if _SECRET_KEYS.intersection(part for part in loc if isinstance(part, str)):
+        return "***"
+    return _mask_url(value) if isinstance(value, str) and "://" in value else value
+
+
+def _mask_url(url: str) -> str:
+    """Hide the password of a URL such as postgresql://user:password@host/db."""
+    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+def _known_keys(loc: _Loc) -> list[str]:
+    model: type[BaseModel] | None = Settings
+    for part in loc:
+        if isinstance(part, str) and model is not None:
+            field = model.model_fields.get(part)
+            model = _model_in(field.annotation) if field is not None else None
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
+
+
+def _dotted(loc: _Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if _BARE_KEY_RE.fullmatch(part) else json.dumps(part)
+            out += f".{text}" if out else text
+    return out
+
+
+def render_effective(settings: Settings) -> str:
+    """The effective configuration as TOML, secrets masked as `"***"`.
+
+    Durations and sizes are written in their shortest exact form; the text
+    parses back (with tomllib or `load_settings`) to the same settings, apart
+    from the masked secrets.
+
+    >>> render_effective(Settings()).splitlines()[4:7]
+    ['[server]', 'host = "127.0.0.1"', 'port = 8080']
+    """
+    lines = ['# Effective configuration; secrets are masked as "***".']
+    _emit_table(lines, settings, "")
+    if settings.testing.fault is not None:
+        lines += [
+            "",
+            f"# testing.fault = {_toml_value(settings.testing.fault)} is ARMED "
+            f"(test-only fault injection, set through {ENV_PREFIX}TESTING__FAULT)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _emit_table(lines: list[str], model: BaseModel, path: str) -> None:
+    tables: list[tuple[str, list[BaseModel], bool]] = []
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        dotted = f"{path}.{name}" if path else name
+        if value is None or (isinstance(value, TestingSettings) and not path):
+            continue
+        if isinstance(value, BaseModel):
+            tables.append((dotted, [value], False))
+        elif value and isinstance(value, tuple) and isinstance(value[0], BaseModel):
+            tables.append((dotted, list(value), True))
+        else:
+            if isinstance(value, SecretStr):
+                value = "***" if value.get_secret_value() else ""
+            elif name in _SECRET_KEYS and isinstance(value, dict):
+                value = dict.fromkeys(value, "***")
+            elif _validated_by(field.metadata, parse_duration):
+                value = format_duration(value)
+            elif _validated_by(field.metadata, parse_size):
+                value = format_size(value)
+            elif isinstance(value, str):
+                value = _mask_url(value)
+            lines.append(f"{_toml_key(name)} = {_toml_value(value)}")
+    for dotted, models, is_array in tables:
+        for nested in models:
+            lines += ["", f"[[{dotted}]]" if is_array else f"[{dotted}]"]
+            _emit_table(lines, nested, dotted)
+
+
+def _validated_by(metadata: list[Any], func: object) -> bool:
+    return any(isinstance(item, BeforeValidator) and item.func is func for item in metadata)
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY_RE.fullmatch(key) else _toml_value(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        escaped = "".join(_toml_char(char) for char in value)
+        return f'"{escaped}"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }"
+    raise TypeError(f"cannot render {value!r} as TOML")
+
+
+def _toml_char(char: str) -> str:
+    if char in ('"', "\\"):
+        return "\\" + char
+    if char < " " or char == "\x7f":
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\u{ord(char):04X}")
+    return char

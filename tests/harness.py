@@ -1,0 +1,175 @@
+"""Start the real gateway for tests: in-process on loopback, or as a subprocess.
+
+In-process gateways are `create_app(settings)` behind a real `TCPSite` on
+127.0.0.1 port 0, talked to over real HTTP. Subprocess gateways run
+`python -m gateway serve` exactly as in production, for tests that `kill -9`
+or SIGSTOP them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.config import Settings, render_effective
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def settings_for(
+    tmp_path: Path,
+    upstream_url: str,
+    *,
+    route: dict[str, Any] | None = None,
+    extra_routes: list[dict[str, Any]] | None = None,
+    store_url: str | None = None,
+    clients: list[dict[str, Any]] | None = None,
+    **sections: Any,
+) -> Settings:
+    """Settings for one route "tickets" at /tickets in front of `upstream_url`.
+
+    `sections` update config tables (`idempotency={...}`); `clients` is the
+    top-level `[[clients]]` array.
+    """
+    base_route: dict[str, Any] = {
+        "name": "tickets",
+        "prefix": "/tickets",
+        "upstream": upstream_url,
+        "timeout": "5s",
+    }
+    base_route.update(route or {})
+    document: dict[str, Any] = {
+        "server": {"host": "127.0.0.1", "port": 0},
+        "store": {"url": store_url or f"sqlite:///{tmp_path / 'gateway.db'}"},
+        "routes": [base_route, *(extra_routes or [])],
+        "logging": {"level": "warning", "format": "text"},
+    }
+    if clients is not None:
+        document["clients"] = clients
+    for name, values in sections.items():
+        document.setdefault(name, {}).update(values)
+    return Settings.model_validate(document)
+
+
+def write_config(settings: Settings, path: Path) -> Path:
+    """The settings as a TOML file for a subprocess gateway (secrets masked: pass them by env)."""
+    path.write_text(render_effective(settings))
+    return path
+
+
+@dataclass
+class RunningGateway:
+    """An in-process gateway on loopback."""
+
+    app: web.Application
+    runner: web.AppRunner
+    url: str
+    session: aiohttp.ClientSession
+
+    async def post(
+        self,
+        path: str,
+        *,
+        key: str | None = None,
+        json_body: Any = None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> aiohttp.ClientResponse:
+        sent = dict(headers or {})
+        if key is not None:
+            sent["Idempotency-Key"] = key
+        if json_body is not None:
+            data = json.dumps(json_body).encode()
+            sent.setdefault("Content-Type", "application/json")
+        response = await self.session.post(self.url + path, data=data, headers=sent)
+        await response.read()
+        return response
+
+    async def get(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        response = await self.session.get(self.url + path, **kwargs)
+        await response.read()
+        return response
+
+
+async def start_gateway(settings: Settings) -> RunningGateway:
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=False, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    session = aiohttp.ClientSession(auto_decompress=False)
+    return RunningGateway(app=app, runner=runner, url=f"http://{host}:{port}", session=session)
+
+
+async def stop_gateway(gateway: RunningGateway) -> None:
+    await gateway.session.close()
+    await gateway.runner.cleanup()
+
+
+@dataclass
+class GatewayProcess:
+    """`python -m gateway serve` in a subprocess, as production runs it."""
+
+    config_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[str] | None = None
+    url: str = ""
+    log_path: Path | None = None
+
+    def start(self, wait_seconds: float = 15.0) -> None:
+        """Start the process and wait for its "listening on" line (blocking: it is quick)."""
+        env = {**os.environ, **self.env}
+        self.log_path = self.config_path.with_suffix(".log")
+        with open(self.log_path, "a") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], wait_seconds)
+        line = self.process.stdout.readline() if ready else ""
+        if "listening on" not in line:
+            self.process.kill()
+            self.process.wait()
+            self.process.stdout.close()
+            raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
+        self.url = line.strip().rsplit(" ", 1)[-1]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Terminate gracefully (resuming a stopped process first); kill after 20 s."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()

@@ -1,0 +1,657 @@
+"""Configuration: defaults, the example file, precedence, validation and rendering."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.config import (
+    GATEWAY_PATHS,
+    RouteSettings,
+    Settings,
+    StoreSettings,
+    load_settings,
+    render_effective,
+)
+from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "gateway.toml"
+
+ROUTE = """
+[[routes]]
+name = "tickets"
+prefix = "/tickets"
+upstream = "http://127.0.0.1:9000"
+"""
+
+DIGEST_A = "a" * 64
+DIGEST_B = "b" * 64
+
+
+@pytest.fixture
+def load(tmp_path: Path) -> Any:
+    """Load a config written from TOML text, with its own environment and overrides."""
+
+    def _load(
+        text: str,
+        *,
+        environ: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        path = tmp_path / "gateway.toml"
+        path.write_text(text)
+        return load_settings(path, environ=environ or {}, overrides=overrides)
+
+    return _load
+
+
+def refusal(load: Any, text: str, **kwargs: Any) -> str:
+    """The message of the ConfigError that loading `text` raises."""
+    with pytest.raises(ConfigError) as caught:
+        load(text, **kwargs)
+    return str(caught.value)
+
+
+# -- defaults, file resolution and precedence ------------------------------------
+
+
+def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an explicit file and without config/gateway.toml, defaults apply, no routes."""
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(environ={})
+    assert settings == Settings()
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
+    assert settings.store.url == "sqlite:///./data/gateway.db"
+    assert settings.store.pool_size == 10
+    assert settings.store.busy_timeout == 5.0
+    assert settings.idempotency.scope_headers == ("Authorization",)
+    assert settings.idempotency.retention == 86400.0
+    assert settings.idempotency.tombstone_retention == 30 * 86400.0
+    assert settings.idempotency.lease == 30.0
+    assert settings.idempotency.max_wait == 30.0
+    assert settings.idempotency.sweep_interval == 60.0
+    assert not settings.admin.enabled
+    assert settings.admin.listen is None
+    assert settings.clients == ()
+    assert settings.routes == ()
+    assert (settings.logging.level, settings.logging.format) == ("info", "json")
+    assert settings.testing.fault is None
+
+
+def test_route_defaults() -> None:
+    """A route with only its required keys gets the documented defaults."""
+    route = RouteSettings(name="t", prefix="/t", upstream="http://h")
+    assert route.methods == ("POST", "PATCH")
+    assert route.require_key is True
+    assert (route.timeout, route.keepalive) == (30.0, 4.0)
+    assert route.max_body == route.max_stored_response == 1 << 20
+    assert route.max_concurrency == 256
+    assert route.forward_key is True
+    assert route.release_statuses == (429,)
+    assert route.redact_response_headers == ("set-cookie",)
+    assert route.tls_ca is route.tls_client_cert is route.tls_client_key is None
+    assert route.upstream_headers == {}
+    assert route.probe is None
+
+
+def test_example_file_loads() -> None:
+    """The config/gateway.toml that `make run` serves is valid and says what DESIGN.md says."""
+    settings = load_settings(EXAMPLE, environ={})
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
+    assert settings.store.url == "sqlite:///./data/gateway.db"
+    (route,) = settings.routes
+    assert (route.name, route.prefix, route.upstream) == (
+        "tickets",
+        "/tickets",
+        "http://127.0.0.1:9000",
+    )
+    assert route.max_body == 1 << 20
+    assert route.forward_key is True
+    assert route.probe is not None
+    assert route.probe.path == "/v1/issues?client_ref={key}"
+    assert route.probe.applied_statuses == (200,)
+    assert route.probe.not_applied_statuses == (404,)
+    assert route.probe.not_applied_after == 300.0
+
+
+def test_example_file_shows_every_route_key() -> None:
+    """Every route and probe key appears in the example, set or commented out."""
+    text = EXAMPLE.read_text()
+    for key in [*RouteSettings.model_fields, "method", "path", "applied_statuses"]:
+        assert f"{key} =" in text or f"[routes.{key}]" in text, key
+
+
+def test_default_path_is_used_when_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config/gateway.toml in the current directory is read when no path is given."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "gateway.toml").write_text("[server]\nport = 7000\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_settings(environ={}).server.port == 7000
+
+
+def test_config_env_var_names_the_file(tmp_path: Path) -> None:
+    """IDEMPOTENCY_GATEWAY_CONFIG names the file when no path is given."""
+    path = tmp_path / "other.toml"
+    path.write_text("[server]\nport = 7001\n")
+    assert load_settings(environ={"IDEMPOTENCY_GATEWAY_CONFIG": str(path)}).server.port == 7001
+
+
+def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
+    """A config file that was asked for but does not exist is refused, naming it."""
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=r"nope\.toml"):
+        load_settings(missing, environ={})
+    with pytest.raises(ConfigError, match="IDEMPOTENCY_GATEWAY_CONFIG"):
+        load_settings(environ={"IDEMPOTENCY_GATEWAY_CONFIG": str(missing)})
+
+
+def test_invalid_toml_names_the_file(load: Any) -> None:
+    """A file that is not TOML is refused with its path and the parser's position."""
+    message = refusal(load, "[server\nport = 1\n")
+    assert "gateway.toml" in message
+    assert "not valid TOML" in message
+    assert "line 1" in message
+
+
+def test_env_beats_file_and_overrides_beat_env(load: Any) -> None:
+    """Environment variables override the file; overrides override both."""
+    text = "[server]\nport = 7000\nhost = '0.0.0.0'\n"
+    env = {"IDEMPOTENCY_GATEWAY_SERVER__PORT": "9999"}
+    assert load(text).server.port == 7000
+    assert load(text, environ=env).server.port == 9999
+    assert load(text, environ=env).server.host == "0.0.0.0"
+    settings = load(text, environ=env, overrides={"server.port": 0, "server.host": "::1"})
+    assert (settings.server.host, settings.server.port) == ("::1", 0)
+
+
+def test_env_values_are_coerced_and_json_parsed(load: Any) -> None:
+    """Env strings are coerced by type; values that look like JSON are parsed as JSON."""
+    env = {
+        "IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": "s3cret",
+        "IDEMPOTENCY_GATEWAY_IDEMPOTENCY__SCOPE_HEADERS": '["X-Api-Key", "X-Tenant"]',
+        "IDEMPOTENCY_GATEWAY_IDEMPOTENCY__LEASE": "45s",
+        "IDEMPOTENCY_GATEWAY_LOGGING__LEVEL": "DEBUG",
+        "IDEMPOTENCY_GATEWAY_ROUTES__0__REQUIRE_KEY": "false",
+        "IDEMPOTENCY_GATEWAY_ROUTES__0__FORWARD_KEY": "operation_id",
+        "IDEMPOTENCY_GATEWAY_ROUTES__0__MAX_BODY": "64KiB",
+        "UNRELATED": "ignored",
+    }
+    settings = load(ROUTE, environ=env)
+    assert settings.admin.token.get_secret_value() == "s3cret"
+    assert settings.admin.enabled
+    assert settings.idempotency.scope_headers == ("X-Api-Key", "X-Tenant")
+    assert settings.idempotency.lease == 45.0
+    assert settings.logging.level == "debug"
+    route = settings.routes[0]
+    assert (route.require_key, route.forward_key, route.max_body) == (False, "operation_id", 65536)
+
+
+def test_env_header_override_matches_existing_case(load: Any) -> None:
+    """An upper-cased env name replaces a header of the file whatever the file's case."""
+    text = ROUTE + '[routes.upstream_headers]\nAuthorization = "Bearer old"\n'
+    env = {"IDEMPOTENCY_GATEWAY_ROUTES__0__UPSTREAM_HEADERS__AUTHORIZATION": "Bearer new"}
+    assert load(text, environ=env).routes[0].upstream_headers == {"Authorization": "Bearer new"}
+
+
+def test_env_cannot_address_a_missing_route(load: Any) -> None:
+    """An env var indexing a route the file does not have is refused, naming the var."""
+    message = refusal(load, ROUTE, environ={"IDEMPOTENCY_GATEWAY_ROUTES__3__TIMEOUT": "1s"})
+    assert "IDEMPOTENCY_GATEWAY_ROUTES__3__TIMEOUT" in message
+    assert "routes[3].timeout" in message
+
+
+def test_env_invalid_json_is_refused(load: Any) -> None:
+    """An env value that starts like JSON but is not valid JSON is refused, naming the var."""
+    env = {"IDEMPOTENCY_GATEWAY_IDEMPOTENCY__SCOPE_HEADERS": '["X-Api-Key"'}
+    assert "IDEMPOTENCY_GATEWAY_IDEMPOTENCY__SCOPE_HEADERS" in refusal(load, "", environ=env)
+
+
+def test_overrides_accept_index_forms(load: Any) -> None:
+    """Overrides address routes as routes[0].key or routes.0.key."""
+    settings = load(ROUTE, overrides={"routes[0].timeout": "10s", "routes.0.keepalive": "1s"})
+    assert (settings.routes[0].timeout, settings.routes[0].keepalive) == (10.0, 1.0)
+
+
+def test_error_names_the_source_of_the_value(load: Any) -> None:
+    """A bad value from the environment or an override says where it came from."""
+    env = {"IDEMPOTENCY_GATEWAY_SERVER__PORT": "99999"}
+    message = refusal(load, "", environ=env)
+    assert "server.port:" in message
+    assert "99999" in message
+    assert "IDEMPOTENCY_GATEWAY_SERVER__PORT" in message
+    message = refusal(load, "", overrides={"server.port": -1})
+    assert "server.port:" in message
+    assert "override 'server.port'" in message
+
+
+def test_error_names_the_file(load: Any, tmp_path: Path) -> None:
+    """A bad value from the file names the file it came from."""
+    message = refusal(load, "[server]\nport = 99999\n")
+    assert str(tmp_path / "gateway.toml") in message
+    assert "server.port:" in message
+    assert "99999" in message
+
+
+def test_every_problem_is_reported(load: Any) -> None:
+    """All problems are listed, one line each, not only the first."""
+    message = refusal(load, "[server]\nport = -1\n[store]\npool_size = 0\n")
+    lines = message.splitlines()
+    assert any(line.strip().startswith("server.port:") for line in lines)
+    assert any(line.strip().startswith("store.pool_size:") for line in lines)
+
+
+# -- validation rules --------------------------------------------------------------
+
+REFUSED = [
+    ("[server]\nport = 70000", "server.port:"),
+    ("[server]\nport = 'http'", "server.port:"),
+    ("[store]\nurl = 'mysql://x/y'", "store.url: unsupported store URL"),
+    ("[store]\nurl = 'sqlite://relative.db'", "store.url:"),
+    ("[store]\nurl = 'sqlite:///'", "store.url:"),
+    ("[store]\npool_size = 0", "store.pool_size:"),
+    ("[store]\nbusy_timeout = 'soon'", "store.busy_timeout: invalid duration 'soon'"),
+    (
+        "[idempotency]\nretention = '24h'\ntombstone_retention = '1h'",
+        "idempotency.tombstone_retention: must be at least retention (1d), got 1h",
+    ),
+    ("[idempotency]\nscope_headers = ['X Api']", "idempotency.scope_headers[0]:"),
+    ("[idempotency]\nlease = '0s'", "idempotency.lease:"),
+    ("[idempotency]\nmax_wait = '-1s'", "idempotency.max_wait: invalid duration '-1s'"),
+    ("[admin]\nlisten = 'nowhere'", "admin.listen: expected HOST:PORT"),
+    ("[admin]\ntoken = 'with space'", "admin.token: must be printable ASCII"),
+    ("[logging]\nlevel = 'verbose'", "logging.level:"),
+    ("[logging]\nformat = 'xml'", "logging.format:"),
+    ("[[clients]]\nname = 'a'\ntoken_sha256 = ['abc']", "clients[0].token_sha256[0]:"),
+    ("[[clients]]\nname = 'a'\ntoken_sha256 = []", "clients[0].token_sha256:"),
+    ("[[clients]]\nname = 'a b'\ntoken_sha256 = ['" + DIGEST_A + "']", "clients[0].name:"),
+    (
+        f"[[clients]]\nname = 'a'\ntoken_sha256 = ['{DIGEST_A}']\n"
+        f"[[clients]]\nname = 'a'\ntoken_sha256 = ['{DIGEST_B}']",
+        "clients[1].name: duplicate client name 'a'",
+    ),
+    (
+        f"[[clients]]\nname = 'a'\ntoken_sha256 = ['{DIGEST_A}']\n"
+        f"[[clients]]\nname = 'b'\ntoken_sha256 = ['{DIGEST_B}', '{DIGEST_A.upper()}']",
+        "clients[1].token_sha256[1]: this digest also belongs to clients[0]",
+    ),
+    ("[[routes]]\nprefix = '/t'\nupstream = 'http://h'", "routes[0].name: required key is missing"),
+    (ROUTE + "timeout = 'abc'", "routes[0].timeout: invalid duration 'abc'"),
+    (ROUTE + "timeout = '0s'", "routes[0].timeout:"),
+    (ROUTE + "max_body = '1MB'", "routes[0].max_body: invalid size '1MB'"),
+    (ROUTE + "max_stored_response = -1", "routes[0].max_stored_response: invalid size -1"),
+    (ROUTE + "max_concurrency = 0", "routes[0].max_concurrency:"),
+    (ROUTE + "forward_key = 'yes'", "routes[0].forward_key: invalid forward_key 'yes'"),
+    (ROUTE + "release_statuses = [200]", "routes[0].release_statuses[0]:"),
+    (ROUTE + "methods = ['PO ST']", "routes[0].methods[0]:"),
+    (ROUTE + "redact_response_headers = ['bad header']", "routes[0].redact_response_headers[0]:"),
+    (ROUTE + "tls_client_key = '/k.pem'", "routes[0].tls_client_key: needs tls_client_cert"),
+    (ROUTE + "tls_ca = '/ca.pem'", "routes[0].tls_ca: only applies to an https:// upstream"),
+    ("[[routes]]\nname = 't'\nprefix = 'tickets'\nupstream = 'http://h'", "routes[0].prefix:"),
+    ("[[routes]]\nname = 't'\nprefix = '/'\nupstream = 'http://h'", "routes[0].prefix: '/'"),
+    ("[[routes]]\nname = 't'\nprefix = '/a?b'\nupstream = 'http://h'", "routes[0].prefix:"),
+    (
+        "[[routes]]\nname = 't'\nprefix = '/t'\nupstream = 'ftp://h'",
+        "routes[0].upstream: must be an http:// or https:// URL",
+    ),
+    ("[[routes]]\nname = 't'\nprefix = '/t'\nupstream = 'http://'", "routes[0].upstream:"),
+    (
+        "[[routes]]\nname = 't'\nprefix = '/t'\nupstream = 'http://h/x?y=1'",
+        "routes[0].upstream: must not have a query",
+    ),
+    ("[[routes]]\nname = 't'\nprefix = '/t'\nupstream = 'http://h/#f'", "routes[0].upstream:"),
+    ("[[routes]]\nname = 't'\nprefix = '/t'\nupstream = 'http://h:99999'", "routes[0].upstream:"),
+    (
+        "[[routes]]\nname = 't'\nprefix = '/t'\nupstream = 'http://u:pw@h'",
+        "routes[0].upstream: must not hold credentials",
+    ),
+    ("[[routes]]\nname = 't t'\nprefix = '/t'\nupstream = 'http://h'", "routes[0].name:"),
+    (ROUTE + ROUTE.replace("/tickets", "/other"), "routes[1].name: duplicate route name"),
+    (ROUTE + ROUTE.replace('"tickets"', '"other"'), "routes[1].prefix: duplicate prefix"),
+    (
+        ROUTE + "[routes.upstream_headers]\n'Content-Length' = '1'",
+        "routes[0].upstream_headers.Content-Length: the gateway sets this header itself",
+    ),
+    (
+        ROUTE + "[routes.upstream_headers]\nIdempotency-Key = 'k'",
+        "routes[0].upstream_headers.Idempotency-Key:",
+    ),
+    (
+        ROUTE + "[routes.upstream_headers]\n'X Bad' = 'v'",
+        'routes[0].upstream_headers."X Bad": not a valid header name',
+    ),
+    (
+        ROUTE + "[routes.upstream_headers]\nX-A = 'a'\nx-a = 'b'",
+        "routes[0].upstream_headers.x-a: the header is given twice",
+    ),
+    (ROUTE + '[routes.upstream_headers]\nX-A = "a\\nb"', "routes[0].upstream_headers.X-A:"),
+    (ROUTE + "[routes.probe]\npath = 'v1/issues'", "routes[0].probe.path: must start with '/'"),
+    (ROUTE + "[routes.probe]\nmethod = 'G T'\npath = '/x'", "routes[0].probe.method:"),
+    (ROUTE + "[routes.probe]\npath = '/x/{id}'", "routes[0].probe.path: unknown placeholder {id}"),
+    (
+        ROUTE + "[routes.probe]\npath = '/x'\nnot_applied_statuses = [404, 200]",
+        "routes[0].probe.not_applied_statuses: [200] also in applied_statuses",
+    ),
+    (
+        ROUTE + "[routes.probe]\npath = '/x'\napplied_statuses = [99]",
+        "routes[0].probe.applied_statuses[0]:",
+    ),
+    (
+        ROUTE + "[routes.probe]\npath = '/x'\napplied_statuses = []",
+        "routes[0].probe.applied_statuses: a probe needs at least one status",
+    ),
+    (
+        ROUTE + "[routes.probe]\npath = '/x'\nnot_applied_after = '5 min'",
+        "routes[0].probe.not_applied_after: invalid duration",
+    ),
+    (
+        ROUTE + "[routes.probe]\npath = '/x/{operation_id}'",
+        'routes[0].probe.path: {operation_id} needs forward_key = "operation_id"',
+    ),
+    (
+        ROUTE + "[routes.probe]\npath = '/x'\n[routes.probe.headers]\nConnection = 'close'",
+        "routes[0].probe.headers.Connection:",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), REFUSED)
+def test_invalid_values_are_refused_naming_the_key(load: Any, text: str, expected: str) -> None:
+    """Each validation rule refuses a bad value with a message naming its dotted key."""
+    message = refusal(load, text)
+    assert expected in message, message
+    assert message.startswith("invalid configuration in ")
+
+
+@pytest.mark.parametrize("prefix", [*GATEWAY_PATHS, "/admin/x", "/metrics/x", "/operations/"])
+def test_prefixes_may_not_overlap_gateway_paths(load: Any, prefix: str) -> None:
+    """A route prefix equal to or nested with one of the gateway's own paths is refused."""
+    text = f"[[routes]]\nname = 't'\nprefix = '{prefix}'\nupstream = 'http://h'"
+    assert "routes[0].prefix:" in refusal(load, text)
+    assert "overlaps the gateway's own path" in refusal(load, text)
+
+
+@pytest.mark.parametrize("prefix", ["/metricsfoo", "/op", "/administration", "/health"])
+def test_prefixes_overlap_only_at_segment_boundaries(load: Any, prefix: str) -> None:
+    """Sharing characters but not a whole segment with a gateway path is fine."""
+    text = f"[[routes]]\nname = 't'\nprefix = '{prefix}'\nupstream = 'http://h'"
+    assert load(text).routes[0].prefix == prefix
+
+
+def test_gateway_paths_constant() -> None:
+    """GATEWAY_PATHS lists exactly the gateway's own paths from DESIGN.md."""
+    assert set(GATEWAY_PATHS) == {
+        "/operations",
+        "/admin",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[server]\nprot = 1", "server.prot: unknown key (known keys: host, port)"),
+        ("[srever]\nport = 1", "srever: unknown key"),
+        (ROUTE + "timout = '1s'", "routes[0].timout: unknown key"),
+        (
+            ROUTE + "[routes.probe]\npath = '/x'\nmethd = 'GET'",
+            "routes[0].probe.methd: unknown key",
+        ),
+        (
+            "[[clients]]\nname = 'a'\ntoken = 'x'\ntoken_sha256 = ['" + DIGEST_A + "']",
+            "clients[0].token: unknown key",
+        ),
+    ],
+)
+def test_unknown_keys_are_refused_naming_them(load: Any, text: str, key: str) -> None:
+    """A key the config does not know is an error that names it (typos do not pass)."""
+    assert key in refusal(load, text)
+
+
+def test_unknown_env_section_is_refused(load: Any) -> None:
+    """An env var for a section that does not exist is refused, naming the var."""
+    message = refusal(load, "", environ={"IDEMPOTENCY_GATEWAY_SERVR__PORT": "1"})
+    assert "servr: unknown key" in message
+    assert "IDEMPOTENCY_GATEWAY_SERVR__PORT" in message
+
+
+def test_testing_section_is_refused_in_the_file(load: Any) -> None:
+    """The fault-injection hook cannot be armed from a config file."""
+    assert "testing:" in refusal(load, "[testing]\nfault = 'crash_after_claim'")
+
+
+def test_testing_fault_comes_from_the_environment(load: Any) -> None:
+    """IDEMPOTENCY_GATEWAY_TESTING__FAULT arms a test-only fault."""
+    settings = load("", environ={"IDEMPOTENCY_GATEWAY_TESTING__FAULT": "crash_after_claim"})
+    assert settings.testing.fault == "crash_after_claim"
+
+
+# -- normalization -------------------------------------------------------------------
+
+
+def test_route_values_are_normalized(load: Any) -> None:
+    """Methods upper-case, trailing slashes go, redactions lower-case with set-cookie kept."""
+    text = """
+[[routes]]
+name = "t"
+prefix = "/tickets/"
+upstream = "HTTPS://Example.com:8443/api/"
+methods = ["post", "Put", "POST"]
+redact_response_headers = ["X-Secret"]
+"""
+    route = load(text).routes[0]
+    assert route.prefix == "/tickets"
+    assert route.upstream == "https://Example.com:8443/api"
+    assert route.methods == ("POST", "PUT")
+    assert route.redact_response_headers == ("set-cookie", "x-secret")
+
+
+def test_client_digests_are_lower_cased(load: Any) -> None:
+    """Token digests are stored lower-case, whatever case the file uses."""
+    text = f"[[clients]]\nname = 'agent-a'\ntoken_sha256 = ['{DIGEST_A.upper()}', '{DIGEST_B}']"
+    assert load(text).clients[0].token_sha256 == (DIGEST_A, DIGEST_B)
+
+
+def test_settings_are_frozen() -> None:
+    """Settings cannot be changed after validation."""
+    settings = Settings()
+    with pytest.raises(ValidationError):
+        settings.server.port = 1  # type: ignore[misc]
+
+
+# -- ${VAR} expansion -----------------------------------------------------------------
+
+
+def test_env_references_in_headers_are_expanded(load: Any) -> None:
+    """${VAR} in upstream and probe header values is replaced from the environment."""
+    text = (
+        ROUTE
+        + '[routes.upstream_headers]\nAuthorization = "Bearer ${TICKETS_API_TOKEN}"\n'
+        + "[routes.probe]\npath = '/x'\n"
+        + '[routes.probe.headers]\nX-Probe = "${A}-${B}"\n'
+    )
+    env = {"TICKETS_API_TOKEN": "t0k", "A": "1", "B": "2"}
+    route = load(text, environ=env).routes[0]
+    assert route.upstream_headers == {"Authorization": "Bearer t0k"}
+    assert route.probe.headers == {"X-Probe": "1-2"}
+
+
+def test_missing_env_reference_is_refused(load: Any) -> None:
+    """A ${VAR} whose variable is not set is refused, naming the key and the variable."""
+    text = ROUTE + '[routes.upstream_headers]\nAuthorization = "Bearer ${TICKETS_API_TOKEN}"\n'
+    message = refusal(load, text)
+    assert "routes[0].upstream_headers.Authorization:" in message
+    assert "TICKETS_API_TOKEN is not set" in message
+    probe = ROUTE + "[routes.probe]\npath = '/x'\n[routes.probe.headers]\nX = '${NOPE}'\n"
+    assert "routes[0].probe.headers.X: environment variable NOPE is not set" in refusal(load, probe)
+
+
+def test_expanded_secrets_never_appear_in_errors(load: Any) -> None:
+    """An invalid expanded header value is reported without its (secret) value."""
+    text = ROUTE + '[routes.upstream_headers]\nAuthorization = "${T}"\n'
+    message = refusal(load, text, environ={"T": "s3cret\r\nX: y"})
+    assert "routes[0].upstream_headers.Authorization: the value contains CR, LF or NUL" in message
+    assert "s3cret" not in message
+
+
+# -- SQLite URLs --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:///./data/gateway.db", Path("./data/gateway.db")),
+        ("sqlite:///relative/path.db", Path("relative/path.db")),
+        ("sqlite:////absolute/path.db", Path("/absolute/path.db")),
+        ("postgresql://gw@db:5432/gw", None),
+        ("postgres://gw@db/gw", None),
+    ],
+)
+def test_store_url_forms(url: str, path: Path | None) -> None:
+    """sqlite:/// is relative to the current directory, sqlite://// absolute; PG has no path."""
+    store = StoreSettings(url=url)
+    assert store.sqlite_path == path
+    assert store.is_postgres is (path is None)
+    if path is not None:
+        assert store.sqlite_path is not None
+        assert store.sqlite_path.is_absolute() is url.startswith("sqlite:////")
+
+
+# -- render_effective --------------------------------------------------------------
+
+FULL = f"""
+[server]
+host = "0.0.0.0"
+port = 9000
+
+[store]
+url = "sqlite:////var/lib/gw.db"
+busy_timeout = "1500ms"
+
+[idempotency]
+scope_headers = ["X-Api-Key"]
+retention = "2h"
+tombstone_retention = "7d"
+lease = "45s"
+max_wait = "0"
+sweep_interval = "90s"
+
+[admin]
+listen = "127.0.0.1:9090"
+
+[[clients]]
+name = "agent-a"
+token_sha256 = ["{DIGEST_A}", "{DIGEST_B}"]
+
+[logging]
+level = "warning"
+format = "text"
+
+[[routes]]
+name = "tickets"
+prefix = "/tickets"
+upstream = "https://tickets.example:8443/api"
+methods = ["POST"]
+require_key = false
+timeout = "2m"
+keepalive = "0"
+max_body = "64KiB"
+max_stored_response = 1000
+max_concurrency = 3
+forward_key = "operation_id"
+release_statuses = [429, 503]
+redact_response_headers = ["X-Token"]
+tls_ca = "/etc/ca.pem"
+tls_client_cert = "/etc/cert.pem"
+tls_client_key = "/etc/key.pem"
+
+[routes.probe]
+method = "HEAD"
+path = "/v1/issues/{{operation_id}}"
+applied_statuses = [200, 204]
+not_applied_statuses = [404, 410]
+not_applied_after = "10m"
+
+[[routes]]
+name = "mail"
+prefix = "/mail"
+upstream = "http://127.0.0.1:9001"
+forward_key = false
+"""
+
+
+def test_render_round_trips(load: Any, tmp_path: Path) -> None:
+    """The rendered config parses with tomllib and loads back to equal settings."""
+    settings = load(FULL)
+    text = render_effective(settings)
+    tomllib.loads(text)
+    rendered = tmp_path / "rendered.toml"
+    rendered.write_text(text)
+    assert load_settings(rendered, environ={}) == settings
+
+
+def test_render_round_trips_defaults_and_example(tmp_path: Path) -> None:
+    """Defaults and the example file survive a render and reload unchanged."""
+    for settings in (Settings(), load_settings(EXAMPLE, environ={})):
+        rendered = tmp_path / "rendered.toml"
+        rendered.write_text(render_effective(settings))
+        assert load_settings(rendered, environ={}) == settings
+
+
+def test_render_uses_human_units(load: Any) -> None:
+    """Durations and sizes are rendered in their shortest exact human form."""
+    data = tomllib.loads(render_effective(load(FULL)))
+    assert data["store"]["busy_timeout"] == "1500ms"
+    assert data["idempotency"]["tombstone_retention"] == "7d"
+    assert data["routes"][0]["timeout"] == "2m"
+    assert data["routes"][0]["max_body"] == "64KiB"
+    assert data["routes"][0]["max_stored_response"] == "1000B"
+    assert data["routes"][0]["probe"]["not_applied_after"] == "10m"
+
+
+def test_render_masks_secrets(load: Any) -> None:
+    """Admin token, header values and URL passwords are shown as ***."""
+    text = (
+        ROUTE.replace("/tickets", "/t")
+        + '[routes.upstream_headers]\nAuthorization = "Bearer ${TOKEN}"\n'
+        + "[routes.probe]\npath = '/x'\n[routes.probe.headers]\nX-Key = 'probe-secret'\n"
+    )
+    settings = load(
+        text,
+        environ={"TOKEN": "upstream-secret", "IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": "admin-secret"},
+        overrides={"store.url": "postgresql://gw:db-secret@db:5432/gw"},
+    )
+    rendered = render_effective(settings)
+    for secret in ("upstream-secret", "probe-secret", "admin-secret", "db-secret"):
+        assert secret not in rendered
+    data = tomllib.loads(rendered)
+    assert data["admin"]["token"] == "***"
+    assert data["routes"][0]["upstream_headers"] == {"Authorization": "***"}
+    assert data["routes"][0]["probe"]["headers"] == {"X-Key": "***"}
+    assert data["store"]["url"] == "postgresql://gw:***@db:5432/gw"
+
+
+def test_render_shows_an_armed_fault_as_a_comment(load: Any) -> None:
+    """An armed test fault is visible in the rendering but is not a loadable key."""
+    settings = load("", environ={"IDEMPOTENCY_GATEWAY_TESTING__FAULT": "crash_after_claim"})
+    rendered = render_effective(settings)
+    assert "# testing.fault" in rendered
+    assert "crash_after_claim" in rendered
+    assert "testing" not in tomllib.loads(rendered)
+
+
+def test_render_escapes_strings(load: Any) -> None:
+    """Strings with quotes, backslashes and control characters stay valid TOML."""
+    text = ROUTE + "[routes.probe]\npath = '/x?q=\"a\\\\b\"'\n"
+    settings = load(text)
+    data = tomllib.loads(render_effective(settings))
+    assert data["routes"][0]["probe"]["path"] == settings.routes[0].probe.path
