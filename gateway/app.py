@@ -21,18 +21,31 @@ from typing import Any
 from aiohttp import web
 
 from gateway import __version__
-from gateway.appkeys import BACKGROUND, ENGINE, METRICS, ROUTES, SCOPES, SETTINGS, STORE
+from gateway.admin_view import list_operations, resolve_operation, show_operation
+from gateway.appkeys import (
+    BACKGROUND,
+    ENGINE,
+    FORWARDER,
+    METRICS,
+    ROUTES,
+    SCOPES,
+    SETTINGS,
+    STORE,
+)
 from gateway.config import Settings
 from gateway.errors import StoreUnavailable
 from gateway.forwarder import Forwarder
+from gateway.leases import LeaseKeeper
 from gateway.lifecycle import IdempotencyEngine
 from gateway.metrics import GatewayMetrics
-from gateway.operations_view import lookup
+from gateway.operations_view import lookup, resolve
+from gateway.probes import Prober
 from gateway.problems import problem_middleware
 from gateway.proxy_view import proxy
 from gateway.routing import RouteTable
 from gateway.scopes import ScopeResolver
 from gateway.store.factory import make_store
+from gateway.sweeper import Sweeper
 
 log = logging.getLogger("gateway.app")
 
@@ -63,6 +76,10 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/operations/{key:.+}", lookup)
+    app.router.add_post("/operations/{key:.+}", resolve)
+    app.router.add_get("/admin/operations", list_operations)
+    app.router.add_get("/admin/operations/{id}", show_operation)
+    app.router.add_post("/admin/operations/{id}/resolve", resolve_operation)
     app.router.add_route("*", "/{tail:.*}", proxy)
     return app
 
@@ -74,17 +91,27 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     await store.open()
     forwarder = Forwarder(settings.routes)
     await forwarder.start()
+    keeper = LeaseKeeper(
+        store,
+        owner=instance_id(),
+        lease_seconds=settings.idempotency.lease,
+        tombstone_seconds=settings.idempotency.tombstone_retention,
+    )
+    await keeper.start()
     engine = IdempotencyEngine(
         store=store,
         forwarder=forwarder,
+        keeper=keeper,
+        prober=Prober(forwarder),
         settings=settings.idempotency,
         routes=settings.routes,
-        owner=instance_id(),
         observer=metrics,
         fault=settings.testing.fault,
     )
-    await engine.start()
+    sweeper = Sweeper(store, engine, metrics, interval=settings.idempotency.sweep_interval)
+    await sweeper.start()
     app[STORE] = store
+    app[FORWARDER] = forwarder
     app[ENGINE] = engine
     app[SCOPES] = ScopeResolver(
         clients=settings.clients,
@@ -95,7 +122,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await _drain(app[BACKGROUND])
-        await engine.stop()
+        await sweeper.stop()
+        await keeper.stop()
         await forwarder.close()
         await store.close()
 

@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Settings
+from gateway.forwarder import Forwarder
 from gateway.lifecycle import IdempotencyEngine
 from gateway.metrics import GatewayMetrics
 from gateway.routing import RouteTable
@@ -17,6 +18,7 @@ from gateway.store.base import Store
 SETTINGS = web.AppKey("settings", Settings)
 STORE = web.AppKey("store", Store)
 ENGINE = web.AppKey("engine", IdempotencyEngine)
+FORWARDER = web.AppKey("forwarder", Forwarder)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 ROUTES = web.AppKey("routes", RouteTable)
 SCOPES = web.AppKey("scopes", ScopeResolver)

@@ -1,18 +1,18 @@
-"""The gateway's configuration: one TOML file, environment overrides, one check.
+"""The gateway's settings: the validated model tree and what each key accepts.
 
 A gateway that starts with a wrong setting loses or duplicates effects
-quietly, so everything is validated once, at start, and a bad value stops the
-process with a message that names the key (`routes[0].timeout`), the bad
-value and where it came from (the file, an environment variable, a flag).
-The result is a tree of frozen pydantic models passed down explicitly; this
-is the only module that reads `os.environ` (test-only fault injection comes
-through `Settings.testing` like everything else).
+quietly, so every value is checked here, at start, by pydantic validators
+that explain what is wrong in terms of the key (`routes[0].timeout`). The
+result is a tree of frozen models passed down explicitly; nothing outside the
+config modules reads `os.environ` (test-only fault injection comes through
+`Settings.testing` like everything else).
 
-Precedence, lowest first: built-in defaults, the TOML file, environment
-variables `IDEMPOTENCY_GATEWAY_<SECTION>__<KEY>`, then `overrides` (command
-line flags and tests). `${VAR}` in upstream and probe header values is
-replaced from the environment at load time, so secrets never sit in the file;
-`render_effective` masks them again for display.
+This module is the bottom of the config layer: reading the file and the
+environment lives in `gateway.config_loader`, display in
+`gateway.config_render`. Both import the models from here; `load_settings`
+and `render_effective` are re-exported lazily (see `__getattr__`) so that
+`from gateway.config import load_settings` keeps working without an import
+cycle.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -32,17 +31,18 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from gateway.errors import ConfigError
-from gateway.units import format_duration, format_size, parse_duration, parse_size
+from gateway.units import format_duration, parse_duration, parse_size
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
+
+    from gateway.config_loader import load_settings
+    from gateway.config_render import render_effective
 
 __all__ = [
     "CONFIG_ENV_VAR",
@@ -617,185 +617,9 @@ def _paths_overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
-def load_settings(
-    path: str | os.PathLike[str] | None = None,
-    *,
-    overrides: Mapping[str, Any] | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Settings:
-    """Read, merge and validate the configuration, or raise `ConfigError`.
-
-    The file is `path`, else `$IDEMPOTENCY_GATEWAY_CONFIG`, else
-    `config/gateway.toml` when it exists (else built-in defaults, no routes).
-    Environment variables override the file; `overrides` (dotted keys such as
-    `"server.port"` or `"routes[0].timeout"`) override both.
-
-    >>> load_settings(environ={}, overrides={"server.port": 9999}).server.port
-    9999
-    """
-    env = os.environ if environ is None else environ
-    file = _config_path(path, env)
-    data: dict[str, Any] = _read_toml(file) if file is not None else {}
-    origin = str(file) if file is not None else "built-in defaults (no config file)"
-    if "testing" in data:
-        raise ConfigError(
-            f"invalid configuration in {origin}:\n  testing: test-only settings can only be "
-            f"set through the environment ({ENV_PREFIX}TESTING__FAULT)"
-        )
-    sources: dict[_Loc, str] = {}
-    for name in sorted(env):
-        if name.startswith(ENV_PREFIX) and name != CONFIG_ENV_VAR:
-            source = f"environment variable {name}"
-            loc = _env_loc(name, source)
-            sources[_assign(data, loc, _env_value(env[name], source), source)] = source
-    for key, value in (overrides or {}).items():
-        source = f"override {key!r}"
-        sources[_assign(data, _override_loc(key, source), value, source)] = source
-    try:
-        return Settings.model_validate(data, context={"environ": env})
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin, sources)) from exc
-
-
-def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
-    if path is not None:
-        explicit, how = Path(path), "the config file"
-    elif env.get(CONFIG_ENV_VAR):
-        explicit, how = Path(env[CONFIG_ENV_VAR]), f"the config file named by {CONFIG_ENV_VAR}"
-    elif DEFAULT_CONFIG_PATH.is_file():
-        return DEFAULT_CONFIG_PATH
-    else:
-        return None
-    if not explicit.is_file():
-        raise ConfigError(f"{how} {str(explicit)!r} does not exist or is not a file")
-    return explicit
-
-
-def _read_toml(file: Path) -> dict[str, Any]:
-    try:
-        with file.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read the config file: {exc}") from exc
-
-
-def _env_loc(name: str, source: str) -> _Loc:
-    parts = name.removeprefix(ENV_PREFIX).lower().split("__")
-    if not all(parts):
-        raise ConfigError(f"{source}: expected {ENV_PREFIX}<SECTION>__<KEY>")
-    return tuple(int(part) if part.isdigit() else part for part in parts)
-
-
-def _env_value(value: str, source: str) -> Any:
-    if value.strip().startswith(("[", "{")):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source}: looks like JSON but is not valid: {exc}") from exc
-    return value
-
-
-def _override_loc(key: str, source: str) -> _Loc:
-    loc: list[str | int] = []
-    for piece in key.split("."):
-        match = re.fullmatch(r"([^\[\]]+)((?:\[[0-9]+\])*)", piece)
-        if match is None:
-            raise ConfigError(f"{source}: expected a dotted key such as 'routes[0].timeout'")
-        name = match[1]
-        loc.append(int(name) if name.isdigit() else name)
-        loc.extend(int(index) for index in re.findall(r"[0-9]+", match[2]))
-    return tuple(loc)
-
-
-def _assign(data: dict[str, Any], loc: _Loc, value: Any, source: str) -> _Loc:
-    """Set `value` at `loc` inside the parsed file; return the loc as stored."""
-    container: Any = data
-    stored: list[str | int] = []
-    for depth, part in enumerate(loc):
-        last = depth == len(loc) - 1
-        if isinstance(container, dict):
-            # Env names are upper-case: match a table key whatever its case.
-            key = next((k for k in container if k.lower() == str(part).lower()), str(part))
-            if last:
-                container[key] = value
-            else:
-                container = container.setdefault(key, [] if isinstance(loc[depth + 1], int) else {})
-            stored.append(key)
-        elif isinstance(container, list) and isinstance(part, int) and part < len(container):
-            if last:
-                container[part] = value
-            else:
-                container = container[part]
-            stored.append(part)
-        else:
-            where = _dotted(tuple(stored)) or "the top level"
-            raise ConfigError(f"{source}: cannot set {_dotted(loc)}: no such entry in {where}")
-    return tuple(stored)
-
-
-def _describe(exc: ValidationError, origin: str, sources: Mapping[_Loc, str]) -> str:
-    """One line per problem: dotted key, what is wrong, the bad value, its source."""
-    lines = [f"invalid configuration in {origin}:"]
-    for loc, message in _problems(exc):
-        source = next(
-            (sources[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in sources),
-            # An unknown section set from the environment: name the variables under it.
-            ", ".join(s for key, s in sources.items() if loc and key[: len(loc)] == loc),
-        )
-        suffix = f" [from {source}]" if source else ""
-        lines.append(f"  {_dotted(loc) or '(top level)'}: {message}{suffix}")
-    return "\n".join(lines)
-
-
-def _problems(exc: ValidationError) -> Iterator[tuple[_Loc, str]]:
-    for error in exc.errors():
-        loc: _Loc = tuple(error["loc"])
-        cause = error.get("ctx", {}).get("error")
-        if isinstance(cause, _Problems):
-            for sub, message in cause.problems:
-                yield loc + sub, message
-            continue
-        kind, value = error["type"], error["input"]
-        if kind == "missing":
-            yield loc, "required key is missing"
-        elif kind == "extra_forbidden":
-            known = _known_keys(loc[:-1])
-            yield loc, "unknown key" + (f" (known keys: {', '.join(known)})" if known else "")
-        else:
-            message = error["msg"].removeprefix("Value error, ")
-            shown = repr(_masked(loc, value))
-            yield loc, message if shown in message else f"{message} (got {shown})"
-
-
-def _masked(loc: _Loc, value: Any) -> Any:
-    if _SECRET_KEYS.intersection(part for part in loc if isinstance(part, str)):
-        return "***"
-    return _mask_url(value) if isinstance(value, str) and "://" in value else value
-
-
 def _mask_url(url: str) -> str:
     """Hide the password of a URL such as postgresql://user:password@host/db."""
     return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
-
-
-def _known_keys(loc: _Loc) -> list[str]:
-    model: type[BaseModel] | None = Settings
-    for part in loc:
-        if isinstance(part, str) and model is not None:
-            field = model.model_fields.get(part)
-            model = _model_in(field.annotation) if field is not None else None
-    return sorted(model.model_fields) if model is not None else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        if (found := _model_in(arg)) is not None:
-            return found
-    return None
 
 
 def _dotted(loc: _Loc) -> str:
@@ -809,87 +633,15 @@ def _dotted(loc: _Loc) -> str:
     return out
 
 
-def render_effective(settings: Settings) -> str:
-    """The effective configuration as TOML, secrets masked as `"***"`.
+def __getattr__(name: str) -> object:
+    # The loader and the renderer import the models from here, so importing
+    # them at the top would be a cycle; import them on first use instead.
+    if name == "load_settings":
+        from gateway.config_loader import load_settings
 
-    Durations and sizes are written in their shortest exact form; the text
-    parses back (with tomllib or `load_settings`) to the same settings, apart
-    from the masked secrets.
+        return load_settings
+    if name == "render_effective":
+        from gateway.config_render import render_effective
 
-    >>> render_effective(Settings()).splitlines()[4:7]
-    ['[server]', 'host = "127.0.0.1"', 'port = 8080']
-    """
-    lines = ['# Effective configuration; secrets are masked as "***".']
-    _emit_table(lines, settings, "")
-    if settings.testing.fault is not None:
-        lines += [
-            "",
-            f"# testing.fault = {_toml_value(settings.testing.fault)} is ARMED "
-            f"(test-only fault injection, set through {ENV_PREFIX}TESTING__FAULT)",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def _emit_table(lines: list[str], model: BaseModel, path: str) -> None:
-    tables: list[tuple[str, list[BaseModel], bool]] = []
-    for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        dotted = f"{path}.{name}" if path else name
-        if value is None or (isinstance(value, TestingSettings) and not path):
-            continue
-        if isinstance(value, BaseModel):
-            tables.append((dotted, [value], False))
-        elif value and isinstance(value, tuple) and isinstance(value[0], BaseModel):
-            tables.append((dotted, list(value), True))
-        else:
-            if isinstance(value, SecretStr):
-                value = "***" if value.get_secret_value() else ""
-            elif name in _SECRET_KEYS and isinstance(value, dict):
-                value = dict.fromkeys(value, "***")
-            elif _validated_by(field.metadata, parse_duration):
-                value = format_duration(value)
-            elif _validated_by(field.metadata, parse_size):
-                value = format_size(value)
-            elif isinstance(value, str):
-                value = _mask_url(value)
-            lines.append(f"{_toml_key(name)} = {_toml_value(value)}")
-    for dotted, models, is_array in tables:
-        for nested in models:
-            lines += ["", f"[[{dotted}]]" if is_array else f"[{dotted}]"]
-            _emit_table(lines, nested, dotted)
-
-
-def _validated_by(metadata: list[Any], func: object) -> bool:
-    return any(isinstance(item, BeforeValidator) and item.func is func for item in metadata)
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY_RE.fullmatch(key) else _toml_value(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, Path):
-        value = str(value)
-    if isinstance(value, str):
-        escaped = "".join(_toml_char(char) for char in value)
-        return f'"{escaped}"'
-    if isinstance(value, tuple | list):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
-        return "{ " + items + " }"
-    raise TypeError(f"cannot render {value!r} as TOML")
-
-
-def _toml_char(char: str) -> str:
-    if char in ('"', "\\"):
-        return "\\" + char
-    if char < " " or char == "\x7f":
-        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\u{ord(char):04X}")
-    return char
+        return render_effective
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

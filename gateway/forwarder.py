@@ -27,7 +27,12 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from gateway.errors import UpstreamConnectionLost, UpstreamTimeout, UpstreamUnreachable
+from gateway.errors import (
+    RouteSaturated,
+    UpstreamConnectionLost,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from gateway.headers import Pairs, end_to_end
 
 if TYPE_CHECKING:
@@ -91,6 +96,32 @@ class UpstreamReply:
         self._response.release()
 
 
+class RouteGate:
+    """Counts upstream calls in progress on a route; refuses past the limit instead of queueing.
+
+    Entered before the claim, so a refused request has recorded nothing.
+    """
+
+    __slots__ = ("active", "limit", "route")
+
+    def __init__(self, route: str, limit: int) -> None:
+        self.route = route
+        self.limit = limit
+        self.active = 0
+
+    def __enter__(self) -> RouteGate:
+        if self.active >= self.limit:
+            raise RouteSaturated(
+                f"route {self.route!r} has {self.limit} upstream calls in progress",
+                retry_after=1,
+            )
+        self.active += 1
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.active -= 1
+
+
 class Forwarder:
     """One client session per route (its own pool, keep-alive limit and TLS), shared by all
     requests of that route.
@@ -102,6 +133,11 @@ class Forwarder:
     def __init__(self, routes: Sequence[RouteSettings]) -> None:
         self._routes = {route.name: route for route in routes}
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._gates = {route.name: RouteGate(route.name, route.max_concurrency) for route in routes}
+
+    def gate(self, route: RouteSettings) -> RouteGate:
+        """`with forwarder.gate(route):` around everything one upstream call needs."""
+        return self._gates[route.name]
 
     async def start(self) -> None:
         for route in self._routes.values():

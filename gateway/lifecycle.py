@@ -2,42 +2,44 @@
 
     (new key) -> in_flight --answered--> completed
                     |  \\--provably not sent--> released --(next attempt)--> in_flight
-                    \\--sent, no complete answer--> unknown --resolve/probe--> ...
+                    \\--sent, no complete answer / lease expired--> unknown
+    unknown --resolve applied / probe applied--> completed
+    unknown --resolve not_applied / probe not applied (late enough)--> released
 
 For a protected request this module claims the key (durably, before the first
 byte goes upstream), checks its lease right before sending, sends once, and
 records the outcome under its fencing token. A key that is already taken is
-answered from its record: replay, 409, or 422. HTTP handlers translate to and
-from these calls; stores persist what is decided here. Nothing here imports
-`aiohttp.web`.
+answered from its record: replay, wait, 409 or 422. Unknown outcomes are
+settled here too, by a resolution or by a probe's verdict. HTTP handlers
+translate to and from these calls; stores persist what is decided here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from gateway.errors import (
     InProgress,
     KeyMismatch,
     LeaseLost,
+    NotResolvable,
     OutcomeUnknown,
+    PreconditionFailed,
     ReceiptExpired,
     ReceiptNotRetained,
-    RouteSaturated,
     StoreUnavailable,
-    UpstreamConnectionLost,
     UpstreamError,
-    UpstreamTimeout,
     UpstreamUnreachable,
 )
+from gateway.exchange import LifecycleObserver, NoObserver, ProxyRequest, Reply
 from gateway.headers import IDEMPOTENCY_KEY, Pairs, end_to_end
 from gateway.models import (
     ClaimRequest,
@@ -45,6 +47,7 @@ from gateway.models import (
     Existing,
     Operation,
     Resolution,
+    ResolvedBy,
     State,
     StoredResponse,
 )
@@ -52,6 +55,8 @@ from gateway.models import (
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
     from gateway.forwarder import Forwarder, UpstreamReply
+    from gateway.leases import LeaseKeeper
+    from gateway.probes import Prober
     from gateway.store.base import Store
 
 T = TypeVar("T")
@@ -60,86 +65,17 @@ log = logging.getLogger("gateway.lifecycle")
 LEASE_SAFETY_MARGIN = 0.2
 """Fraction of the lease kept in reserve: a holder past 80% of it does not send."""
 
+CROSS_PROCESS_POLL = (0.05, 1.0)
+"""Backoff bounds when waiting on a key another process holds (no in-process signal)."""
 
-class LifecycleObserver(Protocol):
-    """Hooks the metrics layer implements; called on the event loop, must not block."""
-
-    def store_call(self, operation: str, seconds: float) -> None: ...
-
-    def upstream_call(self, route: str, seconds: float) -> None: ...
-
-    def stale_write(self, route: str) -> None: ...
-
-
-class _NoObserver:
-    def store_call(self, operation: str, seconds: float) -> None:
-        pass
-
-    def upstream_call(self, route: str, seconds: float) -> None:
-        pass
-
-    def stale_write(self, route: str) -> None:
-        pass
-
-
-@dataclass(frozen=True, slots=True)
-class ProxyRequest:
-    """A request the HTTP layer has parsed, scoped and fingerprinted."""
-
-    route: RouteSettings
-    upstream_url: str
-    method: str
-    path: str
-    headers: Pairs
-    body: bytes
-    scope: str
-    key: str
-    fingerprint: str
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What to send back: a fresh upstream answer, a replay, or a pass-through.
-
-    `stream` is set instead of `body` when the upstream answer was too large
-    to keep; `close` must be called once the stream is done with.
-    """
-
-    status: int
-    headers: Pairs
-    body: bytes
-    state: State | None
-    key: str | None = None
-    replayed: bool = False
-    stream: AsyncIterator[bytes] | None = None
-    close: Callable[[], None] | None = None
-
-
-class _RouteGate:
-    """Counts upstream calls in progress on a route; refuses past the limit instead of queueing."""
-
-    __slots__ = ("active", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.active = 0
-
-    def enter(self, route: str) -> None:
-        if self.active >= self.limit:
-            raise RouteSaturated(
-                f"route {route!r} has {self.limit} upstream calls in progress", retry_after=1
-            )
-        self.active += 1
-
-    def leave(self) -> None:
-        self.active -= 1
+Outcome = Literal["applied", "not_applied"]
 
 
 class IdempotencyEngine:
-    """Runs protected requests through claim, send, and outcome.
+    """Runs protected requests through claim, send and outcome, and settles unknowns.
 
-    >>> # engine = IdempotencyEngine(store=store, forwarder=forwarder,
-    >>> #     settings=settings.idempotency, routes=settings.routes, owner="gw-1")
+    >>> # engine = IdempotencyEngine(store=store, forwarder=forwarder, keeper=keeper,
+    >>> #     prober=prober, settings=settings.idempotency, routes=settings.routes)
     >>> # reply = await engine.execute(proxy_request)
     """
 
@@ -148,112 +84,68 @@ class IdempotencyEngine:
         *,
         store: Store,
         forwarder: Forwarder,
+        keeper: LeaseKeeper,
+        prober: Prober,
         settings: IdempotencySettings,
         routes: tuple[RouteSettings, ...],
-        owner: str,
         observer: LifecycleObserver | None = None,
         fault: str | None = None,
     ) -> None:
         self._store = store
         self._forwarder = forwarder
+        self._keeper = keeper
+        self._prober = prober
         self._settings = settings
-        self._owner = owner
-        self._observer: LifecycleObserver = observer or _NoObserver()
+        self._routes = {route.name: route for route in routes}
+        self._observer: LifecycleObserver = observer or NoObserver()
         self._fault = fault
-        self._gates = {route.name: _RouteGate(route.max_concurrency) for route in routes}
-        self._held: dict[str, int] = {}
-        self._renewer: asyncio.Task[None] | None = None
-
-    @property
-    def owner(self) -> str:
-        return self._owner
-
-    # -- background lease renewal --------------------------------------------
-
-    async def start(self) -> None:
-        self._renewer = asyncio.create_task(self._renew_forever(), name="lease-renewer")
-
-    async def stop(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
-            self._renewer = None
-
-    async def _renew_forever(self) -> None:
-        interval = max(self._settings.lease / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            if not self._held:
-                continue
-            try:
-                await self._store.renew(
-                    dict(self._held), owner=self._owner, lease_seconds=self._settings.lease
-                )
-            except StoreUnavailable as exc:
-                log.warning("lease renewal failed: %s", exc.detail)
+        self._settled: dict[str, asyncio.Event] = {}
 
     # -- the request path ------------------------------------------------------
 
     async def execute(self, request: ProxyRequest) -> Reply:
         """Answer a protected request; raises a `GatewayError` for every refusal."""
-        gate = self._gates[request.route.name]
-        gate.enter(request.route.name)
-        try:
-            claimed_at = time.monotonic()
-            claim = await self._timed_store(
-                "claim",
-                self._store.claim(
-                    ClaimRequest(
-                        scope=request.scope,
-                        key=request.key,
-                        fingerprint=request.fingerprint,
-                        route=request.route.name,
-                        method=request.method,
-                        path=request.path,
-                        owner=self._owner,
-                        lease_seconds=self._settings.lease,
-                        tombstone_seconds=self._settings.tombstone_retention,
-                    )
-                ),
-            )
-            if isinstance(claim, Existing):
-                return answer_existing(claim.operation, request.fingerprint, time.time())
-            return await self._attempt(request, claim.operation, claimed_at)
-        finally:
-            gate.leave()
+        with self._forwarder.gate(request.route):
+            self._inject_fault("before_claim")
+            for _ in range(2):  # a probe may release the key: then one fresh claim
+                claimed_at = time.monotonic()
+                try:
+                    claim = await self._timed("claim", self._store.claim(self._claim_of(request)))
+                except StoreUnavailable:
+                    self._keeper.claim_failed(request.scope, request.key)
+                    raise
+                if not isinstance(claim, Existing):
+                    return await self._attempt(request, claim.operation, claimed_at)
+                operation = await self._refresh(claim.operation)
+                if request.wait_seconds > 0 and operation.state is State.IN_FLIGHT:
+                    operation = await self._wait(operation, request.wait_seconds)
+                if operation.state is not State.RELEASED or (
+                    operation.fingerprint != request.fingerprint
+                ):
+                    return answer_existing(operation, request.fingerprint, time.time())
+            return answer_existing(operation, request.fingerprint, time.time())
 
-    async def passthrough(
-        self,
-        route: RouteSettings,
-        method: str,
-        url: str,
-        headers: Pairs,
-        body: bytes,
-    ) -> Reply:
-        """Proxy a request of an unprotected method: no record, same one-send forwarder."""
-        gate = self._gates[route.name]
-        gate.enter(route.name)
-        started = time.monotonic()
-        try:
-            reply = await self._forwarder.send(route, method, url, headers, body)
-            try:
-                received = await reply.read(route.max_stored_response)
-            except BaseException:
-                reply.close()
-                raise
-        finally:
-            self._observer.upstream_call(route.name, time.monotonic() - started)
-            gate.leave()
-        return _pass_through(reply, received, None, None)
+    def _claim_of(self, request: ProxyRequest) -> ClaimRequest:
+        return ClaimRequest(
+            scope=request.scope,
+            key=request.key,
+            fingerprint=request.fingerprint,
+            route=request.route.name,
+            method=request.method,
+            path=request.path,
+            owner=self._keeper.owner,
+            lease_seconds=self._settings.lease,
+            tombstone_seconds=self._settings.tombstone_retention,
+        )
 
     async def _attempt(
         self, request: ProxyRequest, operation: Operation, claimed_at: float
     ) -> Reply:
-        self._held[operation.id] = operation.token
+        self._keeper.hold(operation.id, operation.token)
         try:
             self._inject_fault("after_claim")
             if time.monotonic() > claimed_at + self._settings.lease * (1 - LEASE_SAFETY_MARGIN):
-                await self._settle_not_sent(request, operation, "the lease expired before sending")
+                await self._release(request, operation, "the lease expired before sending")
                 raise LeaseLost(
                     "this gateway was paused past its lease before sending; nothing was sent",
                     key=request.key,
@@ -261,7 +153,8 @@ class IdempotencyEngine:
                 )
             return await self._send(request, operation)
         finally:
-            self._held.pop(operation.id, None)
+            self._keeper.drop(operation.id)
+            self._notify(operation.id)
 
     async def _send(self, request: ProxyRequest, operation: Operation) -> Reply:
         route = request.route
@@ -274,124 +167,313 @@ class IdempotencyEngine:
                 _with_forwarded_key(request, operation),
                 request.body,
             )
+            self._inject_fault("after_send")
+            body = await _read_or_close(reply, route.max_stored_response)
         except UpstreamUnreachable as exc:
             self._observer.upstream_call(route.name, time.monotonic() - started)
-            await self._settle_not_sent(request, operation, exc.detail)
+            await self._release(request, operation, exc.detail)
             raise _about(exc, request.key, State.RELEASED) from exc
         except UpstreamError as exc:
             self._observer.upstream_call(route.name, time.monotonic() - started)
-            await self._settle_unknown(request, operation, exc)
-            raise _about(exc, request.key, State.UNKNOWN) from exc
-        return await self._receive(request, operation, reply, started)
-
-    async def _receive(
-        self, request: ProxyRequest, operation: Operation, reply: UpstreamReply, started: float
-    ) -> Reply:
-        route = request.route
-        try:
-            body = await reply.read(route.max_stored_response)
-        except UpstreamError as exc:
-            reply.close()
-            self._observer.upstream_call(route.name, time.monotonic() - started)
-            await self._settle_unknown(request, operation, exc)
+            await self._mark_unknown(request, operation, exc)
             raise _about(exc, request.key, State.UNKNOWN) from exc
         self._observer.upstream_call(route.name, time.monotonic() - started)
         self._inject_fault("after_response")
+        return await self._record(request, operation, reply, body)
 
+    async def _record(
+        self, request: ProxyRequest, operation: Operation, reply: UpstreamReply, body: bytes | None
+    ) -> Reply:
+        route = request.route
         if reply.status in route.release_statuses:
-            await self._settle_not_sent(
+            await self._release(
                 request,
                 operation,
                 f"the upstream refused the request with status {reply.status}",
                 status=reply.status,
             )
-            return _pass_through(reply, body, State.RELEASED, request.key)
+            return Reply.from_upstream(reply, body, state=State.RELEASED, key=request.key)
 
         stored = StoredResponse(
             status=reply.status,
             headers=end_to_end(reply.headers, drop=_redactions(route)),
             body=body or b"",
         )
-        recorded = await self._record_receipt(request, operation, stored, retained=body is not None)
+        recorded = await self._complete(request, operation, stored, retained=body is not None)
         self._inject_fault("after_receipt")
-        state = recorded.state if recorded is not None else State.IN_FLIGHT
-        if body is None:
-            return _pass_through(reply, None, state, request.key)
-        reply.close()
-        return Reply(
-            status=reply.status, headers=reply.headers, body=body, state=state, key=request.key
-        )
+        return Reply.from_upstream(reply, body, state=recorded, key=request.key)
 
-    # -- outcome writes (all fenced by the attempt's token) ----------------------
+    # -- outcome writes, all fenced by the attempt's token ------------------------
 
-    async def _record_receipt(
+    async def _complete(
         self, request: ProxyRequest, operation: Operation, stored: StoredResponse, *, retained: bool
-    ) -> Operation | None:
-        try:
-            recorded = await self._timed_store(
-                "complete",
-                self._store.complete(
-                    operation.id,
-                    operation.token,
-                    stored,
-                    body_retained=retained,
-                    retention_seconds=self._settings.retention,
-                    tombstone_seconds=self._settings.tombstone_retention,
-                    resolution=Resolution(by="upstream", at=time.time()),
-                ),
+    ) -> State:
+        async def write() -> Operation | None:
+            return await self._store.complete(
+                operation.id,
+                operation.token,
+                stored,
+                body_retained=retained,
+                retention_seconds=self._settings.retention,
+                tombstone_seconds=self._settings.tombstone_retention,
+                resolution=Resolution(by="upstream", at=time.time()),
             )
-        except StoreUnavailable as exc:
-            # The effect happened and the caller gets its answer; the record stays
-            # in_flight, and its lease will expire into `unknown` for reconciliation.
-            log.error("receipt for %s not recorded: %s", operation.id, exc.detail)
-            return None
-        if recorded is None:
-            await self._stale(
-                request,
-                operation,
-                Evidence(
-                    at=time.time(),
-                    source="upstream",
-                    detail="late answer from the upstream; the attempt's token was stale",
-                    status=stored.status,
-                    body_sha256=hashlib.sha256(stored.body).hexdigest() if retained else None,
-                ),
-            )
-            return await self._store.get_by_id(operation.id)
-        return recorded
 
-    async def _settle_not_sent(
+        evidence = Evidence(
+            at=time.time(),
+            source="upstream",
+            detail="the upstream answered after this attempt lost its token",
+            status=stored.status,
+            body_sha256=hashlib.sha256(stored.body).hexdigest() if retained else None,
+        )
+        recorded = await self._fenced_write(request, operation, "complete", write, evidence)
+        # The effect happened and the caller gets its answer either way; if the
+        # receipt could not be written yet, the keeper retries it.
+        return recorded.state if recorded is not None else State.IN_FLIGHT
+
+    async def _release(
         self, request: ProxyRequest, operation: Operation, detail: str, *, status: int | None = None
     ) -> None:
         evidence = Evidence(at=time.time(), source="gateway", detail=detail, status=status)
-        released = await self._timed_store(
-            "release",
-            self._store.release(
+
+        async def write() -> Operation | None:
+            return await self._store.release(
                 operation.id,
                 operation.token,
                 evidence,
                 tombstone_seconds=self._settings.tombstone_retention,
-            ),
-        )
-        if released is None:
-            await self._stale(request, operation, evidence)
+            )
 
-    async def _settle_unknown(
+        await self._fenced_write(request, operation, "release", write, evidence)
+
+    async def _mark_unknown(
         self, request: ProxyRequest, operation: Operation, error: UpstreamError
     ) -> None:
         evidence = Evidence(at=time.time(), source="gateway", detail=error.detail)
-        marked = await self._timed_store(
-            "mark_unknown", self._store.mark_unknown(operation.id, operation.token, evidence)
+
+        async def write() -> Operation | None:
+            return await self._store.mark_unknown(operation.id, operation.token, evidence)
+
+        self._observer.became_unknown(request.route.name, error.problem_type)
+        await self._fenced_write(request, operation, "mark_unknown", write, evidence)
+
+    async def _fenced_write(
+        self,
+        request: ProxyRequest,
+        operation: Operation,
+        name: str,
+        write: Callable[[], Awaitable[Operation | None]],
+        evidence: Evidence,
+    ) -> Operation | None:
+        """Run an outcome write; a stale token leaves evidence, a store outage leaves a debt."""
+
+        async def settle() -> Operation | None:
+            written = await self._timed(name, write())
+            if written is None:
+                self._observer.stale_write(request.route.name)
+                log.warning(
+                    "stale %s refused for %s (token %d)", name, operation.id, operation.token
+                )
+                await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence))
+            return written
+
+        try:
+            return await settle()
+        except StoreUnavailable as exc:
+            log.error("%s for %s not recorded yet: %s", name, operation.id, exc.detail)
+            self._keeper.owe(operation.id, settle)
+            return None
+
+    # -- keys met by a request or a lookup ---------------------------------------
+
+    async def lookup(self, scope: str, key: str) -> Operation | None:
+        """The operation for a key, brought up to date (expired lease, due probe) on the way."""
+        operation = await self._timed("get", self._store.get(scope, key))
+        return None if operation is None else await self._refresh(operation)
+
+    async def _refresh(self, operation: Operation) -> Operation:
+        if (
+            operation.state is State.IN_FLIGHT
+            and operation.lease_expires_at is not None
+            and operation.lease_expires_at <= time.time()
+            and not self._keeper.holds(operation.id)
+        ):
+            expired = await self._store.expire_orphans(owner=None)
+            self._observer.lease_expired(expired)
+            operation = await self._store.get_by_id(operation.id) or operation
+        if operation.state is State.UNKNOWN:
+            operation = await self.probe(operation)
+        return operation
+
+    async def _wait(self, operation: Operation, seconds: float) -> Operation:
+        """Prefer: wait=N: the outcome once known, or the in-flight record when N runs out."""
+        deadline = time.monotonic() + seconds
+        poll = CROSS_PROCESS_POLL[0]
+        while operation.state is State.IN_FLIGHT:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self._keeper.holds(operation.id):
+                event = self._settled.setdefault(operation.id, asyncio.Event())
+                timeout = remaining
+            else:  # held by another process: no signal reaches us, so poll with backoff
+                event, timeout = None, min(poll, remaining)
+                poll = min(poll * 2, CROSS_PROCESS_POLL[1])
+            if event is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout)
+            else:
+                await asyncio.sleep(timeout)
+            current = await self._store.get_by_id(operation.id)
+            if current is None:
+                break
+            operation = await self._refresh(current)
+        return operation
+
+    def _notify(self, operation_id: str) -> None:
+        event = self._settled.pop(operation_id, None)
+        if event is not None:
+            event.set()
+
+    # -- settling unknown outcomes ---------------------------------------------------
+
+    async def resolve(
+        self,
+        operation: Operation,
+        *,
+        outcome: Outcome,
+        by: ResolvedBy,
+        response: StoredResponse | None = None,
+        note: str | None = None,
+        expected_version: int | None = None,
+    ) -> Operation:
+        """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it."""
+        if operation.state is not State.UNKNOWN:
+            raise NotResolvable(
+                f"the operation is {operation.state.value}; only an unknown one can be resolved",
+                key=operation.key,
+                state=operation.state.value,
+                operation_id=operation.id,
+            )
+        resolved = await self._timed(
+            "resolve",
+            self._store.resolve(
+                operation.id,
+                expected_version=expected_version,
+                state=State.COMPLETED if outcome == "applied" else State.RELEASED,
+                response=response,
+                resolution=Resolution(by=by, at=time.time(), note=note),
+                retention_seconds=self._settings.retention,
+                tombstone_seconds=self._settings.tombstone_retention,
+            ),
         )
-        if marked is None:
-            await self._stale(request, operation, evidence)
+        if resolved is None:
+            current = await self._store.get_by_id(operation.id)
+            if current is None or current.state is not State.UNKNOWN:
+                state = current.state.value if current else "forgotten"
+                raise NotResolvable(
+                    f"the operation is {state} now; only an unknown one can be resolved",
+                    key=operation.key,
+                    state=state,
+                    operation_id=operation.id,
+                )
+            raise PreconditionFailed(
+                "the operation changed since it was read (If-Match did not match)",
+                key=operation.key,
+                state=current.state.value,
+                operation_id=operation.id,
+            )
+        self._prober.forget(operation.id)
+        self._observer.resolved(by, outcome)
+        return resolved
 
-    async def _stale(self, request: ProxyRequest, operation: Operation, evidence: Evidence) -> None:
-        self._observer.stale_write(request.route.name)
-        log.warning("stale write refused for %s (token %d)", operation.id, operation.token)
-        await self._timed_store("add_evidence", self._store.add_evidence(operation.id, evidence))
+    async def probe(self, operation: Operation) -> Operation:
+        """Ask the route's probe about an unknown operation and act on the answer."""
+        route = self._routes.get(operation.route)
+        probe = route.probe if route is not None else None
+        if route is None or probe is None or not self._prober.due(operation.id):
+            return operation
+        answer = await self._prober.ask(route, operation)
+        now = time.time()
+        response = answer.response
+        if response is None:
+            return await self._probe_evidence(
+                route, operation, "error", f"probe failed: {answer.error}"
+            )
+        if response.status in probe.applied_statuses:
+            return await self._probe_settles(route, operation, "applied", response)
+        if response.status in probe.not_applied_statuses:
+            # The last send happened before the attempt's lease ran out; the upstream
+            # may still apply it for a while after that.
+            last_send_bound = (operation.sent_at or operation.created_at) + self._settings.lease
+            if now >= last_send_bound + probe.not_applied_after:
+                return await self._probe_settles(route, operation, "not_applied", None)
+            return await self._probe_evidence(
+                route,
+                operation,
+                "not_applied_too_soon",
+                f"probe answered {response.status} (not applied), but the last send may be "
+                "younger than not_applied_after; kept unknown",
+                status=response.status,
+            )
+        return await self._probe_evidence(
+            route,
+            operation,
+            "inconclusive",
+            f"probe answered {response.status}, neither applied nor not applied",
+            status=response.status,
+        )
 
-    async def _timed_store(self, name: str, call: Awaitable[T]) -> T:
+    async def _probe_settles(
+        self,
+        route: RouteSettings,
+        operation: Operation,
+        outcome: Outcome,
+        response: StoredResponse | None,
+    ) -> Operation:
+        self._observer.probe_result(route.name, outcome)
+        try:
+            return await self.resolve(
+                operation, outcome=outcome, by="probe", response=response, note="settled by probe"
+            )
+        except (NotResolvable, PreconditionFailed):
+            return await self._store.get_by_id(operation.id) or operation
+
+    async def _probe_evidence(
+        self,
+        route: RouteSettings,
+        operation: Operation,
+        result: str,
+        detail: str,
+        *,
+        status: int | None = None,
+    ) -> Operation:
+        self._observer.probe_result(route.name, result)
+        evidence = Evidence(at=time.time(), source="probe", detail=detail, status=status)
+        await self._store.add_evidence(operation.id, evidence)
+        return await self._store.get_by_id(operation.id) or operation
+
+    async def reconcile_unknown(self, *, batch: int = 100) -> int:
+        """Probe every due unknown operation once (background sweep); count the settled."""
+        settled = 0
+        cursor: str | None = None
+        while True:
+            page = await self._store.list_operations(
+                state=State.UNKNOWN, limit=batch, cursor=cursor
+            )
+            for operation in page.items:
+                route = self._routes.get(operation.route)
+                if route is None or route.probe is None or not self._prober.due(operation.id):
+                    continue
+                if (await self.probe(operation)).state is not State.UNKNOWN:
+                    settled += 1
+            if page.next_cursor is None:
+                return settled
+            cursor = page.next_cursor
+
+    # -- helpers ---------------------------------------------------------------------
+
+    async def _timed(self, name: str, call: Awaitable[T]) -> T:
         started = time.monotonic()
         try:
             return await call
@@ -407,12 +489,13 @@ class IdempotencyEngine:
 def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply:
     """Answer a request whose key is bound to an operation this caller does not hold."""
     key = operation.key
+    state, op_id = operation.state.value, operation.id
     if operation.fingerprint != fingerprint:
         raise KeyMismatch(
             "this key was first used with a different request (method, path, query or body)",
             key=key,
-            state=operation.state.value,
-            operation_id=operation.id,
+            state=state,
+            operation_id=op_id,
         )
     if operation.state is State.COMPLETED:
         if operation.receipt_available(now):
@@ -430,29 +513,37 @@ def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply
             raise ReceiptNotRetained(
                 "the first response was too large to keep; it was delivered once",
                 key=key,
-                state=operation.state.value,
-                operation_id=operation.id,
+                state=state,
+                operation_id=op_id,
             )
         raise ReceiptExpired(
             "the stored response has expired; the key stays used and is not forwarded again",
             key=key,
-            state=operation.state.value,
-            operation_id=operation.id,
+            state=state,
+            operation_id=op_id,
         )
     if operation.state is State.UNKNOWN:
         raise OutcomeUnknown(
             "the first attempt may or may not have taken effect; resolve the operation",
             key=key,
-            state=operation.state.value,
-            operation_id=operation.id,
+            state=state,
+            operation_id=op_id,
         )
     raise InProgress(
         "a request with this key is still in flight",
         key=key,
-        state=operation.state.value,
-        operation_id=operation.id,
+        state=state,
+        operation_id=op_id,
         retry_after=1,
     )
+
+
+async def _read_or_close(reply: UpstreamReply, limit: int) -> bytes | None:
+    try:
+        return await reply.read(limit)
+    except BaseException:
+        reply.close()
+        raise
 
 
 def _with_forwarded_key(request: ProxyRequest, operation: Operation) -> Pairs:
@@ -467,35 +558,7 @@ def _redactions(route: RouteSettings) -> frozenset[str]:
     return frozenset(name.lower() for name in route.redact_response_headers)
 
 
-def _pass_through(
-    reply: UpstreamReply, body: bytes | None, state: State | None, key: str | None
-) -> Reply:
-    if body is not None:
-        reply.close()
-        return Reply(status=reply.status, headers=reply.headers, body=body, state=state, key=key)
-    return Reply(
-        status=reply.status,
-        headers=reply.headers,
-        body=b"",
-        state=state,
-        key=key,
-        stream=reply.rest(),
-        close=reply.close,
-    )
-
-
 def _about(error: UpstreamError, key: str, state: State) -> UpstreamError:
     error.key = key
     error.state = state.value
     return error
-
-
-__all__ = [
-    "IdempotencyEngine",
-    "LifecycleObserver",
-    "ProxyRequest",
-    "Reply",
-    "UpstreamConnectionLost",
-    "UpstreamTimeout",
-    "answer_existing",
-]

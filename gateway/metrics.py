@@ -96,6 +96,35 @@ class GatewayMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=r,
         )
+        self.unknown = Counter(
+            PREFIX + "unknown_outcomes",
+            "Operations that became unknown, by route and reason.",
+            ("route", "reason"),
+            registry=r,
+        )
+        self.lease_expirations = Counter(
+            PREFIX + "lease_expirations",
+            "In-flight leases that expired before an outcome was recorded.",
+            registry=r,
+        )
+        self.probes = Counter(
+            PREFIX + "probe_results",
+            "Probe answers by route and result.",
+            ("route", "result"),
+            registry=r,
+        )
+        self.resolutions = Counter(
+            PREFIX + "resolutions",
+            "Unknown operations settled, by who settled them and the outcome.",
+            ("by", "outcome"),
+            registry=r,
+        )
+        self.swept = Counter(
+            PREFIX + "swept",
+            "Records changed by the retention sweep: receipt bodies dropped, tombstones forgotten.",
+            ("kind",),
+            registry=r,
+        )
         self.build = Info(PREFIX + "build", "Gateway build information.", registry=r)
         self.build.info({"version": version})
 
@@ -121,6 +150,23 @@ class GatewayMetrics:
 
     def stale_write(self, route: str) -> None:
         self.stale_writes.labels(route).inc()
+
+    def became_unknown(self, route: str, reason: str) -> None:
+        self.unknown.labels(route, reason).inc()
+
+    def lease_expired(self, count: int) -> None:
+        if count:
+            self.lease_expirations.inc(count)
+
+    def probe_result(self, route: str, result: str) -> None:
+        self.probes.labels(route, result).inc()
+
+    def resolved(self, by: str, outcome: str) -> None:
+        self.resolutions.labels(by, outcome).inc()
+
+    def swept_records(self, receipts_expired: int, forgotten: int) -> None:
+        self.swept.labels("receipt_expired").inc(receipts_expired)
+        self.swept.labels("forgotten").inc(forgotten)
 
     def commit(self, batch_size: int) -> None:
         self.commit_batch.observe(batch_size)

@@ -1,7 +1,8 @@
-"""`GET /operations/<key>`: what happened to an effect, asked by the agent's recovery logic.
+"""`/operations/<key>`: what happened to an effect, and settling it when nobody knows.
 
-Scoped exactly like proxied requests: a caller sees only its own scope's keys.
-The key is one percent-encoded path segment, so keys containing `/` work.
+Scoped exactly like proxied requests: a caller sees and resolves only its own
+scope's keys. The key is one percent-encoded path segment, so keys containing
+`/` work.
 """
 
 from __future__ import annotations
@@ -12,19 +13,28 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from gateway.appkeys import SCOPES, STORE
-from gateway.errors import InvalidKey, UnknownKey
+from gateway.appkeys import ENGINE, SCOPES, STORE
+from gateway.errors import (
+    InvalidKey,
+    NotFound,
+    PayloadTooLarge,
+    PreconditionFailed,
+    UnknownKey,
+)
 from gateway.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
 from gateway.keys import MAX_KEY_LENGTH
+from gateway.models import Operation
 from gateway.operation_json import operation_json
 from gateway.problems import operation_url
+from gateway.resolve_body import parse_resolve_body
 
 _PREFIX = "/operations/"
+_RESOLVE = "/resolve"
+MAX_RESOLVE_BODY = 2 * 1024 * 1024
 
 
-def key_from_path(raw_path: str) -> str:
-    """The normalized key named by `/operations/<percent-encoded key>`."""
-    encoded = raw_path[len(_PREFIX) :]
+def key_from_segment(encoded: str) -> str:
+    """The normalized key named by one percent-encoded path segment."""
     if not encoded or "/" in encoded:
         raise InvalidKey("the operation path must be /operations/<percent-encoded key>")
     try:
@@ -36,20 +46,74 @@ def key_from_path(raw_path: str) -> str:
     return key
 
 
+def operation_response(
+    operation: Operation, *, include_scope: bool = False, key_headers: bool = True
+) -> web.Response:
+    """The operation JSON with its ETag (and the key headers for a caller's own key)."""
+    headers = {"ETag": operation.etag, "Cache-Control": "no-store"}
+    if key_headers:
+        headers[IDEMPOTENCY_KEY] = operation.key
+        headers[IDEMPOTENCY_STATUS] = operation.state.value
+    document = operation_json(
+        operation,
+        now=time.time(),
+        lookup_url=operation_url(operation.key),
+        include_scope=include_scope,
+    )
+    return web.Response(
+        body=json.dumps(document).encode(), content_type="application/json", headers=headers
+    )
+
+
+def expected_version(request: web.Request, operation: Operation) -> int | None:
+    """The version an `If-Match` names; 412 at once when it names another operation."""
+    value = request.headers.get("If-Match")
+    if value is None or value.strip() == "*":
+        return None
+    tag = value.strip().removeprefix("W/").strip('"')
+    op_id, _, version = tag.rpartition(".")
+    if op_id != operation.id or not version.isdigit():
+        raise PreconditionFailed(
+            "If-Match does not name this operation's current ETag",
+            key=operation.key,
+            state=operation.state.value,
+            operation_id=operation.id,
+        )
+    return int(version)
+
+
+async def read_limited(request: web.Request, limit: int = MAX_RESOLVE_BODY) -> bytes:
+    body = await request.content.read(limit + 1)
+    if len(body) > limit:
+        raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
+    return body
+
+
 async def lookup(request: web.Request) -> web.Response:
-    key = key_from_path(request.rel_url.raw_path)
+    key = key_from_segment(request.rel_url.raw_path[len(_PREFIX) :])
     caller = request.app[SCOPES].resolve(request.headers)
+    operation = await request.app[ENGINE].lookup(caller.scope, key)
+    if operation is None:
+        raise UnknownKey(f"no operation with key {key!r} in this scope", key=key)
+    return operation_response(operation)
+
+
+async def resolve(request: web.Request) -> web.Response:
+    raw_path = request.rel_url.raw_path
+    if not raw_path.endswith(_RESOLVE):
+        raise NotFound(f"nothing at {request.path}")
+    key = key_from_segment(raw_path[len(_PREFIX) : -len(_RESOLVE)])
+    caller = request.app[SCOPES].resolve(request.headers)
+    body = parse_resolve_body(await read_limited(request))
     operation = await request.app[STORE].get(caller.scope, key)
     if operation is None:
         raise UnknownKey(f"no operation with key {key!r} in this scope", key=key)
-    document = operation_json(operation, now=time.time(), lookup_url=operation_url(key))
-    return web.Response(
-        body=json.dumps(document).encode(),
-        content_type="application/json",
-        headers={
-            "ETag": operation.etag,
-            "Cache-Control": "no-store",
-            IDEMPOTENCY_KEY: key,
-            IDEMPOTENCY_STATUS: operation.state.value,
-        },
+    resolved = await request.app[ENGINE].resolve(
+        operation,
+        outcome=body.outcome,
+        by="owner",
+        response=body.response.stored() if body.response else None,
+        note=body.note,
+        expected_version=expected_version(request, operation),
     )
+    return operation_response(resolved)

@@ -17,7 +17,8 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.appkeys import BACKGROUND, ENGINE, METRICS, ROUTES, SCOPES
+from gateway.appkeys import BACKGROUND, ENGINE, FORWARDER, METRICS, ROUTES, SCOPES, SETTINGS
+from gateway.config import RouteSettings
 from gateway.errors import (
     GatewayError,
     InProgress,
@@ -29,7 +30,9 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from gateway.exchange import ProxyRequest, Reply
 from gateway.fingerprint import fingerprint_request
+from gateway.forwarder import Forwarder
 from gateway.headers import (
     IDEMPOTENCY_KEY,
     IDEMPOTENCY_STATUS,
@@ -40,7 +43,7 @@ from gateway.headers import (
     forwarded_for,
 )
 from gateway.keys import parse_idempotency_key
-from gateway.lifecycle import ProxyRequest, Reply
+from gateway.routing import RouteMatch
 from gateway.scopes import CallerScope
 
 log = logging.getLogger("gateway.proxy")
@@ -70,8 +73,10 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 
     if key is None:
         metrics.passthrough.labels(route.name).inc()
-        reply = await engine.passthrough(route, request.method, match.upstream_url, headers, body)
-        return await write_reply(request, reply)
+        return await write_reply(
+            request,
+            await _pass_through(app[FORWARDER], route, request.method, match, headers, body),
+        )
 
     proxy_request = ProxyRequest(
         route=route,
@@ -89,6 +94,9 @@ async def proxy(request: web.Request) -> web.StreamResponse:
             query=url.raw_query_string,
             content_type=request.headers.get("Content-Type"),
             body=body,
+        ),
+        wait_seconds=_preferred_wait(
+            request.headers.getall("Prefer", []), app[SETTINGS].idempotency.max_wait
         ),
     )
     task: asyncio.Task[Reply] = asyncio.ensure_future(engine.execute(proxy_request))
@@ -123,6 +131,40 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
         if reply.close is not None:
             reply.close()
     return response
+
+
+async def _pass_through(
+    forwarder: Forwarder,
+    route: RouteSettings,
+    method: str,
+    match: RouteMatch,
+    headers: Pairs,
+    body: bytes,
+) -> Reply:
+    """An unprotected request: no record, the same one-send forwarder and route gate."""
+    with forwarder.gate(route):
+        reply = await forwarder.send(route, method, match.upstream_url, headers, body)
+        try:
+            received = await reply.read(route.max_stored_response)
+        except BaseException:
+            reply.close()
+            raise
+    return Reply.from_upstream(reply, received)
+
+
+def _preferred_wait(values: list[str], cap: float) -> float:
+    """Seconds from RFC 7240 `Prefer: wait=N`, capped by `max_wait`; 0 when absent."""
+    for value in values:
+        for preference in value.split(","):
+            name, _, argument = preference.split(";", 1)[0].strip().partition("=")
+            if name.strip().lower() == "wait":
+                try:
+                    seconds = float(argument.strip().strip('"'))
+                except ValueError:
+                    continue
+                if seconds > 0:
+                    return min(seconds, cap)
+    return 0.0
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:

@@ -1,0 +1,94 @@
+"""`/admin/operations`: every scope's operations, for operators holding the admin token.
+
+Answers 404 when no admin token is configured (the endpoints do not exist),
+401 on a missing or wrong token; the token is compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+
+from aiohttp import web
+
+from gateway.appkeys import ENGINE, SETTINGS, STORE
+from gateway.errors import InvalidRequest, NotFound, Unauthorized
+from gateway.models import State
+from gateway.operation_json import operation_json
+from gateway.operations_view import expected_version, operation_response, read_limited
+from gateway.problems import operation_url
+from gateway.resolve_body import parse_resolve_body
+
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 100
+
+
+def require_admin(request: web.Request) -> None:
+    token = request.app[SETTINGS].admin.token.get_secret_value()
+    if not token:
+        raise NotFound("the admin endpoints are disabled (no admin token is configured)")
+    scheme, _, offered = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        offered.strip().encode(), token.encode()
+    ):
+        raise Unauthorized("a valid 'Authorization: Bearer <admin token>' is required")
+
+
+async def list_operations(request: web.Request) -> web.Response:
+    require_admin(request)
+    query = request.rel_url.query
+    state_name = query.get("state")
+    try:
+        state = State(state_name) if state_name else None
+    except ValueError as exc:
+        states = ", ".join(s.value for s in State)
+        raise InvalidRequest(f"state must be one of {states}") from exc
+    try:
+        limit = int(query.get("limit", DEFAULT_LIMIT))
+    except ValueError as exc:
+        raise InvalidRequest("limit must be an integer") from exc
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}")
+    try:
+        page = await request.app[STORE].list_operations(
+            state=state, limit=limit, cursor=query.get("cursor") or None
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    now = time.time()
+    document = {
+        "items": [
+            operation_json(op, now=now, lookup_url=operation_url(op.key), include_scope=True)
+            for op in page.items
+        ],
+        "next_cursor": page.next_cursor,
+    }
+    return web.Response(body=json.dumps(document).encode(), content_type="application/json")
+
+
+async def show_operation(request: web.Request) -> web.Response:
+    require_admin(request)
+    op_id = request.match_info["id"]
+    operation = await request.app[STORE].get_by_id(op_id)
+    if operation is None:
+        raise NotFound(f"no operation with id {op_id!r}")
+    return operation_response(operation, include_scope=True, key_headers=False)
+
+
+async def resolve_operation(request: web.Request) -> web.Response:
+    require_admin(request)
+    op_id = request.match_info["id"]
+    body = parse_resolve_body(await read_limited(request))
+    operation = await request.app[STORE].get_by_id(op_id)
+    if operation is None:
+        raise NotFound(f"no operation with id {op_id!r}")
+    resolved = await request.app[ENGINE].resolve(
+        operation,
+        outcome=body.outcome,
+        by="admin",
+        response=body.response.stored() if body.response else None,
+        note=body.note,
+        expected_version=expected_version(request, operation),
+    )
+    return operation_response(resolved, include_scope=True, key_headers=False)

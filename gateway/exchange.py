@@ -1,0 +1,124 @@
+"""Values exchanged between the HTTP layer and the engine, and the engine's observer hooks.
+
+Kept apart from `gateway.lifecycle` so the state machine module holds only
+decisions, and so the HTTP layer can build and render these without pulling
+in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.config import RouteSettings
+    from gateway.forwarder import UpstreamReply
+    from gateway.headers import Pairs
+    from gateway.models import State
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRequest:
+    """A protected request the HTTP layer has parsed, scoped and fingerprinted.
+
+    `wait_seconds` comes from `Prefer: wait=N`, already capped by `max_wait`.
+    """
+
+    route: RouteSettings
+    upstream_url: str
+    method: str
+    path: str
+    headers: Pairs
+    body: bytes
+    scope: str
+    key: str
+    fingerprint: str
+    wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What to send back: a fresh upstream answer, a replay, or a pass-through.
+
+    `stream` is set instead of `body` when the upstream answer was too large
+    to keep; `close` must be called once the stream is done with.
+    """
+
+    status: int
+    headers: Pairs
+    body: bytes
+    state: State | None
+    key: str | None = None
+    replayed: bool = False
+    stream: AsyncIterator[bytes] | None = None
+    close: Callable[[], None] | None = None
+
+    @classmethod
+    def from_upstream(
+        cls,
+        reply: UpstreamReply,
+        body: bytes | None,
+        *,
+        state: State | None = None,
+        key: str | None = None,
+    ) -> Reply:
+        """An upstream answer as it came: whole when `body` was read, else streamed."""
+        if body is not None:
+            reply.close()
+            return cls(status=reply.status, headers=reply.headers, body=body, state=state, key=key)
+        return cls(
+            status=reply.status,
+            headers=reply.headers,
+            body=b"",
+            state=state,
+            key=key,
+            stream=reply.rest(),
+            close=reply.close,
+        )
+
+
+class LifecycleObserver(Protocol):
+    """Hooks the metrics layer implements; called on the event loop, must not block."""
+
+    def store_call(self, operation: str, seconds: float) -> None: ...
+
+    def upstream_call(self, route: str, seconds: float) -> None: ...
+
+    def stale_write(self, route: str) -> None: ...
+
+    def became_unknown(self, route: str, reason: str) -> None: ...
+
+    def lease_expired(self, count: int) -> None: ...
+
+    def probe_result(self, route: str, result: str) -> None: ...
+
+    def resolved(self, by: str, outcome: str) -> None: ...
+
+
+class NoObserver:
+    """The observer for engines nobody watches (unit tests, tools)."""
+
+    def store_call(self, operation: str, seconds: float) -> None:
+        pass
+
+    def upstream_call(self, route: str, seconds: float) -> None:
+        pass
+
+    def stale_write(self, route: str) -> None:
+        pass
+
+    def became_unknown(self, route: str, reason: str) -> None:
+        pass
+
+    def lease_expired(self, count: int) -> None:
+        pass
+
+    def probe_result(self, route: str, result: str) -> None:
+        pass
+
+    def resolved(self, by: str, outcome: str) -> None:
+        pass
+
+
+__all__ = ["LifecycleObserver", "NoObserver", "ProxyRequest", "Reply", "RouteSettings"]

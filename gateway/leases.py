@@ -1,0 +1,140 @@
+"""The leases this process holds, their renewal, and the writes it still owes the store.
+
+A lease says "this process is working on this key; leave it alone until
+then". While a slow upstream call runs, the keeper renews it every third of
+its length in one batched store call. When the store was down at the wrong
+moment, the keeper remembers what it owes and pays it once the store is back:
+
+- a claim whose commit failed: the request was never sent, so if the claim
+  did land after all, it is released (never left to expire into `unknown`);
+- an outcome that could not be recorded (a receipt, a release, an unknown
+  mark): the write is retried with the attempt's token, so a stale retry can
+  still never overwrite a newer truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.errors import StoreUnavailable
+from gateway.models import Evidence, State
+
+if TYPE_CHECKING:
+    from gateway.store.base import Store
+
+log = logging.getLogger("gateway.leases")
+
+OwedWrite = Callable[[], Awaitable[object]]
+
+
+class LeaseKeeper:
+    """Renews held leases and settles owed writes, in one background task.
+
+    >>> # keeper = LeaseKeeper(store, owner="gw-1", lease_seconds=30.0)
+    >>> # await keeper.start(); keeper.hold(op.id, op.token); ...; keeper.drop(op.id)
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        owner: str,
+        lease_seconds: float,
+        tombstone_seconds: float,
+    ) -> None:
+        self._store = store
+        self._owner = owner
+        self._lease = lease_seconds
+        self._tombstone = tombstone_seconds
+        self._held: dict[str, int] = {}
+        self._unsent_claims: set[tuple[str, str]] = set()
+        self._owed: dict[str, OwedWrite] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    def holds(self, operation_id: str) -> bool:
+        return operation_id in self._held
+
+    def hold(self, operation_id: str, token: int) -> None:
+        self._held[operation_id] = token
+
+    def drop(self, operation_id: str) -> None:
+        self._held.pop(operation_id, None)
+
+    def claim_failed(self, scope: str, key: str) -> None:
+        """The claim's commit failed: its outcome is unknown, but it was surely never sent."""
+        self._unsent_claims.add((scope, key))
+
+    def owe(self, operation_id: str, write: OwedWrite) -> None:
+        """Retry this outcome write once the store answers again."""
+        self._owed[operation_id] = write
+
+    @property
+    def debts(self) -> int:
+        return len(self._unsent_claims) + len(self._owed)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="lease-keeper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self.debts:
+            await self.settle_debts()
+
+    async def _run(self) -> None:
+        interval = max(self._lease / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if self._held:
+                    await self._store.renew(
+                        dict(self._held), owner=self._owner, lease_seconds=self._lease
+                    )
+                if self.debts:
+                    await self.settle_debts()
+            except StoreUnavailable as exc:
+                log.warning("store unavailable for lease upkeep: %s", exc.detail)
+
+    async def settle_debts(self) -> None:
+        """Pay what can be paid now; keep the rest for the next round."""
+        for operation_id, write in list(self._owed.items()):
+            try:
+                await write()
+            except StoreUnavailable:
+                return
+            self._owed.pop(operation_id, None)
+        for scope, key in list(self._unsent_claims):
+            try:
+                await self._release_if_unsent(scope, key)
+            except StoreUnavailable:
+                return
+            self._unsent_claims.discard((scope, key))
+
+    async def _release_if_unsent(self, scope: str, key: str) -> None:
+        operation = await self._store.get(scope, key)
+        if (
+            operation is None
+            or operation.state is not State.IN_FLIGHT
+            or operation.lease_owner != self._owner
+            or operation.id in self._held  # a later attempt of ours is live: not an orphan
+        ):
+            return
+        evidence = Evidence(
+            at=time.time(),
+            source="gateway",
+            detail="the claim's commit failed and the request was never sent",
+        )
+        await self._store.release(
+            operation.id, operation.token, evidence, tombstone_seconds=self._tombstone
+        )
+        log.info("released never-sent claim %s after a store outage", operation.id)
