@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gateway import cli_operations
 from gateway.config import load_settings, render_effective
 from gateway.errors import ConfigError
 
@@ -28,11 +29,16 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate and print the effective config")
     check.add_argument("--config", help="TOML config file (default config/gateway.toml)")
+
+    cli_operations.register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "operations":
+        return cli_operations.run(args)
+
     overrides: dict[str, Any] = {}
     if getattr(args, "host", None) is not None:
         overrides["server.host"] = args.host

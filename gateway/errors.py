@@ -177,7 +177,7 @@ class ReceiptExpired(KeyConflict):
 
 class ReceiptNotRetained(KeyConflict):
     problem_type = "receipt-not-retained"
-    title = "The response for this key was too large to keep"
+    title = "The response for this key was not kept"
 
 
 class NotResolvable(KeyConflict):

@@ -481,9 +481,12 @@ class IdempotencyEngine:
             self._observer.store_call(name, time.monotonic() - started)
 
     def _inject_fault(self, window: str) -> None:
-        """Test-only: die with SIGKILL in the named window (`testing.fault = "crash_<window>"`)."""
+        """Test-only: `testing.fault = "crash_<window>"` dies with SIGKILL in that window,
+        `"pause_<window>"` stops itself with SIGSTOP there (a test resumes it with SIGCONT)."""
         if self._fault == "crash_" + window:
             os.kill(os.getpid(), signal.SIGKILL)
+        elif self._fault == "pause_" + window:
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply:
@@ -510,12 +513,13 @@ def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply
                 replayed=True,
             )
         if not operation.body_retained:
-            raise ReceiptNotRetained(
-                "the first response was too large to keep; it was delivered once",
-                key=key,
-                state=state,
-                operation_id=op_id,
+            resolution = operation.resolution
+            detail = (
+                "the first response was too large to keep; it was delivered once"
+                if resolution is None or resolution.by == "upstream"
+                else f"the operation was settled as applied by {resolution.by} without a response"
             )
+            raise ReceiptNotRetained(detail, key=key, state=state, operation_id=op_id)
         raise ReceiptExpired(
             "the stored response has expired; the key stays used and is not forwarded again",
             key=key,

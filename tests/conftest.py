@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import pytest_asyncio
-from harness import RunningGateway, settings_for, start_gateway, stop_gateway
+from harness import GatewayProcess, RunningGateway, settings_for, start_gateway, stop_gateway
 from upstream import CountingUpstream
 
 if TYPE_CHECKING:
@@ -65,3 +66,12 @@ async def gateway_factory(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
 async def gateway(gateway_factory: GatewayFactory, upstream: CountingUpstream) -> RunningGateway:
     """A gateway with route /tickets in front of the counting upstream."""
     return await gateway_factory(upstream.url)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[GatewayProcess]]:
+    """Every gateway process a test starts is stopped afterwards, even a paused one."""
+    started: list[GatewayProcess] = []
+    yield started
+    for process in started:
+        process.stop()

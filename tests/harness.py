@@ -27,6 +27,9 @@ from gateway.config import Settings, render_effective
 
 ROOT = Path(__file__).resolve().parent.parent
 
+FAULT_ENV = "IDEMPOTENCY_GATEWAY_TESTING__FAULT"
+"""Test-only fault injection (`crash_<window>`, `pause_<window>`): settable only by env."""
+
 
 def settings_for(
     tmp_path: Path,
@@ -173,3 +176,22 @@ class GatewayProcess:
                 self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+
+def spawn(
+    processes: list[GatewayProcess],
+    tmp_path: Path,
+    upstream_url: str,
+    *,
+    fault: str | None = None,
+    **options: Any,
+) -> GatewayProcess:
+    """Start a subprocess gateway on `tmp_path`'s database; `processes` stops it after the test.
+
+    `options` are `settings_for`'s; `fault` arms a test-only fault for this process only.
+    """
+    config = write_config(settings_for(tmp_path, upstream_url, **options), tmp_path / "gw.toml")
+    process = GatewayProcess(config_path=config, env={FAULT_ENV: fault} if fault else {})
+    process.start()
+    processes.append(process)
+    return process

@@ -4,34 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from harness import GatewayProcess, settings_for, write_config
+from harness import GatewayProcess, spawn
 from upstream import CountingUpstream
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def processes() -> Iterator[list[GatewayProcess]]:
-    """Every gateway process a test starts is stopped afterwards, even a paused one."""
-    started: list[GatewayProcess] = []
-    yield started
-    for process in started:
-        process.stop()
-
-
-def spawn(
-    processes: list[GatewayProcess], tmp_path: Path, upstream_url: str, **options: object
-) -> GatewayProcess:
-    config = write_config(settings_for(tmp_path, upstream_url, **options), tmp_path / "gw.toml")
-    process = GatewayProcess(config_path=config)
-    process.start()
-    processes.append(process)
-    return process
 
 
 async def post(url: str, key: str, body: object, query: str = "") -> aiohttp.ClientResponse:

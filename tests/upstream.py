@@ -20,7 +20,13 @@ through the gateway without any side channel:
 - ``redirect=URL``: answer 302 with ``Location: URL`` (a proxy must not follow);
 - ``gzip=1``: answer with a gzip-compressed body and ``Content-Encoding: gzip``
   (a proxy must not decompress);
-- ``cookie=1``: add ``Set-Cookie: session=secret`` and ``X-Custom: yes``.
+- ``cookie=1``: add ``Set-Cookie: session=secret`` and ``X-Custom: yes``;
+- ``apply_after=SECONDS``: wait first, then apply the effect and answer (an
+  upstream that applies a request late, after the caller timed out).
+
+``GET /effects/<key>`` is the probe endpoint: 200 with the effect's JSON when
+an effect arrived with that ``Idempotency-Key``, else 404. Probes are recorded
+in ``probes``, never counted as effects.
 
 The default body is JSON describing the effect, and every response carries
 ``X-Effect-Id`` so a test can tell which effect a (replayed) response came from.
@@ -87,6 +93,7 @@ class CountingUpstream:
         self._keepalive_timeout = keepalive_timeout
         self._shutdown_timeout = shutdown_timeout
         self.effects: list[Effect] = []
+        self.probes: list[dict[str, str]] = []
         # Holding the transports (not their ids) keeps ids from being reused by
         # a new connection after an old one is garbage-collected.
         self._transports: set[object] = set()
@@ -136,6 +143,7 @@ class CountingUpstream:
         if self._runner is not None:
             raise RuntimeError("CountingUpstream is already started")
         app = web.Application()
+        app.router.add_get("/effects/{key}", self._probe)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(
             app,
@@ -174,10 +182,24 @@ class CountingUpstream:
     def __repr__(self) -> str:
         return f"<CountingUpstream url={self._url!r} count={self.count}>"
 
+    async def _probe(self, request: web.Request) -> web.Response:
+        self.probes.append({name.lower(): value for name, value in request.headers.items()})
+        key = request.match_info["key"]
+        for effect in self.effects:
+            if effect.key == key:
+                return web.Response(
+                    status=200,
+                    body=_describe(effect).encode(),
+                    headers={"Content-Type": "application/json", "X-Effect-Id": str(effect.number)},
+                )
+        return web.json_response({"error": "no such effect"}, status=404)
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        effect = self._record(request, body)
         controls = request.query
+        if "apply_after" in controls:
+            await asyncio.sleep(float(controls["apply_after"]))
+        effect = self._record(request, body)
 
         if "delay" in controls:
             await asyncio.sleep(float(controls["delay"]))

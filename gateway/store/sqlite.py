@@ -220,13 +220,15 @@ class SqliteStore:
         items = list(leases.items())
 
         def job(c: sqlite3.Connection) -> set[str]:
-            expires = time.time() + lease_seconds
+            now = time.time()
             renewed = set()
             for op_id, token in items:
+                # An expired lease is not renewed: someone may already have seen it
+                # expire and acted on that.
                 cursor = c.execute(
                     "UPDATE operations SET lease_expires_at = ? WHERE id = ? AND token = ? "
-                    "AND lease_owner = ? AND state = 'in_flight'",
-                    (expires, op_id, token, owner),
+                    "AND lease_owner = ? AND state = 'in_flight' AND lease_expires_at > ?",
+                    (now + lease_seconds, op_id, token, owner, now),
                 )
                 if cursor.rowcount:
                     renewed.add(op_id)
