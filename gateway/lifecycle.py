@@ -265,17 +265,20 @@ class IdempotencyEngine:
         write: Callable[[], Awaitable[Operation | None]],
         evidence: Evidence,
     ) -> Operation | None:
-        """Run an outcome write; a stale token leaves evidence, a store outage leaves a debt."""
+        """Run an outcome write and return the operation as it now stands.
+
+        A stale token leaves evidence (and the current record is returned); a
+        store outage leaves a debt the keeper pays later (and `None`).
+        """
 
         async def settle() -> Operation | None:
             written = await self._timed(name, write())
-            if written is None:
-                self._observer.stale_write(request.route.name)
-                log.warning(
-                    "stale %s refused for %s (token %d)", name, operation.id, operation.token
-                )
-                await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence))
-            return written
+            if written is not None:
+                return written
+            self._observer.stale_write(request.route.name)
+            log.warning("stale %s refused for %s (token %d)", name, operation.id, operation.token)
+            await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence))
+            return await self._store.get_by_id(operation.id)
 
         try:
             return await settle()

@@ -1,0 +1,412 @@
+"""The crash table: a gateway killed (or frozen) in each window of a request's life.
+
+Each test runs `python -m gateway serve` as production does, arms a test-only
+fault (or kills the process by hand), restarts a new process without the fault
+on the same SQLite file, then retries and looks the key up. What must hold in
+every window: never a second effect for a key, `unknown` whenever the effect
+may have happened, and no retry forwarded while a key is `unknown`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from harness import GatewayProcess, spawn
+from multidict import CIMultiDictProxy
+from upstream import CountingUpstream
+
+pytestmark = pytest.mark.slow
+
+ISSUES = "/tickets/v1/issues"
+BODY = json.dumps({"title": "crash"}).encode()
+REQUEST_SECONDS = 10.0
+"""Upper bound for any one client call; the slowest upstream answer in this file is 4 s."""
+
+PROBE = {
+    "path": "/effects/{key}",
+    "applied_statuses": [200],
+    "not_applied_statuses": [404],
+    "not_applied_after": "1s",
+}
+FAST_LEASE = {"lease": "1s"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A gateway response, read whole."""
+
+    status: int
+    headers: CIMultiDictProxy[str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def problem_type(self) -> str:
+        """The last path segment of the problem's `type` URI."""
+        return str(self.json()["type"]).rsplit("/", 1)[-1]
+
+
+async def send(session: aiohttp.ClientSession, url: str, key: str, query: str = "") -> Answer:
+    async with (
+        asyncio.timeout(REQUEST_SECONDS),
+        session.post(
+            f"{url}{ISSUES}{query}",
+            data=BODY,
+            headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+        ) as response,
+    ):
+        return Answer(response.status, response.headers, await response.read())
+
+
+async def dropped(session: aiohttp.ClientSession, url: str, key: str, query: str = "") -> None:
+    """Send a request that the gateway dies on: the client sees the connection drop."""
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await send(session, url, key, query)
+
+
+async def lookup(session: aiohttp.ClientSession, url: str, key: str) -> Answer:
+    async with (
+        asyncio.timeout(REQUEST_SECONDS),
+        session.get(f"{url}/operations/{quote(key, safe='')}") as response,
+    ):
+        return Answer(response.status, response.headers, await response.read())
+
+
+async def state_of(session: aiohttp.ClientSession, url: str, key: str) -> dict[str, Any]:
+    found = await lookup(session, url, key)
+    assert found.status == 200, found.body
+    document: dict[str, Any] = found.json()
+    return document
+
+
+async def poll_state(
+    session: aiohttp.ClientSession, url: str, key: str, want: str, *, seconds: float
+) -> dict[str, Any]:
+    """Look the key up every 100 ms (each lookup may probe) until it reaches `want`."""
+    document: dict[str, Any] = {}
+    try:
+        async with asyncio.timeout(seconds):
+            while document.get("state") != want:
+                await asyncio.sleep(0.1)
+                document = await state_of(session, url, key)
+    except TimeoutError:
+        pytest.fail(f"{key} did not become {want} within {seconds} s: {document}")
+    return document
+
+
+def assert_outcome_unknown(answer: Answer) -> None:
+    assert answer.status == 409, answer.body
+    assert answer.problem_type == "outcome-unknown"
+    assert answer.json()["safe_to_retry"] is False
+    assert answer.headers["Idempotency-Status"] == "unknown"
+
+
+def restart(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream, **options: Any
+) -> GatewayProcess:
+    """A new gateway process, without any fault, on the dead one's database."""
+    return spawn(processes, tmp_path, upstream.url, **options)
+
+
+def is_stopped(process: GatewayProcess) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
+    assert process.process is not None
+    stat = Path(f"/proc/{process.process.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+async def wait_until_stopped(process: GatewayProcess, *, seconds: float = 5.0) -> None:
+    """Wait until the process has stopped itself with SIGSTOP."""
+    async with asyncio.timeout(seconds):
+        while True:
+            if is_stopped(process):
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_crash_before_claim_records_nothing_and_the_retry_is_forwarded(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A gateway that dies before the claim leaves no record, so the retry is forwarded once."""
+    first = spawn(processes, tmp_path, upstream.url, fault="crash_before_claim")
+    async with aiohttp.ClientSession() as session:
+        await dropped(session, first.url, "before-claim")
+        assert upstream.count == 0
+
+        second = restart(processes, tmp_path, upstream)
+        missing = await lookup(session, second.url, "before-claim")
+        assert missing.status == 404
+        assert missing.problem_type == "unknown-key"
+
+        retry = await send(session, second.url, "before-claim")
+        assert retry.status == 201
+        assert "Idempotent-Replayed" not in retry.headers
+        assert (await state_of(session, second.url, "before-claim"))["state"] == "completed"
+    assert upstream.count == 1
+    assert upstream.count_for("before-claim") == 1
+
+
+async def test_crash_after_claim_is_unknown_without_a_probe(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A claim left by a dead process is unknown after restart and stays refused without a probe."""
+    first = spawn(processes, tmp_path, upstream.url, fault="crash_after_claim")
+    async with aiohttp.ClientSession() as session:
+        await dropped(session, first.url, "after-claim")
+
+        second = restart(processes, tmp_path, upstream)
+        operation = await state_of(session, second.url, "after-claim")
+        assert operation["state"] == "unknown"
+        assert operation["safe_to_retry"] is False
+        assert any(item["source"] == "lease" for item in operation["evidence"])
+
+        assert_outcome_unknown(await send(session, second.url, "after-claim"))
+        assert_outcome_unknown(await send(session, second.url, "after-claim"))
+        assert (await state_of(session, second.url, "after-claim"))["state"] == "unknown"
+    assert upstream.count == 0
+    assert upstream.probes == []
+
+
+async def test_crash_after_claim_is_released_by_a_late_enough_not_applied_probe(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """An unknown claim is released only once the probe's 404 is older than not_applied_after."""
+    options: dict[str, Any] = {"route": {"probe": PROBE}, "idempotency": FAST_LEASE}
+    first = spawn(processes, tmp_path, upstream.url, fault="crash_after_claim", **options)
+    async with aiohttp.ClientSession() as session:
+        await dropped(session, first.url, "claim-probe")
+
+        second = restart(processes, tmp_path, upstream, **options)
+        # Within lease + not_applied_after (2 s) of the claim, a 404 proves nothing yet.
+        operation = await state_of(session, second.url, "claim-probe")
+        assert operation["state"] == "unknown"
+        assert_outcome_unknown(await send(session, second.url, "claim-probe"))
+        assert upstream.count == 0
+
+        released = await poll_state(session, second.url, "claim-probe", "released", seconds=6.0)
+        assert released["resolution"]["by"] == "probe"
+        assert any(
+            item["source"] == "probe" and item["status"] == 404 for item in released["evidence"]
+        )
+        assert len(upstream.probes) >= 2
+
+        retry = await send(session, second.url, "claim-probe")
+        assert retry.status == 201
+        assert "Idempotent-Replayed" not in retry.headers
+        completed = await state_of(session, second.url, "claim-probe")
+        assert completed["state"] == "completed"
+        assert completed["attempts"] == 2
+    assert upstream.count == 1
+    assert upstream.count_for("claim-probe") == 1
+
+
+async def _die_after_the_effect(
+    processes: list[GatewayProcess],
+    tmp_path: Path,
+    upstream: CountingUpstream,
+    session: aiohttp.ClientSession,
+    key: str,
+    window: str,
+    options: dict[str, Any],
+) -> str:
+    """Kill a gateway in `window` once the upstream applied the effect; the query to retry with."""
+    if window == "on_the_wire":
+        # No fault: the upstream applies the effect, then answers 3 s later; kill in between.
+        query = "?delay=3"
+        first = spawn(processes, tmp_path, upstream.url, **options)
+        request = asyncio.create_task(dropped(session, first.url, key, query))
+        await upstream.wait_for_count(1, seconds=5.0)
+        first.kill(signal.SIGKILL)
+        await request
+    else:
+        query = ""
+        first = spawn(processes, tmp_path, upstream.url, fault=f"crash_{window}", **options)
+        await dropped(session, first.url, key)
+    assert upstream.count_for(key) == 1
+    return query
+
+
+AFTER_EFFECT_WINDOWS = pytest.mark.parametrize(
+    "window", ["on_the_wire", "after_send", "after_response"]
+)
+
+
+@AFTER_EFFECT_WINDOWS
+async def test_crash_after_the_effect_is_unknown_and_never_resent(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream, window: str
+) -> None:
+    """A gateway that dies after sending, before the receipt, leaves `unknown`: no second send."""
+    key = f"effect-{window}"
+    async with aiohttp.ClientSession() as session:
+        query = await _die_after_the_effect(processes, tmp_path, upstream, session, key, window, {})
+
+        second = restart(processes, tmp_path, upstream)
+        operation = await state_of(session, second.url, key)
+        assert operation["state"] == "unknown"
+        assert operation["response"] is None
+        assert_outcome_unknown(await send(session, second.url, key, query))
+        assert (await state_of(session, second.url, key))["state"] == "unknown"
+    assert upstream.count == 1
+    assert upstream.count_for(key) == 1
+
+
+@AFTER_EFFECT_WINDOWS
+async def test_crash_after_the_effect_is_settled_by_an_applied_probe(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream, window: str
+) -> None:
+    """A probe that finds the effect completes the operation; the retry is replayed, not resent."""
+    key = f"probed-{window}"
+    options: dict[str, Any] = {"route": {"probe": PROBE}}
+    async with aiohttp.ClientSession() as session:
+        query = await _die_after_the_effect(
+            processes, tmp_path, upstream, session, key, window, options
+        )
+
+        second = restart(processes, tmp_path, upstream, **options)
+        operation = await poll_state(session, second.url, key, "completed", seconds=3.0)
+        assert operation["resolution"]["by"] == "probe"
+        assert operation["response"]["status"] == 200
+        assert upstream.probes
+
+        retry = await send(session, second.url, key, query)
+        assert retry.status == 200
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        assert retry.headers["X-Effect-Id"] == "1"
+        assert retry.json()["key"] == key
+    assert upstream.count == 1
+    assert upstream.count_for(key) == 1
+
+
+async def test_crash_after_the_receipt_is_replayed_after_restart(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A receipt written just before the crash is replayed, though the caller never saw it."""
+    first = spawn(processes, tmp_path, upstream.url, fault="crash_after_receipt")
+    async with aiohttp.ClientSession() as session:
+        await dropped(session, first.url, "after-receipt")
+
+        second = restart(processes, tmp_path, upstream)
+        operation = await state_of(session, second.url, "after-receipt")
+        assert operation["state"] == "completed"
+        assert operation["resolution"]["by"] == "upstream"
+
+        retry = await send(session, second.url, "after-receipt")
+        assert retry.status == 201
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        assert retry.headers["X-Effect-Id"] == "1"
+    assert upstream.count == 1
+    assert upstream.count_for("after-receipt") == 1
+
+
+async def test_kill_9_during_a_storm_of_in_flight_keys_never_doubles_an_effect(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """50 keys in flight at a kill -9 all come back `unknown`, and their retries all get 409."""
+    keys = [f"storm-{i}" for i in range(50)]
+    first = spawn(processes, tmp_path, upstream.url)
+    async with aiohttp.ClientSession() as session:
+        requests = [
+            asyncio.create_task(dropped(session, first.url, key, "?delay=5")) for key in keys
+        ]
+        await upstream.wait_for_count(len(keys), seconds=8.0)
+        first.kill(signal.SIGKILL)
+        await asyncio.gather(*requests)
+
+        second = restart(processes, tmp_path, upstream)
+        retries = await asyncio.gather(*(send(session, second.url, k, "?delay=5") for k in keys))
+        for retry in retries:
+            assert_outcome_unknown(retry)
+        operations = await asyncio.gather(*(state_of(session, second.url, k) for k in keys))
+        assert [operation["state"] for operation in operations] == ["unknown"] * len(keys)
+    assert upstream.count == len(keys)
+    assert {key: upstream.count_for(key) for key in keys} == dict.fromkeys(keys, 1)
+
+
+async def test_a_late_answer_after_a_pause_is_kept_as_evidence_not_as_a_receipt(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """An answer arriving after the sweeper expired the frozen holder's lease is refused, kept."""
+    process = spawn(
+        processes,
+        tmp_path,
+        upstream.url,
+        route={"timeout": "10s"},
+        idempotency={"lease": "1s", "sweep_interval": "200ms"},
+    )
+    async with aiohttp.ClientSession() as session:
+        request = asyncio.create_task(send(session, process.url, "late-writer", "?delay=4"))
+        await upstream.wait_for_count(1, seconds=5.0)
+        process.kill(signal.SIGSTOP)
+        await asyncio.sleep(2.5)  # past the 1 s lease: no renewal, the sweeper acts on resume
+        process.kill(signal.SIGCONT)
+
+        late = await request
+        assert late.status == 201  # the effect happened: the caller still gets its answer
+
+        operation = await state_of(session, process.url, "late-writer")
+        assert operation["state"] == "unknown"
+        assert operation["response"] is None
+        assert any(item["source"] == "lease" for item in operation["evidence"])
+        assert {
+            "source": "upstream",
+            "status": 201,
+            "body_sha256": hashlib.sha256(late.body).hexdigest(),
+        } in [
+            {name: item[name] for name in ("source", "status", "body_sha256")}
+            for item in operation["evidence"]
+        ]
+
+        assert_outcome_unknown(await send(session, process.url, "late-writer", "?delay=4"))
+    assert upstream.count == 1
+    assert upstream.count_for("late-writer") == 1
+    # docs/decisions.md: a refused late answer carries the operation's actual state.
+    assert late.headers["Idempotency-Status"] == "unknown"
+
+
+async def test_a_holder_paused_between_claim_and_send_does_not_send(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A holder frozen past its lease after the claim sends nothing and answers lease-lost."""
+    options: dict[str, Any] = {"idempotency": {"lease": "1s", "sweep_interval": "60s"}}
+    first = spawn(processes, tmp_path, upstream.url, fault="pause_after_claim", **options)
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        request = asyncio.create_task(send(session, first.url, "paused-holder"))
+        await wait_until_stopped(first)
+        await asyncio.sleep(max(0.0, started + 2.0 - time.monotonic()))
+        first.kill(signal.SIGCONT)
+
+        refused = await request
+        assert refused.status == 503, refused.body
+        assert refused.problem_type == "lease-lost"
+        assert refused.json()["safe_to_retry"] is True
+        assert refused.headers["Idempotency-Status"] == "released"
+        assert upstream.count == 0
+
+        operation = await state_of(session, first.url, "paused-holder")
+        assert operation["state"] == "released"
+        assert operation["safe_to_retry"] is True
+
+        # The fault is armed for every request of that process: retry through a clean one.
+        first.stop()
+        second = restart(processes, tmp_path, upstream, **options)
+        retry = await send(session, second.url, "paused-holder")
+        assert retry.status == 201
+        assert "Idempotent-Replayed" not in retry.headers
+        completed = await state_of(session, second.url, "paused-holder")
+        assert completed["state"] == "completed"
+        assert completed["attempts"] == 2
+    assert upstream.count == 1
+    assert upstream.count_for("paused-holder") == 1
