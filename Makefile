@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m examples.run_demo --config config/gateway.toml
 
+LINT_PATHS := $(wildcard gateway clients tests examples bench/*.py)
+
 lint: $(STAMP)
-	$(BIN)/ruff check gateway clients tests examples bench
-	$(BIN)/ruff format --check gateway clients tests examples bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict gateway clients/python/idempotency_gateway_client

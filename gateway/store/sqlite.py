@@ -9,13 +9,12 @@ left behind belongs to a dead process and becomes `unknown` at once.
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import json
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -33,6 +32,13 @@ from gateway.models import (
     StoredResponse,
 )
 from gateway.store.base import Page, SweepReport
+from gateway.store.rows import (
+    decode_cursor,
+    encode_cursor,
+    encode_headers,
+    is_forgotten,
+    row_to_operation,
+)
 from gateway.store.sqlite_schema import COLUMNS, migrate
 from gateway.store.sqlite_thread import SqliteWriterThread
 
@@ -143,7 +149,7 @@ class SqliteStore:
         tombstone_seconds: float,
         resolution: Resolution,
     ) -> Operation | None:
-        headers = _encode_headers(response.headers)
+        headers = encode_headers(response.headers)
         body = response.body if body_retained else None
 
         def job(c: sqlite3.Connection) -> Operation | None:
@@ -170,7 +176,7 @@ class SqliteStore:
                     token,
                 ),
             ).fetchone()
-            return None if row is None else _row_to_operation(row)
+            return None if row is None else row_to_operation(row)
 
         return await self._writer.run(job)
 
@@ -185,7 +191,7 @@ class SqliteStore:
                 f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
                 (time.time(), json.dumps(evidence.as_json()), operation_id, token),
             ).fetchone()
-            return None if row is None else _row_to_operation(row)
+            return None if row is None else row_to_operation(row)
 
         return await self._writer.run(job)
 
@@ -212,7 +218,7 @@ class SqliteStore:
                     token,
                 ),
             ).fetchone()
-            return None if row is None else _row_to_operation(row)
+            return None if row is None else row_to_operation(row)
 
         return await self._writer.run(job)
 
@@ -250,15 +256,15 @@ class SqliteStore:
             row = c.execute(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key)).fetchone()
             if row is None:
                 return None
-            operation = _row_to_operation(row)
-            return None if _is_forgotten(operation, time.time()) else operation
+            operation = row_to_operation(row)
+            return None if is_forgotten(operation, time.time()) else operation
 
         return await self._writer.run(job)
 
     async def get_by_id(self, operation_id: str) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
             row = c.execute(f"{_SELECT} WHERE id = ?", (operation_id,)).fetchone()
-            return None if row is None else _row_to_operation(row)
+            return None if row is None else row_to_operation(row)
 
         return await self._writer.run(job)
 
@@ -286,7 +292,7 @@ class SqliteStore:
                 (
                     state.value,
                     response.status if response else None,
-                    _encode_headers(response.headers) if response else None,
+                    encode_headers(response.headers) if response else None,
                     response.body if response else None,
                     int(retained),
                     now + retention_seconds if state is State.COMPLETED else None,
@@ -300,12 +306,12 @@ class SqliteStore:
                     expected_version,
                 ),
             ).fetchone()
-            return None if row is None else _row_to_operation(row)
+            return None if row is None else row_to_operation(row)
 
         return await self._writer.run(job)
 
     async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
-        after = _decode_cursor(cursor)
+        after = decode_cursor(cursor)
 
         def job(c: sqlite3.Connection) -> Page:
             clauses: list[str] = ["seq > ?"]
@@ -320,8 +326,8 @@ class SqliteStore:
             ).fetchall()
             more = len(rows) > limit
             rows = rows[:limit]
-            items = tuple(_row_to_operation(row[1:]) for row in rows)
-            next_cursor = _encode_cursor(rows[-1][0]) if more and rows else None
+            items = tuple(row_to_operation(row[1:]) for row in rows)
+            next_cursor = encode_cursor(rows[-1][0]) if more and rows else None
             return Page(items=items, next_cursor=next_cursor)
 
         return await self._writer.run(job)
@@ -389,8 +395,8 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is not None:
-        current = _row_to_operation(row)
-        if _is_forgotten(current, now):
+        current = row_to_operation(row)
+        if is_forgotten(current, now):
             c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
         elif current.state is State.RELEASED and current.fingerprint == request.fingerprint:
             updated = c.execute(
@@ -400,7 +406,7 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
                 f"WHERE id = ? {_RETURNING}",
                 (request.owner, now + request.lease_seconds, now, now, current.id),
             ).fetchone()
-            return NewAttempt(_row_to_operation(updated))
+            return NewAttempt(row_to_operation(updated))
         elif (
             current.state is State.IN_FLIGHT
             and current.lease_expires_at is not None
@@ -416,7 +422,7 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
                 f"WHERE id = ? {_RETURNING}",
                 (now, json.dumps(evidence.as_json()), current.id),
             ).fetchone()
-            return Existing(_row_to_operation(expired))
+            return Existing(row_to_operation(expired))
         else:
             return Existing(current)
 
@@ -440,7 +446,7 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
             now,
         ),
     ).fetchone()
-    return NewAttempt(_row_to_operation(inserted))
+    return NewAttempt(row_to_operation(inserted))
 
 
 def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
@@ -450,104 +456,3 @@ def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
     secret = secrets.token_bytes(32)
     c.execute("INSERT INTO gateway_meta (name, value) VALUES ('scope_secret', ?)", (secret,))
     return secret
-
-
-def _is_forgotten(operation: Operation, now: float) -> bool:
-    return (
-        operation.state in (State.COMPLETED, State.RELEASED)
-        and operation.forgotten_at is not None
-        and operation.forgotten_at <= now
-    )
-
-
-def _encode_headers(headers: Sequence[tuple[str, str]]) -> str:
-    return json.dumps([[name, value] for name, value in headers], separators=(",", ":"))
-
-
-def _decode_headers(raw: str | None) -> tuple[tuple[str, str], ...]:
-    if not raw:
-        return ()
-    return tuple((name, value) for name, value in json.loads(raw))
-
-
-def _encode_cursor(seq: int) -> str:
-    return base64.urlsafe_b64encode(f"s{seq}".encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str | None) -> int:
-    if not cursor:
-        return 0
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        text = base64.urlsafe_b64decode(padded.encode()).decode()
-        if not text.startswith("s"):
-            raise ValueError(cursor)
-        return int(text[1:])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"invalid cursor {cursor!r}") from exc
-
-
-def _row_to_operation(row: Sequence[Any]) -> Operation:
-    (
-        op_id,
-        scope,
-        key,
-        state,
-        route,
-        method,
-        path,
-        fingerprint,
-        attempts,
-        token,
-        version,
-        created_at,
-        updated_at,
-        lease_owner,
-        lease_expires_at,
-        sent_at,
-        response_status,
-        response_headers,
-        response_body,
-        body_retained,
-        expires_at,
-        forgotten_at,
-        resolution_by,
-        resolution_at,
-        resolution_note,
-        evidence,
-    ) = row
-    response = None
-    if response_status is not None:
-        response = StoredResponse(
-            status=response_status,
-            headers=_decode_headers(response_headers),
-            body=bytes(response_body) if response_body is not None else b"",
-        )
-    return Operation(
-        id=op_id,
-        scope=scope,
-        key=key,
-        state=State(state),
-        route=route,
-        method=method,
-        path=path,
-        fingerprint=fingerprint,
-        attempts=attempts,
-        token=token,
-        version=version,
-        created_at=created_at,
-        updated_at=updated_at,
-        lease_owner=lease_owner,
-        lease_expires_at=lease_expires_at,
-        sent_at=sent_at,
-        response=response,
-        body_retained=bool(body_retained),
-        expires_at=expires_at,
-        forgotten_at=forgotten_at,
-        resolution=(
-            Resolution(by=resolution_by, at=resolution_at, note=resolution_note)
-            if resolution_by
-            else None
-        ),
-        evidence=tuple(Evidence(**item) for item in json.loads(evidence or "[]")),
-    )

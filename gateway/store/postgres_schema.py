@@ -1,0 +1,145 @@
+"""The PostgreSQL schema, its versioned migrations, and the column list the store reads.
+
+Migrations run under a transaction-scoped advisory lock, so replicas that
+start together take turns: the first migrates, the others find the schema
+current. Times are `timestamptz` (readable by operators with plain SQL); the
+store reads them back as POSIX seconds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncpg
+
+SCHEMA_VERSION = 1
+
+MIGRATION_LOCK = 0x1DE4_6A7E
+"""Advisory lock key for migrations (any constant shared by all replicas)."""
+
+NOTIFY_CHANNEL = "idempotency_gateway_settled"
+"""Outcome writes notify this channel with the operation id, for `Prefer: wait` across replicas."""
+
+_TIME_COLUMNS = frozenset(
+    {
+        "created_at",
+        "updated_at",
+        "lease_expires_at",
+        "sent_at",
+        "expires_at",
+        "forgotten_at",
+        "resolution_at",
+    }
+)
+
+COLUMN_NAMES = (
+    "id",
+    "scope",
+    "key",
+    "state",
+    "route",
+    "method",
+    "path",
+    "fingerprint",
+    "attempts",
+    "token",
+    "version",
+    "created_at",
+    "updated_at",
+    "lease_owner",
+    "lease_expires_at",
+    "sent_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "body_retained",
+    "expires_at",
+    "forgotten_at",
+    "resolution_by",
+    "resolution_at",
+    "resolution_note",
+    "evidence",
+)
+
+COLUMNS = ", ".join(
+    f"extract(epoch from {name})::float8 AS {name}" if name in _TIME_COLUMNS else name
+    for name in COLUMN_NAMES
+)
+"""The select list, times as POSIX seconds, in the order `row_to_operation` reads."""
+
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """
+        CREATE TABLE gateway_meta (
+            name text PRIMARY KEY,
+            value bytea NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE operations (
+            seq bigserial PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            scope text NOT NULL,
+            key text NOT NULL,
+            state text NOT NULL
+                CHECK (state IN ('in_flight', 'completed', 'unknown', 'released')),
+            route text NOT NULL,
+            method text NOT NULL,
+            path text NOT NULL,
+            fingerprint text NOT NULL,
+            attempts integer NOT NULL,
+            token bigint NOT NULL,
+            version bigint NOT NULL,
+            created_at timestamptz NOT NULL,
+            updated_at timestamptz NOT NULL,
+            lease_owner text,
+            lease_expires_at timestamptz,
+            sent_at timestamptz,
+            response_status integer,
+            response_headers text,
+            response_body bytea,
+            body_retained boolean NOT NULL DEFAULT true,
+            expires_at timestamptz,
+            forgotten_at timestamptz,
+            resolution_by text,
+            resolution_at timestamptz,
+            resolution_note text,
+            evidence jsonb NOT NULL DEFAULT '[]'::jsonb,
+            UNIQUE (scope, key)
+        )
+        """,
+        "CREATE INDEX operations_by_state ON operations (state, seq)",
+        "CREATE INDEX operations_by_forgotten_at ON operations (forgotten_at) "
+        "WHERE forgotten_at IS NOT NULL",
+        "CREATE INDEX operations_by_lease ON operations (lease_expires_at) "
+        "WHERE state = 'in_flight'",
+    ),
+}
+
+
+async def migrate(connection: asyncpg.Connection) -> int:
+    """Bring the schema to `SCHEMA_VERSION`; safe when several replicas start at once."""
+    async with connection.transaction():
+        await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await connection.execute(
+            "CREATE TABLE IF NOT EXISTS gateway_schema_version (version integer NOT NULL)"
+        )
+        current = await connection.fetchval("SELECT version FROM gateway_schema_version")
+        if current is not None and current > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"the database schema is version {current}, newer than this gateway "
+                f"({SCHEMA_VERSION}): upgrade the gateway"
+            )
+        for version in range((current or 0) + 1, SCHEMA_VERSION + 1):
+            for statement in _MIGRATIONS[version]:
+                await connection.execute(statement)
+        if current is None:
+            await connection.execute(
+                "INSERT INTO gateway_schema_version (version) VALUES ($1)", SCHEMA_VERSION
+            )
+        elif current < SCHEMA_VERSION:
+            await connection.execute(
+                "UPDATE gateway_schema_version SET version = $1", SCHEMA_VERSION
+            )
+    return SCHEMA_VERSION

@@ -1,0 +1,116 @@
+"""Turning stored rows into operations and back: shared by the SQLite and PostgreSQL stores.
+
+Both stores select the same columns in the same order (times as POSIX
+seconds, headers as a JSON list of pairs, evidence as a JSON list), so one
+mapper serves both and they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.models import Evidence, Operation, Resolution, State, StoredResponse
+
+
+def is_forgotten(operation: Operation, now: float) -> bool:
+    return (
+        operation.state in (State.COMPLETED, State.RELEASED)
+        and operation.forgotten_at is not None
+        and operation.forgotten_at <= now
+    )
+
+
+def encode_headers(headers: Sequence[tuple[str, str]]) -> str:
+    return json.dumps([[name, value] for name, value in headers], separators=(",", ":"))
+
+
+def decode_headers(raw: str | None) -> tuple[tuple[str, str], ...]:
+    if not raw:
+        return ()
+    return tuple((name, value) for name, value in json.loads(raw))
+
+
+def encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"s{seq}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        text = base64.urlsafe_b64decode(padded.encode()).decode()
+        if not text.startswith("s"):
+            raise ValueError(cursor)
+        return int(text[1:])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"invalid cursor {cursor!r}") from exc
+
+
+def row_to_operation(row: Sequence[Any]) -> Operation:
+    (
+        op_id,
+        scope,
+        key,
+        state,
+        route,
+        method,
+        path,
+        fingerprint,
+        attempts,
+        token,
+        version,
+        created_at,
+        updated_at,
+        lease_owner,
+        lease_expires_at,
+        sent_at,
+        response_status,
+        response_headers,
+        response_body,
+        body_retained,
+        expires_at,
+        forgotten_at,
+        resolution_by,
+        resolution_at,
+        resolution_note,
+        evidence,
+    ) = row
+    response = None
+    if response_status is not None:
+        response = StoredResponse(
+            status=response_status,
+            headers=decode_headers(response_headers),
+            body=bytes(response_body) if response_body is not None else b"",
+        )
+    return Operation(
+        id=op_id,
+        scope=scope,
+        key=key,
+        state=State(state),
+        route=route,
+        method=method,
+        path=path,
+        fingerprint=fingerprint,
+        attempts=attempts,
+        token=token,
+        version=version,
+        created_at=created_at,
+        updated_at=updated_at,
+        lease_owner=lease_owner,
+        lease_expires_at=lease_expires_at,
+        sent_at=sent_at,
+        response=response,
+        body_retained=bool(body_retained),
+        expires_at=expires_at,
+        forgotten_at=forgotten_at,
+        resolution=(
+            Resolution(by=resolution_by, at=resolution_at, note=resolution_note)
+            if resolution_by
+            else None
+        ),
+        evidence=tuple(Evidence(**item) for item in json.loads(evidence or "[]")),
+    )

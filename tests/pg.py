@@ -1,0 +1,78 @@
+"""The PostgreSQL server the tests use, and a throwaway schema per test.
+
+Each test gets its own schema (`t_<hex>`) and reaches it through the
+`search_path` DSN parameter, which asyncpg passes to the server as a setting,
+so tests never see each other's rows and need no cleanup beyond a
+`DROP SCHEMA ... CASCADE`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from typing import TYPE_CHECKING, NoReturn
+
+import asyncpg
+import pytest
+
+if TYPE_CHECKING:
+    from gateway.store.postgres import PostgresStore
+
+PG_HOST = "127.0.0.1"
+PG_PORT = 5432
+PG_URL = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/test"
+
+_SCHEMA_NAME = re.compile(r"t_[0-9a-f]+")
+
+
+def url_for(schema: str) -> str:
+    """The DSN that puts a connection in `schema`."""
+    return f"{PG_URL}?search_path={schema}"
+
+
+async def fresh_schema() -> str:
+    """Create an empty schema with a random name and return the name."""
+    name = f"t_{secrets.token_hex(8)}"
+    connection = await asyncpg.connect(PG_URL)
+    try:
+        await connection.execute(f"CREATE SCHEMA {name}")
+    finally:
+        await connection.close()
+    return name
+
+
+async def drop_schema(name: str) -> None:
+    """Drop a schema made by `fresh_schema`, with everything in it."""
+    if not _SCHEMA_NAME.fullmatch(name):
+        raise ValueError(f"not a test schema: {name!r}")
+    connection = await asyncpg.connect(PG_URL)
+    try:
+        await connection.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+    finally:
+        await connection.close()
+
+
+def require_postgres() -> type[PostgresStore]:
+    """`PostgresStore`, or skip the test when it or the server is missing.
+
+    In CI (`CI=true`) a missing PostgreSQL fails the test instead: CI must not
+    pass while silently skipping every PostgreSQL case.
+    """
+    try:
+        from gateway.store.postgres import PostgresStore
+    except ImportError as exc:
+        _unavailable(f"gateway.store.postgres cannot be imported: {exc}")
+    try:
+        with socket.create_connection((PG_HOST, PG_PORT), timeout=1.0):
+            pass
+    except OSError as exc:
+        _unavailable(f"no PostgreSQL server on {PG_HOST}:{PG_PORT}: {exc}")
+    return PostgresStore
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"PostgreSQL is required in CI: {reason}")
+    pytest.skip(reason)
