@@ -108,6 +108,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         observer=metrics,
         fault=settings.testing.fault,
     )
+    engine.cross_process_signals = await store.subscribe(engine.notify_settled)
     sweeper = Sweeper(store, engine, metrics, interval=settings.idempotency.sweep_interval)
     await sweeper.start()
     app[STORE] = store

@@ -100,6 +100,8 @@ class IdempotencyEngine:
         self._observer: LifecycleObserver = observer or NoObserver()
         self._fault = fault
         self._settled: dict[str, asyncio.Event] = {}
+        self.cross_process_signals = False
+        """True once the store delivers other replicas' outcomes (PostgreSQL LISTEN)."""
 
     # -- the request path ------------------------------------------------------
 
@@ -309,29 +311,36 @@ class IdempotencyEngine:
         return operation
 
     async def _wait(self, operation: Operation, seconds: float) -> Operation:
-        """Prefer: wait=N: the outcome once known, or the in-flight record when N runs out."""
+        """Prefer: wait=N: the outcome once known, or the in-flight record when N runs out.
+
+        Woken by the outcome write itself (in this process, or another replica's
+        through the store's notifications); the store is re-read at least every
+        `CROSS_PROCESS_POLL[1]` seconds in case a notification was missed.
+        """
         deadline = time.monotonic() + seconds
         poll = CROSS_PROCESS_POLL[0]
         while operation.state is State.IN_FLIGHT:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self._keeper.holds(operation.id):
+            if self._keeper.holds(operation.id) or self.cross_process_signals:
                 event = self._settled.setdefault(operation.id, asyncio.Event())
-                timeout = remaining
-            else:  # held by another process: no signal reaches us, so poll with backoff
-                event, timeout = None, min(poll, remaining)
-                poll = min(poll * 2, CROSS_PROCESS_POLL[1])
-            if event is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout)
-            else:
-                await asyncio.sleep(timeout)
+                    await asyncio.wait_for(event.wait(), min(remaining, CROSS_PROCESS_POLL[1]))
+            else:  # held by another process and no signal reaches us: poll with backoff
+                await asyncio.sleep(min(poll, remaining))
+                poll = min(poll * 2, CROSS_PROCESS_POLL[1])
             current = await self._store.get_by_id(operation.id)
             if current is None:
                 break
             operation = await self._refresh(current)
+        if not self._keeper.holds(operation.id):
+            self._settled.pop(operation.id, None)
         return operation
+
+    def notify_settled(self, operation_id: str) -> None:
+        """An outcome was recorded (possibly by another replica): wake its waiters."""
+        self._notify(operation_id)
 
     def _notify(self, operation_id: str) -> None:
         event = self._settled.pop(operation_id, None)

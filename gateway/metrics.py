@@ -14,10 +14,14 @@ from prometheus_client import (
     Gauge,
     Histogram,
     Info,
+    disable_created_metrics,
     generate_latest,
 )
 
 from gateway.models import State
+
+# `_created` series double the output and no dashboard here uses them.
+disable_created_metrics()
 
 PREFIX: Final = "idempotency_gateway_"
 

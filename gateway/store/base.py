@@ -12,6 +12,7 @@ never as a driver exception.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -63,6 +64,13 @@ class Store(Protocol):
         """Connect, take any exclusive lock, and migrate the schema."""
 
     async def close(self) -> None: ...
+
+    async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
+        """Deliver `on_settled(operation_id)` when another process records an outcome.
+
+        Returns False when the store has no such channel (SQLite: one process,
+        so every outcome is recorded by this process and signalled in memory).
+        """
 
     async def ping(self) -> None:
         """Raise `StoreUnavailable` unless the store answers and is migrated."""

@@ -15,4 +15,8 @@ def make_store(settings: StoreSettings, *, on_batch: Callable[[int], None] | Non
     path = settings.sqlite_path
     if path is not None:
         return SqliteStore(path=path, busy_timeout=settings.busy_timeout, on_batch=on_batch)
-    raise ConfigError(f"store.url: no store implementation for {settings.url!r} yet")
+    if settings.is_postgres:
+        from gateway.store.postgres import PostgresStore  # asyncpg only when it is used
+
+        return PostgresStore(settings.url, pool_size=settings.pool_size)
+    raise ConfigError(f"store.url: no store implementation for {settings.url!r}")

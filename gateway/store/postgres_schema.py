@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import asyncpg
+    import asyncpg.pool
 
 SCHEMA_VERSION = 1
 
@@ -118,7 +119,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 
-async def migrate(connection: asyncpg.Connection) -> int:
+async def migrate(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> int:
     """Bring the schema to `SCHEMA_VERSION`; safe when several replicas start at once."""
     async with connection.transaction():
         await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)

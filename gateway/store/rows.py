@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway.models import Evidence, Operation, Resolution, State, StoredResponse
+
+_FIELD_COUNT = 26
 
 
 def is_forgotten(operation: Operation, now: float) -> bool:
@@ -50,7 +52,13 @@ def decode_cursor(cursor: str | None) -> int:
         raise ValueError(f"invalid cursor {cursor!r}") from exc
 
 
-def row_to_operation(row: Sequence[Any]) -> Operation:
+def row_to_operation(row: Iterable[Any] | None) -> Operation:
+    """The operation in a row whose first columns are the stores' shared column list.
+
+    Extra trailing columns (a store's own bookkeeping) are ignored.
+    """
+    if row is None:
+        raise ValueError("no row: the statement matched nothing it was sure to match")
     (
         op_id,
         scope,
@@ -78,7 +86,7 @@ def row_to_operation(row: Sequence[Any]) -> Operation:
         resolution_at,
         resolution_note,
         evidence,
-    ) = row
+    ) = tuple(row)[:_FIELD_COUNT]
     response = None
     if response_status is not None:
         response = StoredResponse(

@@ -122,6 +122,9 @@ class SqliteStore:
         connection.execute("PRAGMA foreign_keys=ON")
         return connection
 
+    async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
+        return False  # one process per file: outcomes are all signalled in memory
+
     async def ping(self) -> None:
         await self._writer.run(lambda c: c.execute("SELECT version FROM schema_version").fetchone())
 

@@ -1,0 +1,520 @@
+"""The PostgreSQL store: several gateway replicas, one truth.
+
+- A claim is atomic across replicas: `INSERT ... ON CONFLICT DO NOTHING` for a
+  new key (one statement, one round trip), and a row lock (`FOR UPDATE`) when
+  the key exists, so exactly one replica gets the right to send.
+- Leases, expiries and retention are measured on the database's clock
+  (`clock_timestamp()`), never a replica's.
+- Outcome writes are fenced by state and token like SQLite's, and notify
+  `NOTIFY_CHANNEL` in the same statement, so a replica waiting on a key
+  (`Prefer: wait`) learns the outcome without polling.
+- Sweeps and orphan expiry take bounded batches with `FOR UPDATE SKIP LOCKED`:
+  every replica may run them at once without blocking each other.
+
+Every driver or connection failure surfaces as `StoreUnavailable`; the pool
+reconnects on its own once the server is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+
+from gateway.errors import StoreUnavailable
+from gateway.ids import new_operation_id
+from gateway.models import (
+    ClaimRequest,
+    ClaimResult,
+    Evidence,
+    Existing,
+    NewAttempt,
+    Operation,
+    Resolution,
+    State,
+    StoredResponse,
+)
+from gateway.store.base import Page, SweepReport
+from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, migrate
+from gateway.store.rows import (
+    decode_cursor,
+    encode_cursor,
+    encode_headers,
+    is_forgotten,
+    row_to_operation,
+)
+
+log = logging.getLogger("gateway.store.postgres")
+
+NOW = "clock_timestamp()"
+SECONDS = "make_interval(secs => {})"
+
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    asyncio.TimeoutError,
+)
+
+_OUTCOME_RETURNING = f"RETURNING {COLUMNS}, pg_notify('{NOTIFY_CHANNEL}', id) IS NULL AS _notified"
+"""Outcome writes return the row and notify waiting replicas in the same statement."""
+
+
+@contextlib.asynccontextmanager
+async def _translated(action: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except _DRIVER_ERRORS as exc:
+        log.warning("postgres %s failed: %s", action, exc)
+        raise StoreUnavailable(f"PostgreSQL {action} failed: {exc}") from exc
+
+
+class PostgresStore:
+    """`Store` on PostgreSQL, shared by any number of gateway replicas.
+
+    >>> # store = PostgresStore("postgresql://gateway@db:5432/gateway", pool_size=10)
+    >>> # await store.open(); ...; await store.close()
+    """
+
+    def __init__(self, url: str, *, pool_size: int = 10, command_timeout: float = 10.0) -> None:
+        self._url = url
+        self._pool_size = pool_size
+        self._command_timeout = command_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._secret: bytes | None = None
+        self._listener: asyncpg.Connection | None = None
+        self._on_settled: Callable[[str], None] | None = None
+        self._relisten: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def open(self) -> None:
+        async with _translated("connect"):
+            self._pool = await asyncpg.create_pool(
+                self._url,
+                min_size=1,
+                max_size=self._pool_size,
+                command_timeout=self._command_timeout,
+            )
+        try:
+            async with _translated("migration"), self._pool.acquire() as connection:
+                await migrate(connection)
+            self._secret = await self._load_or_create_secret()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if self._relisten is not None:
+            self._relisten.cancel()
+            await asyncio.gather(self._relisten, return_exceptions=True)
+        if self._listener is not None:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await self._listener.close()
+            self._listener = None
+        if pool is not None:
+            await pool.close()
+
+    async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
+        """Call `on_settled(operation_id)` whenever any replica records an outcome."""
+        self._on_settled = on_settled
+        await self._listen()
+        return True
+
+    async def _listen(self) -> None:
+        if self._on_settled is None or (
+            self._listener is not None and not self._listener.is_closed()
+        ):
+            return
+        callback = self._on_settled
+
+        def relay(
+            _connection: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any],
+            _pid: int,
+            _channel: str,
+            payload: object,
+        ) -> None:
+            callback(str(payload))
+
+        async with _translated("listen"):
+            listener = await asyncpg.connect(self._url)
+            await listener.add_listener(NOTIFY_CHANNEL, relay)
+            listener.add_termination_listener(self._listener_lost)
+        self._listener = listener
+
+    def _listener_lost(self, _connection: object) -> None:
+        """The server went away: keep trying to listen again, once a second."""
+        if self._pool is not None and self._relisten is None:
+            self._relisten = asyncio.get_running_loop().create_task(self._relisten_forever())
+
+    async def _relisten_forever(self) -> None:
+        try:
+            while self._pool is not None and not self.listening:
+                await asyncio.sleep(1.0)
+                with contextlib.suppress(StoreUnavailable):
+                    await self._listen()
+        finally:
+            self._relisten = None
+
+    @property
+    def listening(self) -> bool:
+        """False while the notification connection is down (waiters then poll)."""
+        return self._listener is not None and not self._listener.is_closed()
+
+    def _require_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreUnavailable("the PostgreSQL store is not open")
+        return self._pool
+
+    async def _fetchrow(self, action: str, query: str, *args: Any) -> Any:
+        async with _translated(action):
+            return await self._require_pool().fetchrow(query, *args)
+
+    async def _fetch(self, action: str, query: str, *args: Any) -> list[Any]:
+        async with _translated(action):
+            return list(await self._require_pool().fetch(query, *args))
+
+    async def _fetchval(self, action: str, query: str, *args: Any) -> Any:
+        async with _translated(action):
+            return await self._require_pool().fetchval(query, *args)
+
+    async def _load_or_create_secret(self) -> bytes:
+        await self._fetchval(
+            "secret",
+            "INSERT INTO gateway_meta (name, value) VALUES ('scope_secret', $1) "
+            "ON CONFLICT (name) DO NOTHING",
+            secrets.token_bytes(32),
+        )
+        value = await self._fetchval(
+            "secret", "SELECT value FROM gateway_meta WHERE name = 'scope_secret'"
+        )
+        return bytes(value)
+
+    async def ping(self) -> None:
+        await self._fetchval("ping", "SELECT version FROM gateway_schema_version")
+        if self._on_settled is not None and not self.listening:
+            with contextlib.suppress(StoreUnavailable):
+                await self._listen()
+
+    async def now(self) -> float:
+        return float(await self._fetchval("clock", f"SELECT extract(epoch from {NOW})::float8"))
+
+    async def scope_secret(self) -> bytes:
+        if self._secret is None:
+            raise StoreUnavailable("the PostgreSQL store is not open")
+        return self._secret
+
+    # -- the state machine's verbs ----------------------------------------------
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        async with _translated("claim"):
+            pool = self._require_pool()
+            inserted = await pool.fetchrow(_INSERT_CLAIM, *_insert_args(request))
+            if inserted is not None:
+                return NewAttempt(row_to_operation(inserted))
+            async with pool.acquire() as connection, connection.transaction():
+                return await _claim_existing(connection, request)
+
+    async def complete(
+        self,
+        operation_id: str,
+        token: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        resolution: Resolution,
+    ) -> Operation | None:
+        row = await self._fetchrow(
+            "complete",
+            "UPDATE operations SET state = 'completed', response_status = $3, "
+            "response_headers = $4, response_body = $5, body_retained = $6, "
+            f"expires_at = {NOW} + {SECONDS.format('$7')}, "
+            f"forgotten_at = {NOW} + {SECONDS.format('$8')}, "
+            f"resolution_by = $9, resolution_at = {NOW}, resolution_note = $10, "
+            f"lease_owner = NULL, lease_expires_at = NULL, updated_at = {NOW}, "
+            "version = version + 1 "
+            f"WHERE id = $1 AND token = $2 AND state = 'in_flight' {_OUTCOME_RETURNING}",
+            operation_id,
+            token,
+            response.status,
+            encode_headers(response.headers),
+            response.body if body_retained else None,
+            body_retained,
+            retention_seconds,
+            max(tombstone_seconds, retention_seconds),
+            resolution.by,
+            resolution.note,
+        )
+        return None if row is None else row_to_operation(row)
+
+    async def mark_unknown(
+        self, operation_id: str, token: int, evidence: Evidence
+    ) -> Operation | None:
+        row = await self._fetchrow(
+            "mark_unknown",
+            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+            f"lease_expires_at = NULL, updated_at = {NOW}, version = version + 1, "
+            "evidence = evidence || jsonb_build_array($3::jsonb) "
+            f"WHERE id = $1 AND token = $2 AND state = 'in_flight' {_OUTCOME_RETURNING}",
+            operation_id,
+            token,
+            json.dumps(evidence.as_json()),
+        )
+        return None if row is None else row_to_operation(row)
+
+    async def release(
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        *,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        row = await self._fetchrow(
+            "release",
+            "UPDATE operations SET state = 'released', lease_owner = NULL, "
+            f"lease_expires_at = NULL, forgotten_at = {NOW} + {SECONDS.format('$4')}, "
+            f"updated_at = {NOW}, version = version + 1, "
+            "evidence = evidence || jsonb_build_array($3::jsonb) "
+            f"WHERE id = $1 AND token = $2 AND state = 'in_flight' {_OUTCOME_RETURNING}",
+            operation_id,
+            token,
+            json.dumps(evidence.as_json()),
+            tombstone_seconds,
+        )
+        return None if row is None else row_to_operation(row)
+
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+        if not leases:
+            return set()
+        ids, tokens = zip(*leases.items(), strict=True)
+        # An expired lease is not renewed: another replica may already have seen it
+        # expire and acted on that.
+        rows = await self._fetch(
+            "renew",
+            f"UPDATE operations o SET lease_expires_at = {NOW} + {SECONDS.format('$4')} "
+            "FROM unnest($1::text[], $2::bigint[]) AS held(id, token) "
+            "WHERE o.id = held.id AND o.token = held.token AND o.lease_owner = $3 "
+            f"AND o.state = 'in_flight' AND o.lease_expires_at > {NOW} RETURNING o.id",
+            list(ids),
+            list(tokens),
+            owner,
+            lease_seconds,
+        )
+        return {row["id"] for row in rows}
+
+    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None:
+        await self._fetchval(
+            "add_evidence",
+            "UPDATE operations SET evidence = evidence || jsonb_build_array($2::jsonb), "
+            "version = version + 1 WHERE id = $1",
+            operation_id,
+            json.dumps(evidence.as_json()),
+        )
+
+    async def get(self, scope: str, key: str) -> Operation | None:
+        row = await self._fetchrow(
+            "get",
+            f"SELECT {COLUMNS}, extract(epoch from {NOW})::float8 AS _now "
+            "FROM operations WHERE scope = $1 AND key = $2",
+            scope,
+            key,
+        )
+        if row is None:
+            return None
+        operation = row_to_operation(row)
+        return None if is_forgotten(operation, row["_now"]) else operation
+
+    async def get_by_id(self, operation_id: str) -> Operation | None:
+        row = await self._fetchrow(
+            "get", f"SELECT {COLUMNS} FROM operations WHERE id = $1", operation_id
+        )
+        return None if row is None else row_to_operation(row)
+
+    async def resolve(
+        self,
+        operation_id: str,
+        *,
+        expected_version: int | None,
+        state: State,
+        response: StoredResponse | None,
+        resolution: Resolution,
+        retention_seconds: float,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        row = await self._fetchrow(
+            "resolve",
+            "UPDATE operations SET state = $2, response_status = $3, response_headers = $4, "
+            "response_body = $5, body_retained = $6, "
+            f"expires_at = CASE WHEN $2 = 'completed' THEN {NOW} + {SECONDS.format('$7')} END, "
+            f"forgotten_at = {NOW} + {SECONDS.format('$8')}, "
+            f"resolution_by = $9, resolution_at = {NOW}, resolution_note = $10, "
+            f"token = token + 1, updated_at = {NOW}, version = version + 1 "
+            "WHERE id = $1 AND state = 'unknown' AND ($11::bigint IS NULL OR version = $11) "
+            f"{_OUTCOME_RETURNING}",
+            operation_id,
+            state.value,
+            response.status if response else None,
+            encode_headers(response.headers) if response else None,
+            response.body if response else None,
+            response is not None,
+            retention_seconds,
+            max(tombstone_seconds, retention_seconds),
+            resolution.by,
+            resolution.note,
+            expected_version,
+        )
+        return None if row is None else row_to_operation(row)
+
+    async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
+        after = decode_cursor(cursor)
+        rows = await self._fetch(
+            "list",
+            f"SELECT seq, {COLUMNS} FROM operations WHERE seq > $1 "
+            "AND ($2::text IS NULL OR state = $2) ORDER BY seq LIMIT $3",
+            after,
+            state.value if state else None,
+            limit + 1,
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        items = tuple(row_to_operation(tuple(row)[1:]) for row in rows)
+        next_cursor = encode_cursor(rows[-1]["seq"]) if more and rows else None
+        return Page(items=items, next_cursor=next_cursor)
+
+    async def expire_orphans(self, *, owner: str | None, everything: bool = False) -> int:
+        args: tuple[str, ...]
+        if everything:
+            where, args, detail = "state = 'in_flight'", (), "all leases were declared dead"
+        elif owner is not None:
+            where, args = "state = 'in_flight' AND lease_owner = $2", (owner,)
+            detail = f"lease holder {owner} is gone"
+        else:
+            where, args = f"state = 'in_flight' AND lease_expires_at <= {NOW}", ()
+            detail = "the lease expired before an outcome was recorded"
+        evidence = json.dumps(Evidence(at=0.0, source="lease", detail=detail).as_json())
+        rows = await self._fetch(
+            "expire_orphans",
+            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+            f"lease_expires_at = NULL, updated_at = {NOW}, version = version + 1, "
+            "evidence = evidence || jsonb_build_array("
+            f"jsonb_set($1::jsonb, '{{at}}', to_jsonb(extract(epoch from {NOW})::float8))) "
+            "WHERE seq IN (SELECT seq FROM operations "
+            f"WHERE {where} LIMIT 1000 FOR UPDATE SKIP LOCKED) {_OUTCOME_RETURNING}",
+            evidence,
+            *args,
+        )
+        return len(rows)
+
+    async def sweep(self, *, batch: int) -> SweepReport:
+        async with _translated("sweep"):
+            pool = self._require_pool()
+            expired = await pool.fetchval(
+                "WITH due AS (SELECT seq FROM operations WHERE state = 'completed' "
+                f"AND response_body IS NOT NULL AND expires_at <= {NOW} "
+                "LIMIT $1 FOR UPDATE SKIP LOCKED), "
+                "changed AS (UPDATE operations o SET response_body = NULL, "
+                "response_headers = NULL, version = version + 1 "
+                "FROM due WHERE o.seq = due.seq RETURNING 1) SELECT count(*) FROM changed",
+                batch,
+            )
+            forgotten = await pool.fetchval(
+                "WITH due AS (SELECT seq FROM operations WHERE state IN ('completed', "
+                f"'released') AND forgotten_at <= {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED), "
+                "gone AS (DELETE FROM operations o USING due WHERE o.seq = due.seq "
+                "RETURNING 1) SELECT count(*) FROM gone",
+                batch,
+            )
+        return SweepReport(receipts_expired=int(expired), forgotten=int(forgotten))
+
+    async def count_by_state(self) -> dict[State, int]:
+        counts = dict.fromkeys(State, 0)
+        for row in await self._fetch(
+            "count", "SELECT state, count(*) AS n FROM operations GROUP BY state"
+        ):
+            counts[State(row["state"])] = int(row["n"])
+        return counts
+
+
+_INSERT_CLAIM = (
+    "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
+    "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
+    f"sent_at) VALUES ($1, $2, $3, 'in_flight', $4, $5, $6, $7, 1, 1, 1, {NOW}, {NOW}, $8, "
+    f"{NOW} + {SECONDS.format('$9')}, {NOW}) ON CONFLICT (scope, key) DO NOTHING "
+    f"RETURNING {COLUMNS}"
+)
+
+
+def _insert_args(request: ClaimRequest) -> tuple[Any, ...]:
+    return (
+        new_operation_id(),
+        request.scope,
+        request.key,
+        request.route,
+        request.method,
+        request.path,
+        request.fingerprint,
+        request.owner,
+        request.lease_seconds,
+    )
+
+
+async def _claim_existing(
+    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], request: ClaimRequest
+) -> ClaimResult:
+    """The key exists: decide under a row lock what a claim means for it."""
+    row = await connection.fetchrow(
+        f"SELECT {COLUMNS}, extract(epoch from {NOW})::float8 AS _now FROM operations "
+        "WHERE scope = $1 AND key = $2 FOR UPDATE",
+        request.scope,
+        request.key,
+    )
+    if row is None:  # deleted (forgotten) between our insert and this read: insert again
+        inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
+        if inserted is None:
+            raise StoreUnavailable("a concurrent claim changed the key twice; retry")
+        return NewAttempt(row_to_operation(inserted))
+    current = row_to_operation(row)
+    now = row["_now"]
+    if is_forgotten(current, now):
+        await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
+        inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
+        return NewAttempt(row_to_operation(inserted))
+    if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+        updated = await connection.fetchrow(
+            "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
+            f"token = token + 1, version = version + 1, lease_owner = $2, "
+            f"lease_expires_at = {NOW} + {SECONDS.format('$3')}, sent_at = {NOW}, "
+            f"forgotten_at = NULL, updated_at = {NOW} WHERE id = $1 RETURNING {COLUMNS}",
+            current.id,
+            request.owner,
+            request.lease_seconds,
+        )
+        return NewAttempt(row_to_operation(updated))
+    if (
+        current.state is State.IN_FLIGHT
+        and current.lease_expires_at is not None
+        and current.lease_expires_at <= now
+    ):
+        evidence = Evidence(
+            at=now, source="lease", detail="the lease expired before an outcome was recorded"
+        )
+        expired = await connection.fetchrow(
+            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+            f"lease_expires_at = NULL, updated_at = {NOW}, version = version + 1, "
+            "evidence = evidence || jsonb_build_array($2::jsonb) "
+            f"WHERE id = $1 {_OUTCOME_RETURNING}",
+            current.id,
+            json.dumps(evidence.as_json()),
+        )
+        return Existing(row_to_operation(expired))
+    return Existing(current)

@@ -1,0 +1,781 @@
+"""One suite of `Store` behaviours, run against every implementation.
+
+Each test runs once per store kind (`[sqlite]`, `[postgres]`) on a fresh, empty
+database: a new SQLite file, or a new PostgreSQL schema. Times are compared
+with the store's own clock (`store.now()`), as the lifecycle does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from pg import drop_schema, fresh_schema, require_postgres, url_for
+
+from gateway.models import (
+    ClaimRequest,
+    Evidence,
+    Existing,
+    NewAttempt,
+    Operation,
+    Resolution,
+    State,
+    StoredResponse,
+)
+from gateway.store import Store
+from gateway.store.sqlite import SqliteStore
+
+Reopen = Callable[[], Awaitable[Store]]
+_REOPEN = pytest.StashKey[Reopen]()
+
+RESPONSE = StoredResponse(
+    status=201,
+    headers=(
+        ("content-type", "application/octet-stream"),
+        ("x-repeated", "one"),
+        ("X-Repeated", "two"),
+        ("x-empty", ""),
+        ("x-repeated", "three"),
+    ),
+    body=bytes(range(256)) + b"\r\n\x00\xff{}\xc3\x28",
+)
+OTHER_RESPONSE = StoredResponse(status=500, headers=(("content-type", "text/plain"),), body=b"x")
+
+
+class _Opener:
+    """Opens stores of one kind on one database; the open one is closed at the end."""
+
+    def __init__(self, make: Callable[[], Store]) -> None:
+        self._make = make
+        self._current: Store | None = None
+
+    async def open(self) -> Store:
+        await self.close()
+        store = self._make()
+        await store.open()
+        self._current = store
+        return store
+
+    async def close(self) -> None:
+        if self._current is not None:
+            current, self._current = self._current, None
+            await current.close()
+
+
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """An open, empty store of each kind; closed (its schema dropped) after the test."""
+    if request.param == "sqlite":
+        opener = _Opener(lambda: SqliteStore(path=tmp_path / "s.db", busy_timeout=1.0))
+        request.node.stash[_REOPEN] = opener.open
+        try:
+            yield await opener.open()
+        finally:
+            await opener.close()
+        return
+
+    postgres_store = require_postgres()
+    schema = await fresh_schema()
+    try:
+        opener = _Opener(lambda: postgres_store(url_for(schema), pool_size=4))
+        request.node.stash[_REOPEN] = opener.open
+        try:
+            yield await opener.open()
+        finally:
+            await opener.close()
+    finally:
+        await drop_schema(schema)
+
+
+@pytest.fixture
+def reopen(store: Store, request: pytest.FixtureRequest) -> Reopen:
+    """Close `store` and open a new store of the same kind on the same database."""
+    return request.node.stash[_REOPEN]
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def claim_request(
+    key: str,
+    *,
+    scope: str = "s1",
+    fingerprint: str = "sha256:aa",
+    owner: str = "o1",
+    lease_seconds: float = 30,
+    tombstone_seconds: float = 3600,
+) -> ClaimRequest:
+    return ClaimRequest(
+        scope=scope,
+        key=key,
+        fingerprint=fingerprint,
+        route="r",
+        method="POST",
+        path="/r/x",
+        owner=owner,
+        lease_seconds=lease_seconds,
+        tombstone_seconds=tombstone_seconds,
+    )
+
+
+def evidence(detail: str = "timed out after sending") -> Evidence:
+    return Evidence(at=time.time(), source="test", detail=detail, status=504, body_sha256="ab12")
+
+
+def upstream() -> Resolution:
+    return Resolution(by="upstream", at=time.time(), note="from upstream")
+
+
+def assert_same_evidence(actual: Evidence, expected: Evidence) -> None:
+    assert (actual.source, actual.detail, actual.status, actual.body_sha256) == (
+        expected.source,
+        expected.detail,
+        expected.status,
+        expected.body_sha256,
+    )
+    assert actual.at == pytest.approx(expected.at, abs=1e-3)
+
+
+async def new_attempt(store: Store, key: str, **options: object) -> Operation:
+    result = await store.claim(claim_request(key, **options))  # type: ignore[arg-type]
+    assert isinstance(result, NewAttempt), result
+    return result.operation
+
+
+async def completed(
+    store: Store,
+    key: str,
+    *,
+    retention: float = 3600,
+    tombstone: float = 7200,
+    body_retained: bool = True,
+) -> Operation:
+    operation = await new_attempt(store, key)
+    done = await store.complete(
+        operation.id,
+        operation.token,
+        RESPONSE,
+        body_retained=body_retained,
+        retention_seconds=retention,
+        tombstone_seconds=tombstone,
+        resolution=upstream(),
+    )
+    assert done is not None
+    return done
+
+
+async def released(store: Store, key: str, *, tombstone: float = 3600) -> Operation:
+    operation = await new_attempt(store, key)
+    done = await store.release(
+        operation.id, operation.token, evidence("connect refused"), tombstone_seconds=tombstone
+    )
+    assert done is not None
+    return done
+
+
+async def unknown(store: Store, key: str) -> Operation:
+    operation = await new_attempt(store, key)
+    done = await store.mark_unknown(operation.id, operation.token, evidence())
+    assert done is not None
+    return done
+
+
+# -- claim -----------------------------------------------------------------------
+
+
+async def test_claim_of_a_new_key_is_a_leased_first_attempt(store: Store) -> None:
+    """A new key is recorded in_flight, attempt 1, token 1, leased to the claimer."""
+    before = await store.now()
+    operation = await new_attempt(store, "k")
+    after = await store.now()
+
+    assert operation.id.startswith("op_")
+    assert operation.state is State.IN_FLIGHT
+    assert (operation.attempts, operation.token) == (1, 1)
+    assert (operation.scope, operation.key, operation.fingerprint) == ("s1", "k", "sha256:aa")
+    assert (operation.route, operation.method, operation.path) == ("r", "POST", "/r/x")
+    assert operation.lease_owner == "o1"
+    assert operation.lease_expires_at == pytest.approx(operation.created_at + 30, abs=0.5)
+    assert before - 0.5 <= operation.created_at <= after + 0.5
+    assert operation.response is None
+    assert operation.evidence == ()
+
+
+async def test_second_claim_of_a_key_reports_the_existing_operation(store: Store) -> None:
+    """A second claim of the same (scope, key) gets `Existing` with the first operation."""
+    first = await new_attempt(store, "k")
+
+    again = await store.claim(claim_request("k", owner="o2"))
+
+    assert isinstance(again, Existing)
+    assert again.operation.id == first.id
+    assert again.operation.state is State.IN_FLIGHT
+    assert again.operation.lease_owner == "o1"
+
+
+async def test_the_same_key_in_another_scope_is_another_operation(store: Store) -> None:
+    """The same key in two scopes makes two independent operations."""
+    first = await new_attempt(store, "k", scope="s1")
+    second = await new_attempt(store, "k", scope="s2")
+
+    assert second.id != first.id
+    assert (second.attempts, second.token) == (1, 1)
+    assert (await store.get("s1", "k")).id == first.id  # type: ignore[union-attr]
+    assert (await store.get("s2", "k")).id == second.id  # type: ignore[union-attr]
+
+
+async def test_concurrent_claims_of_one_key_make_one_new_attempt(store: Store) -> None:
+    """Of 50 concurrent claims of one new key, exactly one gets `NewAttempt`."""
+    results = await asyncio.gather(*(store.claim(claim_request("k")) for _ in range(50)))
+
+    winners = [r.operation for r in results if isinstance(r, NewAttempt)]
+    assert len(winners) == 1
+    assert all(isinstance(r, Existing) for r in results if r.operation is not winners[0])
+    assert {r.operation.id for r in results} == {winners[0].id}
+
+
+async def test_concurrent_claims_over_many_keys_make_one_attempt_per_key(store: Store) -> None:
+    """200 concurrent claims over 100 keys make exactly 100 `NewAttempt`s, one per key."""
+    keys = [f"k{n}" for n in range(100)] * 2
+
+    results = await asyncio.gather(*(store.claim(claim_request(key)) for key in keys))
+
+    winners = Counter(r.operation.key for r in results if isinstance(r, NewAttempt))
+    assert len(winners) == 100
+    assert set(winners.values()) == {1}
+
+
+async def test_concurrent_claims_of_a_released_key_make_one_new_attempt(store: Store) -> None:
+    """Of 20 concurrent claims of a released key, exactly one starts attempt 2."""
+    await released(store, "k")
+
+    results = await asyncio.gather(*(store.claim(claim_request("k")) for _ in range(20)))
+
+    winners = [r.operation for r in results if isinstance(r, NewAttempt)]
+    assert len(winners) == 1
+    assert (winners[0].attempts, winners[0].token) == (2, 2)
+
+
+# -- complete ----------------------------------------------------------------------
+
+
+async def test_complete_stores_the_receipt_byte_for_byte(store: Store) -> None:
+    """Completing with the current token stores status, ordered headers and binary body."""
+    operation = await new_attempt(store, "k")
+
+    done = await store.complete(
+        operation.id,
+        operation.token,
+        RESPONSE,
+        body_retained=True,
+        retention_seconds=60,
+        tombstone_seconds=600,
+        resolution=upstream(),
+    )
+
+    assert done is not None
+    assert done.state is State.COMPLETED
+    assert done.response == RESPONSE
+    assert done.body_retained
+    assert done.version > operation.version
+    assert done.expires_at == pytest.approx(done.updated_at + 60, abs=0.5)
+    assert done.forgotten_at == pytest.approx(done.updated_at + 600, abs=0.5)
+    assert done.resolution is not None
+    assert (done.resolution.by, done.resolution.note) == ("upstream", "from upstream")
+    assert done.receipt_available(await store.now())
+    stored = await store.get("s1", "k")
+    assert stored is not None
+    assert stored.response == RESPONSE
+
+
+async def test_a_receipt_is_never_overwritten(store: Store) -> None:
+    """A second complete with the same token returns `None` and changes nothing."""
+    done = await completed(store, "k")
+
+    again = await store.complete(
+        done.id,
+        done.token,
+        OTHER_RESPONSE,
+        body_retained=True,
+        retention_seconds=60,
+        tombstone_seconds=600,
+        resolution=upstream(),
+    )
+
+    assert again is None
+    assert await store.get("s1", "k") == done
+
+
+async def test_complete_with_a_stale_token_is_refused(store: Store) -> None:
+    """Complete with a token that is not the current one returns `None`; still in_flight."""
+    operation = await new_attempt(store, "k")
+
+    refused = await store.complete(
+        operation.id,
+        operation.token + 1,
+        RESPONSE,
+        body_retained=True,
+        retention_seconds=60,
+        tombstone_seconds=600,
+        resolution=upstream(),
+    )
+
+    assert refused is None
+    current = await store.get("s1", "k")
+    assert current is not None
+    assert current.state is State.IN_FLIGHT
+    assert current.response is None
+
+
+async def test_a_response_too_large_to_keep_is_not_replayable(store: Store) -> None:
+    """A receipt completed with `body_retained=False` keeps the status but is not replayable."""
+    done = await completed(store, "k", body_retained=False)
+
+    assert done.state is State.COMPLETED
+    assert not done.body_retained
+    assert done.response is not None
+    assert done.response.status == RESPONSE.status
+    assert not done.receipt_available(await store.now())
+
+
+# -- unknown and evidence -------------------------------------------------------------
+
+
+async def test_mark_unknown_holds_the_key_and_keeps_the_evidence(store: Store) -> None:
+    """mark_unknown with the current token makes the operation unknown with the evidence."""
+    operation = await new_attempt(store, "k")
+    learned = evidence()
+
+    marked = await store.mark_unknown(operation.id, operation.token, learned)
+
+    assert marked is not None
+    assert marked.state is State.UNKNOWN
+    assert len(marked.evidence) == 1
+    assert_same_evidence(marked.evidence[0], learned)
+    again = await store.claim(claim_request("k"))
+    assert isinstance(again, Existing)
+    assert again.operation.state is State.UNKNOWN
+
+
+async def test_no_outcome_is_written_over_unknown(store: Store) -> None:
+    """After mark_unknown, complete, release and mark_unknown with the old token return `None`."""
+    operation = await new_attempt(store, "k")
+    marked = await store.mark_unknown(operation.id, operation.token, evidence())
+    assert marked is not None
+
+    assert (
+        await store.complete(
+            operation.id,
+            operation.token,
+            RESPONSE,
+            body_retained=True,
+            retention_seconds=60,
+            tombstone_seconds=600,
+            resolution=upstream(),
+        )
+        is None
+    )
+    assert (
+        await store.release(operation.id, operation.token, evidence(), tombstone_seconds=60) is None
+    )
+    assert await store.mark_unknown(operation.id, operation.token, evidence()) is None
+    assert await store.get("s1", "k") == marked
+
+
+async def test_mark_unknown_with_a_stale_token_is_refused(store: Store) -> None:
+    """mark_unknown with a wrong token returns `None` and leaves the operation in_flight."""
+    operation = await new_attempt(store, "k")
+
+    assert await store.mark_unknown(operation.id, operation.token + 1, evidence()) is None
+    current = await store.get("s1", "k")
+    assert current is not None
+    assert current.state is State.IN_FLIGHT
+
+
+async def test_add_evidence_appends(store: Store) -> None:
+    """add_evidence appends to the operation's evidence and bumps its version."""
+    marked = await unknown(store, "k")
+    late = evidence("a late answer: 201")
+
+    await store.add_evidence(marked.id, late)
+
+    current = await store.get_by_id(marked.id)
+    assert current is not None
+    assert len(current.evidence) == len(marked.evidence) + 1
+    assert_same_evidence(current.evidence[-1], late)
+    assert current.version > marked.version
+    assert current.state is State.UNKNOWN
+
+
+# -- release ---------------------------------------------------------------------------
+
+
+async def test_release_lets_the_same_request_try_again(store: Store) -> None:
+    """A released key claimed with the same fingerprint starts attempt 2 with token 2."""
+    operation = await new_attempt(store, "k")
+    done = await store.release(operation.id, operation.token, evidence(), tombstone_seconds=600)
+    assert done is not None
+    assert done.state is State.RELEASED
+    assert done.forgotten_at == pytest.approx(done.updated_at + 600, abs=0.5)
+
+    again = await new_attempt(store, "k", owner="o2")
+
+    assert again.id == operation.id
+    assert again.state is State.IN_FLIGHT
+    assert (again.attempts, again.token) == (2, 2)
+    assert again.lease_owner == "o2"
+    stale = await store.complete(
+        operation.id,
+        operation.token,
+        RESPONSE,
+        body_retained=True,
+        retention_seconds=60,
+        tombstone_seconds=600,
+        resolution=upstream(),
+    )
+    assert stale is None
+
+
+async def test_a_released_key_stays_bound_to_its_fingerprint(store: Store) -> None:
+    """A released key claimed with another fingerprint reports `Existing(released)`."""
+    done = await released(store, "k")
+
+    other = await store.claim(claim_request("k", fingerprint="sha256:bb"))
+
+    assert isinstance(other, Existing)
+    assert other.operation.id == done.id
+    assert other.operation.state is State.RELEASED
+    assert other.operation.fingerprint == "sha256:aa"
+
+
+# -- leases ------------------------------------------------------------------------------
+
+
+async def test_expired_leases_turn_unknown_and_live_ones_renew(store: Store) -> None:
+    """Expired leases become unknown (on claim or expire_orphans); only live ones renew."""
+    met = await new_attempt(store, "met", lease_seconds=0.2)
+    orphan = await new_attempt(store, "orphan", lease_seconds=0.2)
+    late = await new_attempt(store, "late", lease_seconds=0.2)
+    live = await new_attempt(store, "live", lease_seconds=30)
+    await asyncio.sleep(0.3)
+
+    assert await store.renew({live.id: live.token}, owner="o1", lease_seconds=60) == {live.id}
+    assert await store.renew({late.id: late.token}, owner="o1", lease_seconds=60) == set()
+    assert await store.renew({live.id: live.token + 1}, owner="o1", lease_seconds=60) == set()
+    assert await store.renew({live.id: live.token}, owner="o2", lease_seconds=60) == set()
+    renewed = await store.get_by_id(live.id)
+    assert renewed is not None
+    assert renewed.lease_expires_at == pytest.approx(await store.now() + 60, abs=1)
+
+    claimed = await store.claim(claim_request("met"))
+    assert isinstance(claimed, Existing)
+    assert claimed.operation.id == met.id
+    assert claimed.operation.state is State.UNKNOWN
+
+    assert await store.expire_orphans(owner=None) == 2
+    for expired in (orphan, late):
+        current = await store.get_by_id(expired.id)
+        assert current is not None
+        assert current.state is State.UNKNOWN
+        assert current.evidence, "the expiry is kept as evidence"
+    still = await store.get_by_id(live.id)
+    assert still is not None
+    assert still.state is State.IN_FLIGHT
+    assert await store.expire_orphans(owner=None) == 0
+
+
+async def test_expire_orphans_of_a_dead_owner(store: Store) -> None:
+    """expire_orphans(owner=X) turns all of X's in_flight records unknown, live or not."""
+    dead = await new_attempt(store, "dead", owner="gone")
+    alive = await new_attempt(store, "alive", owner="o1")
+
+    assert await store.expire_orphans(owner="gone") == 1
+
+    assert (await store.get_by_id(dead.id)).state is State.UNKNOWN  # type: ignore[union-attr]
+    assert (await store.get_by_id(alive.id)).state is State.IN_FLIGHT  # type: ignore[union-attr]
+
+
+# -- resolve ---------------------------------------------------------------------------------
+
+
+async def test_resolve_applied_completes_an_unknown_operation(store: Store) -> None:
+    """Resolving an unknown operation as applied stores the receipt and bumps the token."""
+    marked = await unknown(store, "k")
+
+    mismatch = await store.resolve(
+        marked.id,
+        expected_version=marked.version + 5,
+        state=State.COMPLETED,
+        response=RESPONSE,
+        resolution=Resolution(by="admin", at=time.time(), note="checked"),
+        retention_seconds=60,
+        tombstone_seconds=600,
+    )
+    assert mismatch is None
+
+    done = await store.resolve(
+        marked.id,
+        expected_version=marked.version,
+        state=State.COMPLETED,
+        response=RESPONSE,
+        resolution=Resolution(by="admin", at=time.time(), note="checked"),
+        retention_seconds=60,
+        tombstone_seconds=600,
+    )
+
+    assert done is not None
+    assert done.state is State.COMPLETED
+    assert done.response == RESPONSE
+    assert done.token == marked.token + 1
+    assert done.version > marked.version
+    assert done.resolution is not None
+    assert (done.resolution.by, done.resolution.note) == ("admin", "checked")
+    assert done.receipt_available(await store.now())
+    replay = await store.claim(claim_request("k"))
+    assert isinstance(replay, Existing)
+    assert replay.operation.response == RESPONSE
+
+    again = await store.resolve(
+        marked.id,
+        expected_version=None,
+        state=State.RELEASED,
+        response=None,
+        resolution=Resolution(by="admin", at=time.time()),
+        retention_seconds=60,
+        tombstone_seconds=600,
+    )
+    assert again is None
+    assert await store.get("s1", "k") == done
+
+
+async def test_resolve_not_applied_releases_an_unknown_operation(store: Store) -> None:
+    """Resolving an unknown operation as not applied releases it; the next attempt is 2."""
+    marked = await unknown(store, "k")
+
+    done = await store.resolve(
+        marked.id,
+        expected_version=None,
+        state=State.RELEASED,
+        response=None,
+        resolution=Resolution(by="owner", at=time.time(), note="not there"),
+        retention_seconds=60,
+        tombstone_seconds=600,
+    )
+
+    assert done is not None
+    assert done.state is State.RELEASED
+    assert done.response is None
+    assert done.token == marked.token + 1
+    assert done.forgotten_at is not None
+    assert done.resolution is not None
+    assert done.resolution.by == "owner"
+    again = await new_attempt(store, "k")
+    assert again.attempts == 2
+    assert again.token == done.token + 1
+
+
+async def test_resolve_touches_only_unknown_operations(store: Store) -> None:
+    """Resolve returns `None` for an in_flight, completed or released operation."""
+    operations = [
+        await new_attempt(store, "flying"),
+        await completed(store, "done"),
+        await released(store, "freed"),
+    ]
+
+    for operation in operations:
+        result = await store.resolve(
+            operation.id,
+            expected_version=None,
+            state=State.COMPLETED,
+            response=OTHER_RESPONSE,
+            resolution=Resolution(by="admin", at=time.time()),
+            retention_seconds=60,
+            tombstone_seconds=600,
+        )
+        assert result is None
+        assert await store.get_by_id(operation.id) == operation
+
+
+# -- lookups ------------------------------------------------------------------------------------
+
+
+async def test_get_and_get_by_id_find_the_same_operation(store: Store) -> None:
+    """get(scope, key) and get_by_id(id) return the same operation; unknown ones are `None`."""
+    operation = await new_attempt(store, "k")
+
+    assert await store.get("s1", "k") == operation
+    assert await store.get_by_id(operation.id) == operation
+    assert await store.get("s1", "nope") is None
+    assert await store.get("s2", "k") is None
+    assert await store.get_by_id("op_00000000000000000000000000") is None
+
+
+async def test_list_operations_pages_by_state_in_creation_order(store: Store) -> None:
+    """Listing unknown operations 3 at a time gives pages of 3, 3 and 1 in creation order."""
+    wanted = []
+    for n in range(7):
+        wanted.append((await unknown(store, f"u{n}")).id)
+        if n % 3 == 0:
+            await new_attempt(store, f"f{n}")
+
+    seen: list[str] = []
+    sizes = []
+    cursor = None
+    while True:
+        page = await store.list_operations(state=State.UNKNOWN, limit=3, cursor=cursor)
+        sizes.append(len(page.items))
+        seen.extend(item.id for item in page.items)
+        assert all(item.state is State.UNKNOWN for item in page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+        assert len(sizes) < 5, "pagination does not end"
+
+    assert sizes == [3, 3, 1]
+    assert seen == wanted
+    everything = await store.list_operations(state=None, limit=100, cursor=None)
+    assert len(everything.items) == 7 + 3
+    assert everything.next_cursor is None
+
+
+async def test_list_operations_rejects_an_invalid_cursor(store: Store) -> None:
+    """A cursor the store did not make raises `ValueError`."""
+    # The message is each store's own; the type is the contract.
+    with pytest.raises(ValueError):  # noqa: PT011
+        await store.list_operations(state=None, limit=3, cursor="not a cursor!")
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+
+async def test_sweep_drops_bodies_then_tombstones_but_never_unknown(store: Store) -> None:
+    """Sweep drops an expired receipt's body, later forgets tombstones, and keeps unknown."""
+    done = await completed(store, "done", retention=0.2, tombstone=0.4)
+    freed = await released(store, "freed", tombstone=0.4)
+    marked = await unknown(store, "marked")
+
+    await asyncio.sleep(0.3)
+    report = await store.sweep(batch=100)
+    assert (report.receipts_expired, report.forgotten) == (1, 0)
+    expired = await store.get("s1", "done")
+    assert expired is not None
+    assert expired.state is State.COMPLETED
+    assert expired.body_retained
+    assert not expired.receipt_available(await store.now())
+    assert await store.get("s1", "freed") is not None
+
+    await asyncio.sleep(0.2)
+    report = await store.sweep(batch=100)
+    assert (report.receipts_expired, report.forgotten) == (0, 2)
+    for gone in (done, freed):
+        assert await store.get("s1", gone.key) is None
+        assert await store.get_by_id(gone.id) is None
+    kept = await store.get("s1", "marked")
+    assert kept is not None
+    assert kept.state is State.UNKNOWN
+    assert kept.id == marked.id
+
+
+async def test_sweep_is_bounded_by_its_batch(store: Store) -> None:
+    """sweep(batch=2) expires at most 2 receipts and forgets at most 2 tombstones per pass."""
+    for n in range(3):
+        await completed(store, f"done{n}", retention=0.1, tombstone=3600)
+        await released(store, f"freed{n}", tombstone=0.1)
+    await asyncio.sleep(0.2)
+
+    reports = [await store.sweep(batch=2) for _ in range(3)]
+
+    assert [(r.receipts_expired, r.forgotten) for r in reports] == [(2, 2), (1, 1), (0, 0)]
+
+
+async def test_a_forgotten_key_starts_over(store: Store) -> None:
+    """A key past its forgotten_at is claimed again as a fresh first attempt."""
+    await completed(store, "done", retention=0.1, tombstone=0.2)
+    await released(store, "freed", tombstone=0.2)
+    await asyncio.sleep(0.3)
+
+    again = await new_attempt(store, "done")
+    other = await new_attempt(store, "freed", fingerprint="sha256:bb")
+
+    for operation in (again, other):
+        assert operation.state is State.IN_FLIGHT
+        assert operation.attempts == 1
+        assert operation.response is None
+        assert operation.evidence == ()
+    assert other.fingerprint == "sha256:bb"
+
+
+async def test_concurrent_claims_of_a_forgotten_key_make_one_new_attempt(store: Store) -> None:
+    """Of 20 concurrent claims of a forgotten key, one starts over; the rest see its claim."""
+    await completed(store, "k", retention=0.1, tombstone=0.2)
+    await asyncio.sleep(0.3)
+
+    results = await asyncio.gather(
+        *(store.claim(claim_request("k")) for _ in range(20)), return_exceptions=True
+    )
+
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors == []
+    winners = [r.operation for r in results if isinstance(r, NewAttempt)]
+    assert len(winners) == 1
+    assert winners[0].attempts == 1
+    assert {r.operation.id for r in results if isinstance(r, Existing)} <= {winners[0].id}
+
+
+async def test_a_tombstone_outlives_its_receipt(store: Store) -> None:
+    """A tombstone shorter than the retention is stretched to it: forgotten_at >= expires_at."""
+    done = await completed(store, "k", retention=600, tombstone=60)
+
+    assert done.expires_at is not None
+    assert done.forgotten_at is not None
+    assert done.forgotten_at >= done.expires_at
+
+
+# -- the rest of the protocol ---------------------------------------------------------------------
+
+
+async def test_count_by_state_counts_every_state(store: Store) -> None:
+    """count_by_state names all four states, with zeros, and counts each one."""
+    assert await store.count_by_state() == dict.fromkeys(State, 0)
+
+    await new_attempt(store, "f1")
+    await new_attempt(store, "f2")
+    await completed(store, "c")
+    await unknown(store, "u1")
+    await unknown(store, "u2")
+    await unknown(store, "u3")
+    await released(store, "r")
+
+    assert await store.count_by_state() == {
+        State.IN_FLIGHT: 2,
+        State.COMPLETED: 1,
+        State.UNKNOWN: 3,
+        State.RELEASED: 1,
+    }
+
+
+async def test_scope_secret_is_long_and_survives_a_restart(store: Store, reopen: Reopen) -> None:
+    """The scope secret has 32+ bytes and is the same after the store is reopened."""
+    secret = await store.scope_secret()
+    assert len(secret) >= 32
+    assert await store.scope_secret() == secret
+
+    reopened = await reopen()
+
+    assert await reopened.scope_secret() == secret
+
+
+async def test_ping_and_clock(store: Store) -> None:
+    """ping succeeds on an open store and now() is within a few seconds of the host clock."""
+    await store.ping()
+    assert abs(await store.now() - time.time()) < 5
