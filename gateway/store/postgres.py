@@ -472,17 +472,22 @@ async def _claim_existing(
     connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], request: ClaimRequest
 ) -> ClaimResult:
     """The key exists: decide under a row lock what a claim means for it."""
-    row = await connection.fetchrow(
-        f"SELECT {COLUMNS}, extract(epoch from {NOW})::float8 AS _now FROM operations "
-        "WHERE scope = $1 AND key = $2 FOR UPDATE",
-        request.scope,
-        request.key,
-    )
-    if row is None:  # deleted (forgotten) between our insert and this read: insert again
+    for _ in range(3):
+        row = await connection.fetchrow(
+            f"SELECT {COLUMNS}, extract(epoch from {NOW})::float8 AS _now FROM operations "
+            "WHERE scope = $1 AND key = $2 FOR UPDATE",
+            request.scope,
+            request.key,
+        )
+        if row is not None:
+            break
+        # Deleted (forgotten) while we waited for its lock: try to insert again; if
+        # another claim got there first, its row is read, locked, on the next turn.
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
-        if inserted is None:
-            raise StoreUnavailable("a concurrent claim changed the key twice; retry")
-        return NewAttempt(row_to_operation(inserted))
+        if inserted is not None:
+            return NewAttempt(row_to_operation(inserted))
+    else:
+        raise StoreUnavailable("the key changed under three concurrent claims; retry")
     current = row_to_operation(row)
     now = row["_now"]
     if is_forgotten(current, now):
