@@ -42,6 +42,7 @@ from gateway.operations_view import lookup, resolve
 from gateway.probes import Prober
 from gateway.problems import problem_middleware
 from gateway.proxy_view import proxy
+from gateway.request_log import request_log_middleware
 from gateway.routing import RouteTable
 from gateway.scopes import ScopeResolver
 from gateway.store.factory import make_store
@@ -65,7 +66,9 @@ def create_app(settings: Settings) -> web.Application:
 
     >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
     """
-    app = web.Application(middlewares=[problem_middleware], client_max_size=1024**4)
+    app = web.Application(
+        middlewares=[request_log_middleware, problem_middleware], client_max_size=1024**4
+    )
     app[SETTINGS] = settings
     app[METRICS] = GatewayMetrics(version=__version__)
     app[ROUTES] = RouteTable(settings.routes)

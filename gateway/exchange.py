@@ -18,6 +18,24 @@ if TYPE_CHECKING:
     from gateway.models import State
 
 
+@dataclass(slots=True)
+class RequestTrace:
+    """What one request's log line reports; filled in by whoever learns each fact.
+
+    Never holds a credential or a body: only the route, the key, a short hash of
+    the scope, the outcome and timings.
+    """
+
+    request_id: str
+    route: str | None = None
+    key: str | None = None
+    scope_hash: str | None = None
+    operation_id: str | None = None
+    outcome: str | None = None
+    state: str | None = None
+    upstream_seconds: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyRequest:
     """A protected request the HTTP layer has parsed, scoped and fingerprinted.
@@ -35,6 +53,7 @@ class ProxyRequest:
     key: str
     fingerprint: str
     wait_seconds: float = 0.0
+    trace: RequestTrace | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,4 +140,4 @@ class NoObserver:
         pass
 
 
-__all__ = ["LifecycleObserver", "NoObserver", "ProxyRequest", "Reply", "RouteSettings"]
+__all__ = ["LifecycleObserver", "NoObserver", "ProxyRequest", "Reply", "RequestTrace"]

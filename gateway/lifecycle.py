@@ -119,6 +119,8 @@ class IdempotencyEngine:
                 if not isinstance(claim, Existing):
                     return await self._attempt(request, claim.operation, claimed_at)
                 operation = await self._refresh(claim.operation)
+                if request.trace is not None:
+                    request.trace.operation_id = operation.id
                 if request.wait_seconds > 0 and operation.state is State.IN_FLIGHT:
                     operation = await self._wait(operation, request.wait_seconds)
                 if operation.state is not State.RELEASED or (
@@ -143,6 +145,13 @@ class IdempotencyEngine:
     async def _attempt(
         self, request: ProxyRequest, operation: Operation, claimed_at: float
     ) -> Reply:
+        if request.trace is not None:
+            request.trace.operation_id = operation.id
+        log.debug(
+            "claimed",
+            extra={"event": "claim", "operation_id": operation.id, "key": request.key,
+                   "attempt": operation.attempts, "token": operation.token},
+        )  # fmt: skip
         self._keeper.hold(operation.id, operation.token)
         try:
             self._inject_fault("after_claim")
@@ -172,16 +181,22 @@ class IdempotencyEngine:
             self._inject_fault("after_send")
             body = await _read_or_close(reply, route.max_stored_response)
         except UpstreamUnreachable as exc:
-            self._observer.upstream_call(route.name, time.monotonic() - started)
+            self._upstream_done(request, started)
             await self._release(request, operation, exc.detail)
             raise _about(exc, request.key, State.RELEASED) from exc
         except UpstreamError as exc:
-            self._observer.upstream_call(route.name, time.monotonic() - started)
+            self._upstream_done(request, started)
             await self._mark_unknown(request, operation, exc)
             raise _about(exc, request.key, State.UNKNOWN) from exc
-        self._observer.upstream_call(route.name, time.monotonic() - started)
+        self._upstream_done(request, started)
         self._inject_fault("after_response")
         return await self._record(request, operation, reply, body)
+
+    def _upstream_done(self, request: ProxyRequest, started: float) -> None:
+        seconds = time.monotonic() - started
+        self._observer.upstream_call(request.route.name, seconds)
+        if request.trace is not None:
+            request.trace.upstream_seconds = seconds
 
     async def _record(
         self, request: ProxyRequest, operation: Operation, reply: UpstreamReply, body: bytes | None
@@ -257,6 +272,11 @@ class IdempotencyEngine:
             return await self._store.mark_unknown(operation.id, operation.token, evidence)
 
         self._observer.became_unknown(request.route.name, error.problem_type)
+        log.warning(
+            "outcome unknown",
+            extra={"event": "unknown", "operation_id": operation.id, "key": request.key,
+                   "route": request.route.name, "reason": error.problem_type},
+        )  # fmt: skip
         await self._fenced_write(request, operation, "mark_unknown", write, evidence)
 
     async def _fenced_write(
@@ -397,6 +417,11 @@ class IdempotencyEngine:
             )
         self._prober.forget(operation.id)
         self._observer.resolved(by, outcome)
+        log.info(
+            "resolved",
+            extra={"event": "resolution", "operation_id": operation.id, "key": operation.key,
+                   "by": by, "outcome": outcome, "state": resolved.state.value},
+        )  # fmt: skip
         return resolved
 
     async def probe(self, operation: Operation) -> Operation:
@@ -461,6 +486,11 @@ class IdempotencyEngine:
         status: int | None = None,
     ) -> Operation:
         self._observer.probe_result(route.name, result)
+        log.info(
+            "probe",
+            extra={"event": "probe", "operation_id": operation.id, "key": operation.key,
+                   "route": route.name, "result": result, "status": status},
+        )  # fmt: skip
         evidence = Evidence(at=time.time(), source="probe", detail=detail, status=status)
         await self._store.add_evidence(operation.id, evidence)
         return await self._store.get_by_id(operation.id) or operation

@@ -43,6 +43,7 @@ from gateway.headers import (
     forwarded_for,
 )
 from gateway.keys import parse_idempotency_key
+from gateway.request_log import TRACE
 from gateway.routing import RouteMatch
 from gateway.scopes import CallerScope
 
@@ -57,11 +58,15 @@ _READ_CHUNK = 64 * 1024
 async def proxy(request: web.Request) -> web.StreamResponse:
     app = request.app
     url = request.rel_url
+    trace = request[TRACE]
     match = app[ROUTES].match(url.raw_path, url.raw_query_string)
     route = match.route
+    trace.route = route.name
     caller = app[SCOPES].resolve(request.headers)
+    trace.scope_hash = caller.short_hash
     protected = request.method in route.methods
     key = parse_idempotency_key(request.headers.getall(IDEMPOTENCY_KEY, [])) if protected else None
+    trace.key = key
     if protected and key is None and route.require_key:
         raise MissingKey(
             f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
@@ -72,6 +77,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     metrics = app[METRICS]
 
     if key is None:
+        trace.outcome = "passthrough"
         metrics.passthrough.labels(route.name).inc()
         return await write_reply(
             request,
@@ -98,15 +104,19 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         wait_seconds=_preferred_wait(
             request.headers.getall("Prefer", []), app[SETTINGS].idempotency.max_wait
         ),
+        trace=trace,
     )
     task: asyncio.Task[Reply] = asyncio.ensure_future(engine.execute(proxy_request))
     _keep_until_done(app, task)
     try:
         reply = await asyncio.shield(task)
     except GatewayError as error:
-        metrics.request(route.name, _outcome_of(error))
+        trace.outcome, trace.state = _outcome_of(error), error.state
+        metrics.request(route.name, trace.outcome)
         raise
-    metrics.request(route.name, _outcome_of_reply(reply))
+    trace.outcome = _outcome_of_reply(reply)
+    trace.state = reply.state.value if reply.state is not None else None
+    metrics.request(route.name, trace.outcome)
     return await write_reply(request, reply)
 
 

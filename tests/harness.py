@@ -184,13 +184,17 @@ def spawn(
     upstream_url: str,
     *,
     fault: str | None = None,
+    name: str = "gw",
     **options: Any,
 ) -> GatewayProcess:
     """Start a subprocess gateway on `tmp_path`'s database; `processes` stops it after the test.
 
-    `options` are `settings_for`'s; `fault` arms a test-only fault for this process only.
+    `options` are `settings_for`'s; `fault` arms a test-only fault for this process only;
+    `name` names its config and log files (`<name>.toml`, `<name>.log`), so replicas
+    sharing one `tmp_path` (and one PostgreSQL store) keep their own.
     """
-    config = write_config(settings_for(tmp_path, upstream_url, **options), tmp_path / "gw.toml")
+    settings = settings_for(tmp_path, upstream_url, **options)
+    config = write_config(settings, tmp_path / f"{name}.toml")
     process = GatewayProcess(config_path=config, env={FAULT_ENV: fault} if fault else {})
     process.start()
     processes.append(process)

@@ -1,0 +1,74 @@
+"""One structured log line per request, and the request id that ties lines together.
+
+The line carries route, method, path, outcome, state, status, upstream and
+total latency, the key, a short hash of the scope and the request id. It never
+carries a credential or a body: handlers only ever put those facts into the
+request's `RequestTrace`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from aiohttp import web
+
+from gateway.exchange import RequestTrace
+from gateway.problems import Handler
+
+log = logging.getLogger("gateway.access")
+
+TRACE = web.RequestKey("trace", RequestTrace)
+REQUEST_ID = "X-Request-Id"
+_MAX_REQUEST_ID = 128
+
+
+def _request_id(request: web.Request) -> str:
+    offered = request.headers.get(REQUEST_ID, "")
+    if 0 < len(offered) <= _MAX_REQUEST_ID and offered.isascii() and offered.isprintable():
+        return offered
+    return uuid.uuid4().hex
+
+
+@web.middleware
+async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.monotonic()
+    trace = RequestTrace(request_id=_request_id(request))
+    request[TRACE] = trace
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        response.headers[REQUEST_ID] = trace.request_id
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        if request.path not in ("/healthz", "/readyz", "/metrics"):
+            log.info(
+                "%s %s %d",
+                request.method,
+                request.path,
+                status,
+                extra={
+                    "event": "request",
+                    "request_id": trace.request_id,
+                    "method": request.method,
+                    "path": request.path,
+                    "status": status,
+                    "route": trace.route,
+                    "outcome": trace.outcome,
+                    "state": trace.state,
+                    "key": trace.key,
+                    "scope": trace.scope_hash,
+                    "operation_id": trace.operation_id,
+                    "upstream_ms": (
+                        round(trace.upstream_seconds * 1000, 3)
+                        if trace.upstream_seconds is not None
+                        else None
+                    ),
+                    "total_ms": round((time.monotonic() - started) * 1000, 3),
+                },
+            )
