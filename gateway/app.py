@@ -144,12 +144,23 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    await request.app[STORE].ping()
+    await _check_ready(request.app)
     return web.json_response({"status": "ready"})
+
+
+async def _check_ready(app: web.Application) -> None:
+    try:
+        await app[STORE].ping()
+    except StoreUnavailable:
+        app[METRICS].ready.set(0)
+        raise
+    app[METRICS].ready.set(1)
 
 
 async def metrics(request: web.Request) -> web.Response:
     app = request.app
+    with contextlib.suppress(StoreUnavailable):
+        await _check_ready(app)
     if app[METRICS].operation_counts_stale(time.monotonic(), _OPERATION_COUNT_TTL):
         # On a store outage the last known counts stay; /readyz reports the outage.
         with contextlib.suppress(StoreUnavailable):

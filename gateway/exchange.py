@@ -102,6 +102,8 @@ class LifecycleObserver(Protocol):
 
     def store_call(self, operation: str, seconds: float) -> None: ...
 
+    def store_error(self, operation: str) -> None: ...
+
     def upstream_call(self, route: str, seconds: float) -> None: ...
 
     def stale_write(self, route: str) -> None: ...
@@ -119,6 +121,9 @@ class NoObserver:
     """The observer for engines nobody watches (unit tests, tools)."""
 
     def store_call(self, operation: str, seconds: float) -> None:
+        pass
+
+    def store_error(self, operation: str) -> None:
         pass
 
     def upstream_call(self, route: str, seconds: float) -> None:

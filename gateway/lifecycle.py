@@ -519,6 +519,9 @@ class IdempotencyEngine:
         started = time.monotonic()
         try:
             return await call
+        except StoreUnavailable:
+            self._observer.store_error(name)
+            raise
         finally:
             self._observer.store_call(name, time.monotonic() - started)
 

@@ -129,6 +129,24 @@ class GatewayMetrics:
             ("kind",),
             registry=r,
         )
+        self.store_errors = Counter(
+            PREFIX + "store_errors",
+            "Store calls that failed (the store was unavailable), by operation.",
+            ("operation",),
+            registry=r,
+        )
+        self.ready = Gauge(
+            PREFIX + "ready",
+            "1 when the store answered the last readiness check, else 0.",
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            PREFIX + "request_seconds",
+            "Whole proxied request time in the gateway, by route (includes the upstream).",
+            ("route",),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.build = Info(PREFIX + "build", "Gateway build information.", registry=r)
         self.build.info({"version": version})
 
@@ -148,6 +166,9 @@ class GatewayMetrics:
     # LifecycleObserver
     def store_call(self, operation: str, seconds: float) -> None:
         self.store_seconds.labels(operation).observe(seconds)
+
+    def store_error(self, operation: str) -> None:
+        self.store_errors.labels(operation).inc()
 
     def upstream_call(self, route: str, seconds: float) -> None:
         self.upstream_seconds.labels(route).observe(seconds)

@@ -14,6 +14,7 @@ import uuid
 
 from aiohttp import web
 
+from gateway.appkeys import METRICS
 from gateway.exchange import RequestTrace
 from gateway.problems import Handler
 
@@ -46,6 +47,9 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
         status = exc.status
         raise
     finally:
+        elapsed = time.monotonic() - started
+        if trace.route is not None:
+            request.app[METRICS].request_seconds.labels(trace.route).observe(elapsed)
         if request.path not in ("/healthz", "/readyz", "/metrics"):
             log.info(
                 "%s %s %d",
@@ -69,6 +73,6 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
                         if trace.upstream_seconds is not None
                         else None
                     ),
-                    "total_ms": round((time.monotonic() - started) * 1000, 3),
+                    "total_ms": round(elapsed * 1000, 3),
                 },
             )
