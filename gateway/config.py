@@ -17,6 +17,8 @@ cycle.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import re
@@ -105,7 +107,7 @@ _RESERVED_UPSTREAM_HEADERS = {
 }
 
 # Values that may hold credentials: masked in error messages and render_effective.
-_SECRET_KEYS = frozenset({"token", "upstream_headers", "headers"})
+_SECRET_KEYS = frozenset({"token", "upstream_headers", "headers", "encryption_keys"})
 
 _Loc = tuple[str | int, ...]
 _T = TypeVar("_T")
@@ -224,6 +226,11 @@ class ServerSettings(BaseModel):
 
     host: str = Field(default="127.0.0.1", min_length=1)
     port: int = Field(default=8080, ge=0, le=65535)
+    client_timeout: Duration = Field(default=30.0, gt=0)
+    """How long a caller may take to send a request body (slow senders get 408)."""
+    max_header_size: Size = Field(default=8 * 1024, ge=1024)
+    """Longest request line or header field accepted (larger: 400 from the parser)."""
+    max_headers: int = Field(default=100, ge=8)
 
 
 class StoreSettings(BaseModel):
@@ -243,6 +250,24 @@ class StoreSettings(BaseModel):
     url: str = "sqlite:///./data/gateway.db"
     pool_size: int = Field(default=10, ge=1)
     busy_timeout: Duration = Field(default=5.0, ge=0)
+    encryption_keys: tuple[SecretStr, ...] = ()
+    """Base64 AES-256 keys for stored bodies; the first encrypts, all decrypt (rotation)."""
+
+    @field_validator("encryption_keys")
+    @classmethod
+    def _check_keys(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for index, key in enumerate(keys):
+            try:
+                raw = base64.b64decode(key.get_secret_value(), validate=True)
+            except (binascii.Error, ValueError):
+                raw = b""
+            if len(raw) != 32:
+                raise ValueError(
+                    f"key {index} must be 32 random bytes in base64 "
+                    "(make one: python -c 'import os,base64;"
+                    "print(base64.b64encode(os.urandom(32)).decode())')"
+                )
+        return keys
 
     @field_validator("url")
     @classmethod
@@ -300,6 +325,23 @@ class IdempotencySettings(BaseModel):
                 )
             )
         return self
+
+
+class QuotaSettings(BaseModel):
+    """Per-scope limits, so one agent cannot starve the others or fill the disk; 0 = none.
+
+    >>> QuotaSettings(new_keys_per_minute=600).new_keys_per_minute
+    600
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    max_in_flight: int = Field(default=0, ge=0)
+    """Protected requests of one scope in flight at once (this process)."""
+    new_keys_per_minute: int = Field(default=0, ge=0)
+    """New keys one scope may start per minute (this process)."""
+    max_operations: int = Field(default=0, ge=0)
+    """Records (receipts and tombstones) one scope may keep in the store."""
 
 
 class AdminSettings(BaseModel):
@@ -555,6 +597,7 @@ class Settings(BaseModel):
     store: StoreSettings = Field(default_factory=StoreSettings)
     idempotency: IdempotencySettings = Field(default_factory=IdempotencySettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     clients: tuple[ClientSettings, ...] = ()
     routes: tuple[RouteSettings, ...] = ()
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

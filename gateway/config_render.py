@@ -62,6 +62,8 @@ def _emit_table(lines: list[str], model: BaseModel, path: str) -> None:
         else:
             if isinstance(value, SecretStr):
                 value = "***" if value.get_secret_value() else ""
+            elif name in _SECRET_KEYS and isinstance(value, tuple):
+                value = ["***"] * len(value)
             elif name in _SECRET_KEYS and isinstance(value, dict):
                 value = dict.fromkeys(value, "***")
             elif _validated_by(field.metadata, parse_duration):

@@ -399,7 +399,11 @@ def test_gateway_paths_constant() -> None:
 @pytest.mark.parametrize(
     ("text", "key"),
     [
-        ("[server]\nprot = 1", "server.prot: unknown key (known keys: host, port)"),
+        (
+            "[server]\nprot = 1",
+            "server.prot: unknown key "
+            "(known keys: client_timeout, host, max_header_size, max_headers, port)",
+        ),
         ("[srever]\nport = 1", "srever: unknown key"),
         (ROUTE + "timout = '1s'", "routes[0].timout: unknown key"),
         (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.config import StoreSettings
+from gateway.crypto import BodyCipher
 from gateway.errors import ConfigError
 from gateway.store.base import Store
 from gateway.store.sqlite import SqliteStore
@@ -12,11 +13,15 @@ from gateway.store.sqlite import SqliteStore
 
 def make_store(settings: StoreSettings, *, on_batch: Callable[[int], None] | None = None) -> Store:
     """A not-yet-opened store for `store.url`."""
+    keys = [key.get_secret_value() for key in settings.encryption_keys]
+    cipher = BodyCipher(keys) if keys else None
     path = settings.sqlite_path
     if path is not None:
-        return SqliteStore(path=path, busy_timeout=settings.busy_timeout, on_batch=on_batch)
+        return SqliteStore(
+            path=path, busy_timeout=settings.busy_timeout, on_batch=on_batch, cipher=cipher
+        )
     if settings.is_postgres:
         from gateway.store.postgres import PostgresStore  # asyncpg only when it is used
 
-        return PostgresStore(settings.url, pool_size=settings.pool_size)
+        return PostgresStore(settings.url, pool_size=settings.pool_size, cipher=cipher)
     raise ConfigError(f"store.url: no store implementation for {settings.url!r}")

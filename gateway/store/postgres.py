@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from gateway.crypto import BodyCipher
 from gateway.errors import StoreUnavailable
 from gateway.ids import new_operation_id
 from gateway.models import (
@@ -48,6 +49,7 @@ from gateway.store.rows import (
     encode_headers,
     is_forgotten,
     row_to_operation,
+    seal_body,
 )
 
 log = logging.getLogger("gateway.store.postgres")
@@ -58,6 +60,7 @@ SECONDS = "make_interval(secs => {})"
 _DRIVER_ERRORS = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # raised by pooled connections while the server shuts down
     OSError,
     asyncio.TimeoutError,
 )
@@ -82,8 +85,16 @@ class PostgresStore:
     >>> # await store.open(); ...; await store.close()
     """
 
-    def __init__(self, url: str, *, pool_size: int = 10, command_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        command_timeout: float = 10.0,
+        cipher: BodyCipher | None = None,
+    ) -> None:
         self._url = url
+        self._cipher = cipher
         self._pool_size = pool_size
         self._command_timeout = command_timeout
         self._pool: asyncpg.Pool | None = None
@@ -168,6 +179,9 @@ class PostgresStore:
         """False while the notification connection is down (waiters then poll)."""
         return self._listener is not None and not self._listener.is_closed()
 
+    def _decode(self, row: Any) -> Operation:
+        return row_to_operation(row, self._cipher)
+
     def _require_pool(self) -> asyncpg.Pool:
         if self._pool is None:
             raise StoreUnavailable("the PostgreSQL store is not open")
@@ -218,9 +232,9 @@ class PostgresStore:
             pool = self._require_pool()
             inserted = await pool.fetchrow(_INSERT_CLAIM, *_insert_args(request))
             if inserted is not None:
-                return NewAttempt(row_to_operation(inserted))
+                return NewAttempt(self._decode(inserted))
             async with pool.acquire() as connection, connection.transaction():
-                return await _claim_existing(connection, request)
+                return await _claim_existing(connection, request, self._decode)
 
     async def complete(
         self,
@@ -247,14 +261,14 @@ class PostgresStore:
             token,
             response.status,
             encode_headers(response.headers),
-            response.body if body_retained else None,
+            seal_body(response.body if body_retained else None, operation_id, self._cipher),
             body_retained,
             retention_seconds,
             max(tombstone_seconds, retention_seconds),
             resolution.by,
             resolution.note,
         )
-        return None if row is None else row_to_operation(row)
+        return None if row is None else self._decode(row)
 
     async def mark_unknown(
         self, operation_id: str, token: int, evidence: Evidence
@@ -269,7 +283,7 @@ class PostgresStore:
             token,
             json.dumps(evidence.as_json()),
         )
-        return None if row is None else row_to_operation(row)
+        return None if row is None else self._decode(row)
 
     async def release(
         self,
@@ -291,7 +305,7 @@ class PostgresStore:
             json.dumps(evidence.as_json()),
             tombstone_seconds,
         )
-        return None if row is None else row_to_operation(row)
+        return None if row is None else self._decode(row)
 
     async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
         if not leases:
@@ -331,14 +345,14 @@ class PostgresStore:
         )
         if row is None:
             return None
-        operation = row_to_operation(row)
+        operation = self._decode(row)
         return None if is_forgotten(operation, row["_now"]) else operation
 
     async def get_by_id(self, operation_id: str) -> Operation | None:
         row = await self._fetchrow(
             "get", f"SELECT {COLUMNS} FROM operations WHERE id = $1", operation_id
         )
-        return None if row is None else row_to_operation(row)
+        return None if row is None else self._decode(row)
 
     async def resolve(
         self,
@@ -365,7 +379,7 @@ class PostgresStore:
             state.value,
             response.status if response else None,
             encode_headers(response.headers) if response else None,
-            response.body if response else None,
+            seal_body(response.body if response else None, operation_id, self._cipher),
             response is not None,
             retention_seconds,
             max(tombstone_seconds, retention_seconds),
@@ -373,7 +387,7 @@ class PostgresStore:
             resolution.note,
             expected_version,
         )
-        return None if row is None else row_to_operation(row)
+        return None if row is None else self._decode(row)
 
     async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
         after = decode_cursor(cursor)
@@ -387,7 +401,7 @@ class PostgresStore:
         )
         more = len(rows) > limit
         rows = rows[:limit]
-        items = tuple(row_to_operation(tuple(row)[1:]) for row in rows)
+        items = tuple(self._decode(tuple(row)[1:]) for row in rows)
         next_cursor = encode_cursor(rows[-1]["seq"]) if more and rows else None
         return Page(items=items, next_cursor=next_cursor)
 
@@ -469,7 +483,9 @@ def _insert_args(request: ClaimRequest) -> tuple[Any, ...]:
 
 
 async def _claim_existing(
-    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], request: ClaimRequest
+    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+    request: ClaimRequest,
+    decode: Callable[[Any], Operation],
 ) -> ClaimResult:
     """The key exists: decide under a row lock what a claim means for it."""
     for _ in range(3):
@@ -485,15 +501,15 @@ async def _claim_existing(
         # another claim got there first, its row is read, locked, on the next turn.
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
         if inserted is not None:
-            return NewAttempt(row_to_operation(inserted))
+            return NewAttempt(decode(inserted))
     else:
         raise StoreUnavailable("the key changed under three concurrent claims; retry")
-    current = row_to_operation(row)
+    current = decode(row)
     now = row["_now"]
     if is_forgotten(current, now):
         await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
-        return NewAttempt(row_to_operation(inserted))
+        return NewAttempt(decode(inserted))
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
         updated = await connection.fetchrow(
             "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
@@ -504,7 +520,7 @@ async def _claim_existing(
             request.owner,
             request.lease_seconds,
         )
-        return NewAttempt(row_to_operation(updated))
+        return NewAttempt(decode(updated))
     if (
         current.state is State.IN_FLIGHT
         and current.lease_expires_at is not None
@@ -521,5 +537,5 @@ async def _claim_existing(
             current.id,
             json.dumps(evidence.as_json()),
         )
-        return Existing(row_to_operation(expired))
+        return Existing(decode(expired))
     return Existing(current)

@@ -12,9 +12,30 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gateway.crypto import MAGIC, BodyCipher, CipherError
 from gateway.models import Evidence, Operation, Resolution, State, StoredResponse
 
 _FIELD_COUNT = 26
+
+
+def _open_body(stored: bytes | None, operation_id: str, cipher: BodyCipher | None) -> bytes:
+    if stored is None:
+        return b""
+    body = bytes(stored)
+    if cipher is not None:
+        return cipher.open(body, operation_id)
+    if body.startswith(MAGIC):
+        raise CipherError(
+            f"the body of {operation_id} is encrypted but [store] encryption_keys is empty"
+        )
+    return body
+
+
+def seal_body(body: bytes | None, operation_id: str, cipher: BodyCipher | None) -> bytes | None:
+    """What a store writes for a body: sealed when encryption keys are configured."""
+    if body is None or cipher is None:
+        return body
+    return cipher.seal(body, operation_id)
 
 
 def is_forgotten(operation: Operation, now: float) -> bool:
@@ -52,7 +73,7 @@ def decode_cursor(cursor: str | None) -> int:
         raise ValueError(f"invalid cursor {cursor!r}") from exc
 
 
-def row_to_operation(row: Iterable[Any] | None) -> Operation:
+def row_to_operation(row: Iterable[Any] | None, cipher: BodyCipher | None = None) -> Operation:
     """The operation in a row whose first columns are the stores' shared column list.
 
     Extra trailing columns (a store's own bookkeeping) are ignored.
@@ -92,7 +113,7 @@ def row_to_operation(row: Iterable[Any] | None) -> Operation:
         response = StoredResponse(
             status=response_status,
             headers=decode_headers(response_headers),
-            body=bytes(response_body) if response_body is not None else b"",
+            body=_open_body(response_body, op_id, cipher),
         )
     return Operation(
         id=op_id,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from gateway.crypto import BodyCipher
 from gateway.errors import StoreUnavailable
 from gateway.ids import new_operation_id
 from gateway.models import (
@@ -38,11 +39,13 @@ from gateway.store.rows import (
     encode_headers,
     is_forgotten,
     row_to_operation,
+    seal_body,
 )
 from gateway.store.sqlite_schema import COLUMNS, migrate
 from gateway.store.sqlite_thread import SqliteWriterThread
 
 T = TypeVar("T")
+Decode = Callable[[Any], Operation]
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
 _RETURNING = f"RETURNING {', '.join(COLUMNS)}"
@@ -62,13 +65,18 @@ class SqliteStore:
         busy_timeout: float = 5.0,
         max_batch: int = 256,
         on_batch: Callable[[int], None] | None = None,
+        cipher: BodyCipher | None = None,
     ) -> None:
         self.path = path
+        self._cipher = cipher
         self._busy_timeout = busy_timeout
         self._writer = SqliteWriterThread(self._connect, max_batch=max_batch, on_batch=on_batch)
         self._lock_file: IO[bytes] | None = None
         self._secret: bytes | None = None
         self.orphans_at_start = 0
+
+    def _decode(self, row: Any) -> Operation:
+        return row_to_operation(row, self._cipher)
 
     @property
     def batch_stats(self) -> Any:
@@ -139,7 +147,7 @@ class SqliteStore:
     # -- the state machine's verbs ------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
-        return await self._writer.run(lambda c: _claim(c, request))
+        return await self._writer.run(lambda c: _claim(c, request, self._decode))
 
     async def complete(
         self,
@@ -153,7 +161,7 @@ class SqliteStore:
         resolution: Resolution,
     ) -> Operation | None:
         headers = encode_headers(response.headers)
-        body = response.body if body_retained else None
+        body = seal_body(response.body if body_retained else None, operation_id, self._cipher)
 
         def job(c: sqlite3.Connection) -> Operation | None:
             now = time.time()
@@ -179,7 +187,7 @@ class SqliteStore:
                     token,
                 ),
             ).fetchone()
-            return None if row is None else row_to_operation(row)
+            return None if row is None else self._decode(row)
 
         return await self._writer.run(job)
 
@@ -194,7 +202,7 @@ class SqliteStore:
                 f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
                 (time.time(), json.dumps(evidence.as_json()), operation_id, token),
             ).fetchone()
-            return None if row is None else row_to_operation(row)
+            return None if row is None else self._decode(row)
 
         return await self._writer.run(job)
 
@@ -221,7 +229,7 @@ class SqliteStore:
                     token,
                 ),
             ).fetchone()
-            return None if row is None else row_to_operation(row)
+            return None if row is None else self._decode(row)
 
         return await self._writer.run(job)
 
@@ -259,7 +267,7 @@ class SqliteStore:
             row = c.execute(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key)).fetchone()
             if row is None:
                 return None
-            operation = row_to_operation(row)
+            operation = self._decode(row)
             return None if is_forgotten(operation, time.time()) else operation
 
         return await self._writer.run(job)
@@ -267,7 +275,7 @@ class SqliteStore:
     async def get_by_id(self, operation_id: str) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
             row = c.execute(f"{_SELECT} WHERE id = ?", (operation_id,)).fetchone()
-            return None if row is None else row_to_operation(row)
+            return None if row is None else self._decode(row)
 
         return await self._writer.run(job)
 
@@ -296,7 +304,7 @@ class SqliteStore:
                     state.value,
                     response.status if response else None,
                     encode_headers(response.headers) if response else None,
-                    response.body if response else None,
+                    seal_body(response.body if response else None, operation_id, self._cipher),
                     int(retained),
                     now + retention_seconds if state is State.COMPLETED else None,
                     now + max(tombstone_seconds, retention_seconds),
@@ -309,7 +317,7 @@ class SqliteStore:
                     expected_version,
                 ),
             ).fetchone()
-            return None if row is None else row_to_operation(row)
+            return None if row is None else self._decode(row)
 
         return await self._writer.run(job)
 
@@ -329,7 +337,7 @@ class SqliteStore:
             ).fetchall()
             more = len(rows) > limit
             rows = rows[:limit]
-            items = tuple(row_to_operation(row[1:]) for row in rows)
+            items = tuple(self._decode(row[1:]) for row in rows)
             next_cursor = encode_cursor(rows[-1][0]) if more and rows else None
             return Page(items=items, next_cursor=next_cursor)
 
@@ -392,13 +400,13 @@ class SqliteStore:
 # -- statements run on the writer thread -------------------------------------
 
 
-def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
+def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> ClaimResult:
     now = time.time()
     row = c.execute(
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is not None:
-        current = row_to_operation(row)
+        current = decode(row)
         if is_forgotten(current, now):
             c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
         elif current.state is State.RELEASED and current.fingerprint == request.fingerprint:
@@ -409,7 +417,7 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
                 f"WHERE id = ? {_RETURNING}",
                 (request.owner, now + request.lease_seconds, now, now, current.id),
             ).fetchone()
-            return NewAttempt(row_to_operation(updated))
+            return NewAttempt(decode(updated))
         elif (
             current.state is State.IN_FLIGHT
             and current.lease_expires_at is not None
@@ -425,7 +433,7 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
                 f"WHERE id = ? {_RETURNING}",
                 (now, json.dumps(evidence.as_json()), current.id),
             ).fetchone()
-            return Existing(row_to_operation(expired))
+            return Existing(decode(expired))
         else:
             return Existing(current)
 
@@ -449,7 +457,7 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest) -> ClaimResult:
             now,
         ),
     ).fetchone()
-    return NewAttempt(row_to_operation(inserted))
+    return NewAttempt(decode(inserted))
 
 
 def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
