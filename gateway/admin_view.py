@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.appkeys import ENGINE, SETTINGS, STORE
-from gateway.errors import InvalidRequest, NotFound, Unauthorized
-from gateway.models import State
+from gateway.errors import InvalidRequest, NotFound, NotResolvable, Unauthorized
+from gateway.models import Evidence, State
 from gateway.operation_json import operation_json
 from gateway.operations_view import expected_version, operation_response, read_limited
 from gateway.problems import operation_url
 from gateway.resolve_body import parse_resolve_body
+
+log = logging.getLogger("gateway.admin")
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 100
@@ -92,3 +96,42 @@ async def resolve_operation(request: web.Request) -> web.Response:
         expected_version=expected_version(request, operation),
     )
     return operation_response(resolved, include_scope=True, key_headers=False)
+
+
+class RedactBody(BaseModel):
+    """Why the receipt is erased: kept in the audit trail."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+async def redact_operation(request: web.Request) -> web.Response:
+    """Erase a completed receipt's headers and body (personal data); the key stays used."""
+    require_admin(request)
+    op_id = request.match_info["id"]
+    raw = await read_limited(request)
+    try:
+        body = RedactBody.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid redact request: {exc.errors()[0]['msg']}") from exc
+    store = request.app[STORE]
+    operation = await store.get_by_id(op_id)
+    if operation is None:
+        raise NotFound(f"no operation with id {op_id!r}")
+    evidence = Evidence(
+        at=time.time(), source="redaction", detail=f"receipt erased by admin: {body.reason}"
+    )
+    redacted = await store.redact(op_id, evidence)
+    if redacted is None:
+        raise NotResolvable(
+            f"the operation is {operation.state.value}; only a completed receipt can be redacted",
+            key=operation.key,
+            state=operation.state.value,
+            operation_id=op_id,
+        )
+    log.info(
+        "redacted",
+        extra={"event": "redaction", "operation_id": op_id, "reason": body.reason},
+    )
+    return operation_response(redacted, include_scope=True, key_headers=False)

@@ -21,7 +21,12 @@ from typing import Any
 from aiohttp import web
 
 from gateway import __version__
-from gateway.admin_view import list_operations, resolve_operation, show_operation
+from gateway.admin_view import (
+    list_operations,
+    redact_operation,
+    resolve_operation,
+    show_operation,
+)
 from gateway.appkeys import (
     BACKGROUND,
     ENGINE,
@@ -37,11 +42,14 @@ from gateway.errors import StoreUnavailable
 from gateway.forwarder import Forwarder
 from gateway.leases import LeaseKeeper
 from gateway.lifecycle import IdempotencyEngine
+from gateway.listeners import LISTENERS, Listeners, listener_middleware
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import openapi_json
 from gateway.operations_view import lookup, resolve
 from gateway.probes import Prober
 from gateway.problems import problem_middleware
 from gateway.proxy_view import proxy
+from gateway.quotas import ScopeQuotas
 from gateway.request_log import request_log_middleware
 from gateway.routing import RouteTable
 from gateway.scopes import ScopeResolver
@@ -67,8 +75,10 @@ def create_app(settings: Settings) -> web.Application:
     >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
     """
     app = web.Application(
-        middlewares=[request_log_middleware, problem_middleware], client_max_size=1024**4
+        middlewares=[request_log_middleware, problem_middleware, listener_middleware],
+        client_max_size=1024**4,
     )
+    app[LISTENERS] = Listeners()
     app[SETTINGS] = settings
     app[METRICS] = GatewayMetrics(version=__version__)
     app[ROUTES] = RouteTable(settings.routes)
@@ -83,6 +93,8 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/admin/operations", list_operations)
     app.router.add_get("/admin/operations/{id}", show_operation)
     app.router.add_post("/admin/operations/{id}/resolve", resolve_operation)
+    app.router.add_post("/admin/operations/{id}/redact", redact_operation)
+    app.router.add_get("/openapi.json", openapi_json)
     app.router.add_route("*", "/{tail:.*}", proxy)
     return app
 
@@ -106,6 +118,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         forwarder=forwarder,
         keeper=keeper,
         prober=Prober(forwarder),
+        quotas=ScopeQuotas(settings.quotas),
         settings=settings.idempotency,
         routes=settings.routes,
         observer=metrics,

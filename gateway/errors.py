@@ -13,7 +13,8 @@ they occur.
     │   ├── MissingKey               400 missing-key
     │   ├── InvalidKey               400 invalid-key
     │   ├── InvalidRequest           400 invalid-request
-    │   └── PayloadTooLarge          413 payload-too-large
+    │   ├── PayloadTooLarge          413 payload-too-large
+    │   └── RequestTimeout           408 request-timeout
     ├── Unauthorized                 401 unauthorized
     ├── NotFound
     │   ├── NoRoute                  404 no-route
@@ -27,6 +28,7 @@ they occur.
     │   ├── ReceiptNotRetained       409 receipt-not-retained
     │   └── NotResolvable            409 not-resolvable
     ├── PreconditionFailed           412 precondition-failed
+    ├── QuotaExceeded                429 quota-exceeded
     ├── StoreUnavailable             503 store-unavailable
     ├── RouteSaturated               503 route-saturated
     ├── LeaseLost                    503 lease-lost
@@ -115,6 +117,13 @@ class PayloadTooLarge(BadRequest):
     title = "Request body too large"
 
 
+class RequestTimeout(BadRequest):
+    status = 408
+    problem_type = "request-timeout"
+    title = "The request body did not arrive in time; nothing was recorded"
+    safe_to_retry = True
+
+
 class Unauthorized(GatewayError):
     status = 401
     problem_type = "unauthorized"
@@ -190,6 +199,13 @@ class PreconditionFailed(GatewayError):
     problem_type = "precondition-failed"
     title = "The operation changed since it was read"
     safe_to_retry = False
+
+
+class QuotaExceeded(GatewayError):
+    status = 429
+    problem_type = "quota-exceeded"
+    title = "This client is over one of its quotas; nothing was recorded"
+    safe_to_retry = True
 
 
 class StoreUnavailable(GatewayError):

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from gateway.forwarder import Forwarder, UpstreamReply
     from gateway.leases import LeaseKeeper
     from gateway.probes import Prober
+    from gateway.quotas import ScopeQuotas
     from gateway.store.base import Store
 
 T = TypeVar("T")
@@ -86,6 +87,7 @@ class IdempotencyEngine:
         forwarder: Forwarder,
         keeper: LeaseKeeper,
         prober: Prober,
+        quotas: ScopeQuotas,
         settings: IdempotencySettings,
         routes: tuple[RouteSettings, ...],
         observer: LifecycleObserver | None = None,
@@ -95,6 +97,7 @@ class IdempotencyEngine:
         self._forwarder = forwarder
         self._keeper = keeper
         self._prober = prober
+        self._quotas = quotas
         self._settings = settings
         self._routes = {route.name: route for route in routes}
         self._observer: LifecycleObserver = observer or NoObserver()
@@ -107,7 +110,9 @@ class IdempotencyEngine:
 
     async def execute(self, request: ProxyRequest) -> Reply:
         """Answer a protected request; raises a `GatewayError` for every refusal."""
-        with self._forwarder.gate(request.route):
+        with self._forwarder.gate(request.route), self._quotas.in_flight(request.scope):
+            if self._quotas.limits_new_keys:
+                await self._admit_if_new(request)
             self._inject_fault("before_claim")
             for _ in range(2):  # a probe may release the key: then one fresh claim
                 claimed_at = time.monotonic()
@@ -128,6 +133,13 @@ class IdempotencyEngine:
                 ):
                     return answer_existing(operation, request.fingerprint, time.time())
             return answer_existing(operation, request.fingerprint, time.time())
+
+    async def _admit_if_new(self, request: ProxyRequest) -> None:
+        """With key quotas on, a new key is charged before it is claimed (one extra read)."""
+        if await self._timed("get", self._store.get(request.scope, request.key)) is None:
+            await self._quotas.admit_new_key(
+                request.scope, lambda: self._store.count_for_scope(request.scope)
+            )
 
     def _claim_of(self, request: ProxyRequest) -> ClaimRequest:
         return ClaimRequest(
@@ -559,11 +571,14 @@ def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply
             )
         if not operation.body_retained:
             resolution = operation.resolution
-            detail = (
-                "the first response was too large to keep; it was delivered once"
-                if resolution is None or resolution.by == "upstream"
-                else f"the operation was settled as applied by {resolution.by} without a response"
-            )
+            if any(item.source == "redaction" for item in operation.evidence):
+                detail = "the stored response was erased by an operator; the key stays used"
+            elif resolution is None or resolution.by == "upstream":
+                detail = "the first response was too large to keep; it was delivered once"
+            else:
+                detail = (
+                    f"the operation was settled as applied by {resolution.by} without a response"
+                )
             raise ReceiptNotRetained(detail, key=key, state=state, operation_id=op_id)
         raise ReceiptExpired(
             "the stored response has expired; the key stays used and is not forwarded again",

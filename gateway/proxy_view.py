@@ -26,6 +26,7 @@ from gateway.errors import (
     MissingKey,
     OutcomeUnknown,
     PayloadTooLarge,
+    RequestTimeout,
     UpstreamConnectionLost,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -71,7 +72,13 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         raise MissingKey(
             f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
         )
-    body = await _read_body(request, route.max_body)
+    try:
+        async with asyncio.timeout(app[SETTINGS].server.client_timeout):
+            body = await _read_body(request, route.max_body)
+    except TimeoutError as exc:
+        raise RequestTimeout(
+            f"the request body did not arrive within {app[SETTINGS].server.client_timeout:g}s"
+        ) from exc
     headers = _forward_headers(request, caller)
     engine = app[ENGINE]
     metrics = app[METRICS]

@@ -15,9 +15,10 @@ import sys
 
 from aiohttp import web
 
-from gateway.app import create_app
+from gateway.app import SHUTDOWN_GRACE, create_app
 from gateway.config import Settings
 from gateway.errors import GatewayError
+from gateway.listeners import LISTENERS
 from gateway.logs import configure_logging
 
 log = logging.getLogger("gateway.serve")
@@ -31,16 +32,49 @@ def _use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def make_runner(
+    app: web.Application, settings: Settings, *, shutdown_timeout: float = SHUTDOWN_GRACE
+) -> web.AppRunner:
+    """The runner production and tests share: parser limits from `[server]`."""
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handler_cancellation=False,
+        max_line_size=settings.server.max_header_size,
+        max_field_size=settings.server.max_header_size,
+        max_headers=settings.server.max_headers,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+
+async def start_sites(runner: web.AppRunner, settings: Settings) -> list[str]:
+    """Listen on the main address (and the admin one, if configured); return their URLs."""
+    main = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True)
+    await main.start()
+    urls = [_url(runner.addresses[-1])]
+    if settings.admin.listen:
+        host, _, port = settings.admin.listen.rpartition(":")
+        admin = web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True)
+        await admin.start()
+        address = runner.addresses[-1]
+        runner.app[LISTENERS].admin_port = int(address[1])
+        urls.append(_url(address))
+    return urls
+
+
+def _url(address: object) -> str:
+    host, port = address[0], address[1]  # type: ignore[index]
+    return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+
+
 async def serve(settings: Settings) -> None:
     """Serve until a termination signal arrives."""
-    app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=False)
+    runner = make_runner(create_app(settings), settings)
     await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True)
-    await site.start()
-    for address in runner.addresses:
-        host, port = address[0], address[1]
-        print(f"idempotency gateway listening on http://{host}:{port}", flush=True)
+    urls = await start_sites(runner, settings)
+    print(f"idempotency gateway listening on {urls[0]}", flush=True)
+    if len(urls) > 1:
+        print(f"idempotency gateway admin listening on {urls[1]}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import Settings, render_effective
+from gateway.serve import make_runner, start_sites
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,6 +81,7 @@ class RunningGateway:
     runner: web.AppRunner
     url: str
     session: aiohttp.ClientSession
+    admin_url: str | None = None
 
     async def post(
         self,
@@ -108,13 +110,17 @@ class RunningGateway:
 
 async def start_gateway(settings: Settings) -> RunningGateway:
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=False, shutdown_timeout=5)
+    runner = make_runner(app, settings, shutdown_timeout=5)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
+    urls = await start_sites(runner, settings)
     session = aiohttp.ClientSession(auto_decompress=False)
-    return RunningGateway(app=app, runner=runner, url=f"http://{host}:{port}", session=session)
+    return RunningGateway(
+        app=app,
+        runner=runner,
+        url=urls[0],
+        session=session,
+        admin_url=urls[1] if len(urls) > 1 else None,
+    )
 
 
 async def stop_gateway(gateway: RunningGateway) -> None:

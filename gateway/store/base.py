@@ -156,3 +156,12 @@ class Store(Protocol):
         """Drop expired receipt bodies and forgotten tombstones, one bounded batch."""
 
     async def count_by_state(self) -> dict[State, int]: ...
+
+    async def count_for_scope(self, scope: str) -> int:
+        """Records (of any state) one scope keeps: for the `max_operations` quota."""
+
+    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+        """Erase a completed receipt's headers and body, keep the fact the key was used.
+
+        `None` unless the operation is completed. The evidence is the audit entry.
+        """

@@ -450,6 +450,23 @@ class PostgresStore:
             )
         return SweepReport(receipts_expired=int(expired), forgotten=int(forgotten))
 
+    async def count_for_scope(self, scope: str) -> int:
+        return int(
+            await self._fetchval("count", "SELECT count(*) FROM operations WHERE scope = $1", scope)
+        )
+
+    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+        row = await self._fetchrow(
+            "redact",
+            "UPDATE operations SET response_body = NULL, response_headers = NULL, "
+            f"body_retained = false, updated_at = {NOW}, version = version + 1, "
+            "evidence = evidence || jsonb_build_array($2::jsonb) "
+            f"WHERE id = $1 AND state = 'completed' RETURNING {COLUMNS}",
+            operation_id,
+            json.dumps(evidence.as_json()),
+        )
+        return None if row is None else self._decode(row)
+
     async def count_by_state(self) -> dict[State, int]:
         counts = dict.fromkeys(State, 0)
         for row in await self._fetch(

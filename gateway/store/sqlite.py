@@ -387,6 +387,28 @@ class SqliteStore:
 
         return await self._writer.run(job)
 
+    async def count_for_scope(self, scope: str) -> int:
+        return int(
+            await self._writer.run(
+                lambda c: c.execute(
+                    "SELECT count(*) FROM operations WHERE scope = ?", (scope,)
+                ).fetchone()[0]
+            )
+        )
+
+    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+        def job(c: sqlite3.Connection) -> Operation | None:
+            row = c.execute(
+                "UPDATE operations SET response_body = NULL, response_headers = NULL, "
+                "body_retained = 0, updated_at = ?, version = version + 1, "
+                "evidence = json_insert(evidence, '$[#]', json(?)) "
+                f"WHERE id = ? AND state = 'completed' {_RETURNING}",
+                (time.time(), json.dumps(evidence.as_json()), operation_id),
+            ).fetchone()
+            return None if row is None else self._decode(row)
+
+        return await self._writer.run(job)
+
     async def count_by_state(self) -> dict[State, int]:
         def job(c: sqlite3.Connection) -> dict[State, int]:
             counts = dict.fromkeys(State, 0)

@@ -1,0 +1,43 @@
+"""Which listener a request came in on, and which paths each listener serves.
+
+With `[admin] listen` set, the admin endpoints are served only on that
+address (typically loopback or an operators' network) and the main listener
+answers 404 for them; the admin listener serves nothing but the admin API and
+the health endpoints. The sites are started by `gateway.serve.start_sites`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.errors import NotFound
+from gateway.problems import Handler
+
+_SHARED = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@dataclass(slots=True)
+class Listeners:
+    """Filled in once the sites listen (port 0 is only known then)."""
+
+    admin_port: int | None = None
+
+
+LISTENERS = web.AppKey("listeners", Listeners)
+
+
+def _is_admin_path(path: str) -> bool:
+    return path == "/admin" or path.startswith("/admin/")
+
+
+@web.middleware
+async def listener_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    admin_port = request.app[LISTENERS].admin_port
+    if admin_port is not None and request.path not in _SHARED:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        on_admin_listener = sockname is not None and sockname[1] == admin_port
+        if _is_admin_path(request.path) != on_admin_listener:
+            raise NotFound(f"nothing at {request.path} on this listener")
+    return await handler(request)
