@@ -75,7 +75,12 @@ def create_app(settings: Settings) -> web.Application:
     >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
     """
     app = web.Application(
-        middlewares=[request_log_middleware, problem_middleware, listener_middleware],
+        middlewares=[
+            request_log_middleware,
+            problem_middleware,
+            # Only a separate admin listener needs per-request listener checks.
+            *([listener_middleware] if settings.admin.listen else []),
+        ],
         client_max_size=1024**4,
     )
     app[LISTENERS] = Listeners()

@@ -34,8 +34,10 @@ from gateway.errors import (
     OutcomeUnknown,
     PayloadTooLarge,
     PreconditionFailed,
+    QuotaExceeded,
     ReceiptExpired,
     ReceiptNotRetained,
+    RequestTimeout,
     RouteSaturated,
     StoreUnavailable,
     Unauthorized,
@@ -45,25 +47,24 @@ from gateway.errors import (
     UpstreamUnreachable,
 )
 from gateway.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
-from gateway.keys import MAX_KEY_LENGTH
 from gateway.models import State
+from gateway.openapi_components import components, header, ref
 from gateway.operations_view import MAX_RESOLVE_BODY
 from gateway.problems import PROBLEM_JSON
 from gateway.request_log import REQUEST_ID
-from gateway.resolve_body import ResolveBody
 
 __all__ = ["openapi_document", "openapi_json", "render"]
 
 JSON = "application/json"
-_SCHEMAS = "#/components/schemas/"
-_PRINTABLE_ASCII = "^[ -~]+$"
 
 _PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
     MissingKey,
     InvalidKey,
     InvalidRequest,
     Unauthorized,
+    RequestTimeout,
     PayloadTooLarge,
+    QuotaExceeded,
     KeyMismatch,
     InProgress,
     OutcomeUnknown,
@@ -79,7 +80,9 @@ _PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
 )
 """What a proxied request can be refused with (DESIGN.md's table and more), for the description."""
 
-# The problem types each gateway operation can answer with, by operation.
+# The problem types each gateway operation can answer with. `not-found` and
+# `no-route` on key paths: a key that decodes to a line break matches no route
+# pattern (aiohttp's 404), and `.`/`..` keys are dot segments removed from the path.
 _LOOKUP = (
     InvalidKey,
     InvalidRequest,
@@ -92,22 +95,7 @@ _LOOKUP = (
 _RESOLVE = (*_LOOKUP, NotResolvable, PreconditionFailed, PayloadTooLarge)
 _ADMIN = (InvalidRequest, Unauthorized, NotFound, NoRoute, StoreUnavailable)
 _ADMIN_RESOLVE = (*_ADMIN, NotResolvable, PreconditionFailed, PayloadTooLarge)
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": _SCHEMAS + name}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _timestamp(description: str) -> dict[str, Any]:
-    return {"type": "string", "format": "date-time", "description": description}
-
-
-def _header(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"description": description, "schema": schema or {"type": "string"}}
+_ADMIN_REDACT = (*_ADMIN, NotResolvable, PayloadTooLarge)
 
 
 def _problem_line(error: type[GatewayError]) -> str:
@@ -135,7 +123,7 @@ def _problems(errors: tuple[type[GatewayError], ...]) -> dict[str, Any]:
                 PROBLEM_JSON: {
                     "schema": {
                         "allOf": [
-                            _ref("Problem"),
+                            ref("Problem"),
                             {
                                 "properties": {
                                     "status": {"const": status},
@@ -165,7 +153,7 @@ def _ok(description: str, schema: dict[str, Any], headers: dict[str, Any] | None
 _REQUEST_ID_PARAMETER = {"$ref": "#/components/parameters/RequestId"}
 _OPERATION_HEADERS = {
     "ETag": {"$ref": "#/components/headers/ETag"},
-    "Cache-Control": _header("Always `no-store`.", {"const": "no-store"}),
+    "Cache-Control": header("Always `no-store`.", {"const": "no-store"}),
 }
 _KEY_HEADERS = {
     IDEMPOTENCY_KEY: {"$ref": "#/components/headers/IdempotencyKey"},
@@ -181,7 +169,7 @@ _IF_MATCH = {
 _RESOLVE_BODY = {
     "required": True,
     "description": f"At most {MAX_RESOLVE_BODY} bytes; a `not_applied` outcome has no `response`.",
-    "content": {JSON: {"schema": _ref("ResolveRequest")}},
+    "content": {JSON: {"schema": ref("ResolveRequest")}},
 }
 
 
@@ -201,8 +189,8 @@ def _paths() -> dict[str, Any]:
     op_id = {"$ref": "#/components/parameters/OperationId"}
     scoped: list[dict[str, list[str]]] = [{}, {"clientToken": []}]
     admin: list[dict[str, list[str]]] = [{"adminToken": []}]
-    operation = _ref("Operation")
-    admin_operation = _ref("AdminOperation")
+    operation = ref("Operation")
+    admin_operation = ref("AdminOperation")
     return {
         "/healthz": _simple_get(
             "The process is alive",
@@ -283,7 +271,7 @@ def _paths() -> dict[str, Any]:
                     _REQUEST_ID_PARAMETER,
                 ],
                 "responses": {
-                    "200": _ok("One page.", _ref("OperationPage")),
+                    "200": _ok("One page.", ref("OperationPage")),
                     **_problems(_ADMIN),
                 },
             }
@@ -313,191 +301,23 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
-    }
-
-
-def _operation_schema() -> dict[str, Any]:
-    states = [state.value for state in State]
-    return {
-        "type": "object",
-        "description": "What the gateway knows about one key's effect (DESIGN.md, operation JSON).",
-        "required": [
-            "id",
-            "key",
-            "state",
-            "route",
-            "method",
-            "path",
-            "fingerprint",
-            "attempts",
-            "created_at",
-            "updated_at",
-            "expires_at",
-            "forgotten_at",
-            "response",
-            "resolution",
-            "evidence",
-            "safe_to_retry",
-        ],
-        "properties": {
-            "id": {"type": "string", "examples": ["op_01JDZ4W6Q8X3M2K7R5T9V0B1C2"]},
-            "key": {"type": "string", "description": "The normalized key."},
-            "state": {"enum": states},
-            "route": {"type": "string", "description": "The route's name."},
-            "method": {"type": "string"},
-            "path": {"type": "string"},
-            "fingerprint": {"type": "string", "examples": ["sha256:9f86d08..."]},
-            "attempts": {"type": "integer", "minimum": 0},
-            "created_at": _timestamp("When the key was first claimed."),
-            "updated_at": _timestamp("The last write."),
-            "expires_at": _nullable(_timestamp("When the receipt's body is dropped.")),
-            "forgotten_at": _nullable(_timestamp("When the whole record is dropped.")),
-            "response": _nullable(_ref("StoredResponse")),
-            "response_status": _nullable({"type": "integer"}),
-            "body_retained": _nullable({"type": "boolean"}),
-            "resolution": _nullable(
-                {
-                    "type": "object",
-                    "required": ["by", "at", "note"],
-                    "properties": {
-                        "by": {"enum": ["upstream", "probe", "owner", "admin"]},
-                        "at": _timestamp("When the outcome was settled."),
-                        "note": _nullable({"type": "string"}),
-                    },
-                }
-            ),
-            "evidence": {
-                "type": "array",
-                "description": "Facts learned too late to decide anything (stale writers, probes).",
-                "items": {
-                    "type": "object",
-                    "required": ["at", "source", "detail", "status", "body_sha256"],
-                    "properties": {
-                        "at": _timestamp("When it was learned."),
-                        "source": {"type": "string"},
-                        "detail": {"type": "string"},
-                        "status": _nullable({"type": "integer"}),
-                        "body_sha256": _nullable({"type": "string"}),
-                    },
+        "/admin/operations/{id}/redact": {
+            "post": {
+                "summary": "Erase a completed receipt's headers and body (personal data)",
+                "description": "The key stays used, the reason goes into the operation's "
+                "`evidence`; an operation that is not `completed` answers 409 `not-resolvable`.",
+                "operationId": "adminRedactOperation",
+                "security": admin,
+                "parameters": [op_id, _REQUEST_ID_PARAMETER],
+                "requestBody": {
+                    "required": True,
+                    "content": {JSON: {"schema": ref("RedactRequest")}},
                 },
-            },
-            "lease_expires_at": _nullable(_timestamp("The in-flight lease's expiry.")),
-            "fencing_token": {"type": "integer"},
-            "safe_to_retry": {
-                "type": "boolean",
-                "description": "False for `unknown`, and for `completed` without its body.",
-            },
-            "operation": {"type": "string", "description": "This operation's lookup URL."},
-        },
-    }
-
-
-def _components() -> dict[str, Any]:
-    resolve_schema = ResolveBody.model_json_schema(ref_template=_SCHEMAS + "{model}")
-    schemas: dict[str, Any] = resolve_schema.pop("$defs")
-    schemas["ResolveRequest"] = {**resolve_schema, "title": "ResolveRequest"}
-    schemas["Operation"] = _operation_schema()
-    schemas["AdminOperation"] = {
-        "description": "An operation as operators see it: with its scope.",
-        "allOf": [
-            _ref("Operation"),
-            {"required": ["scope"], "properties": {"scope": {"type": "string"}}},
-        ],
-    }
-    schemas["OperationPage"] = {
-        "type": "object",
-        "required": ["items", "next_cursor"],
-        "properties": {
-            "items": {"type": "array", "items": _ref("AdminOperation")},
-            "next_cursor": _nullable({"type": "string"}),
-        },
-    }
-    schemas["StoredResponse"] = {
-        "type": "object",
-        "description": "A receipt: the upstream's status, end-to-end headers and body.",
-        "required": ["status", "headers", "body", "body_encoding"],
-        "properties": {
-            "status": {"type": "integer"},
-            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-            "body": {"type": "string"},
-            "body_encoding": {"enum": ["utf-8", "base64"]},
-        },
-    }
-    schemas["Problem"] = {
-        "type": "object",
-        "description": "An RFC 9457 problem; `type` ends with the problem type.",
-        "required": ["type", "title", "status", "detail"],
-        "properties": {
-            "type": {"type": "string", "format": "uri"},
-            "title": {"type": "string"},
-            "status": {"type": "integer"},
-            "detail": {"type": "string"},
-            "instance": {"type": "string", "description": "The request's path."},
-            "key": {"type": "string", "description": "The normalized key concerned."},
-            "operation": {"type": "string", "description": "The key's lookup URL."},
-            "state": {"type": "string", "description": "The operation's state."},
-            "operation_id": {"type": "string"},
-            "safe_to_retry": {
-                "type": "boolean",
-                "description": "True: the same request with the same key may be sent again.",
-            },
-        },
-    }
-    return {
-        "schemas": dict(sorted(schemas.items())),
-        "parameters": {
-            "Key": {
-                "name": "key",
-                "in": "path",
-                "required": True,
-                "description": "The normalized key, percent-encoded as one path segment (`/` too).",
-                "schema": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": MAX_KEY_LENGTH,
-                    "pattern": _PRINTABLE_ASCII,
+                "responses": {
+                    "200": _ok("The redacted operation.", admin_operation, _OPERATION_HEADERS),
+                    **_problems(_ADMIN_REDACT),
                 },
-                "example": "run-77:0:c1",
-            },
-            "OperationId": {
-                "name": "id",
-                "in": "path",
-                "required": True,
-                "schema": {"type": "string", "minLength": 1},
-                "example": "op_01JDZ4W6Q8X3M2K7R5T9V0B1C2",
-            },
-            "RequestId": {
-                "name": REQUEST_ID,
-                "in": "header",
-                "required": False,
-                "description": "Echoed back when 1 to 128 printable ASCII characters.",
-                "schema": {"type": "string"},
-            },
-        },
-        "headers": {
-            "RequestId": _header(
-                "The caller's X-Request-Id when usable, else a fresh one; also in the log line."
-            ),
-            "ETag": _header("The operation's version, for `If-Match` on resolve."),
-            "IdempotencyKey": _header("The normalized key concerned."),
-            "IdempotencyStatus": _header(
-                "The state of the key's operation.", {"enum": [state.value for state in State]}
-            ),
-            "RetryAfter": _header("Seconds to wait before retrying.", {"type": "integer"}),
-        },
-        "securitySchemes": {
-            "adminToken": {
-                "type": "http",
-                "scheme": "bearer",
-                "description": "The `[admin] token`; the admin endpoints answer 404 without one.",
-            },
-            "clientToken": {
-                "type": "http",
-                "scheme": "bearer",
-                "description": "A `[[clients]]` token; required (401 otherwise) only when "
-                "`[[clients]]` is configured. Without it, the scope comes from "
-                "`[idempotency] scope_headers`.",
-            },
+            }
         },
     }
 
@@ -511,7 +331,9 @@ def _description() -> str:
         f"`{IDEMPOTENT_REPLAYED}: true`), or one of these `{PROBLEM_JSON}` problems "
         f"(type URIs `{PROBLEM_BASE_URI}<type>`):\n\n{proxied}\n\n"
         "Other methods on the gateway's own paths are not the gateway's either: they "
-        "fall through to the proxy. Every response carries `X-Request-Id`."
+        "fall through to the proxy. With `[admin] listen` set, the admin endpoints are "
+        "served only on that address (404 on the main one), which serves nothing else "
+        "but `/healthz`, `/readyz` and `/metrics`. Every response carries `X-Request-Id`."
     )
 
 
@@ -530,7 +352,7 @@ def openapi_document() -> dict[str, Any]:
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
         "paths": _paths(),
-        "components": _components(),
+        "components": components(),
     }
 
 

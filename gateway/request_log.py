@@ -21,6 +21,7 @@ from gateway.problems import Handler
 log = logging.getLogger("gateway.access")
 
 TRACE = web.RequestKey("trace", RequestTrace)
+_QUIET = frozenset({"/healthz", "/readyz", "/metrics"})
 REQUEST_ID = "X-Request-Id"
 _MAX_REQUEST_ID = 128
 
@@ -50,7 +51,7 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
         elapsed = time.monotonic() - started
         if trace.route is not None:
             request.app[METRICS].request_seconds.labels(trace.route).observe(elapsed)
-        if request.path not in ("/healthz", "/readyz", "/metrics"):
+        if log.isEnabledFor(logging.INFO) and request.path not in _QUIET:
             log.info(
                 "%s %s %d",
                 request.method,

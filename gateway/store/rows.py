@@ -141,5 +141,9 @@ def row_to_operation(row: Iterable[Any] | None, cipher: BodyCipher | None = None
             if resolution_by
             else None
         ),
-        evidence=tuple(Evidence(**item) for item in json.loads(evidence or "[]")),
+        evidence=(
+            tuple(Evidence(**item) for item in json.loads(evidence))
+            if evidence and evidence != "[]"
+            else ()
+        ),
     )

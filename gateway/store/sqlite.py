@@ -70,7 +70,9 @@ class SqliteStore:
         self.path = path
         self._cipher = cipher
         self._busy_timeout = busy_timeout
-        self._writer = SqliteWriterThread(self._connect, max_batch=max_batch, on_batch=on_batch)
+        self._writer = SqliteWriterThread(
+            self._connect, busy_timeout=busy_timeout, max_batch=max_batch, on_batch=on_batch
+        )
         self._lock_file: IO[bytes] | None = None
         self._secret: bytes | None = None
         self.orphans_at_start = 0
@@ -88,7 +90,7 @@ class SqliteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._take_process_lock()
         try:
-            self._writer.start()
+            await self._writer.start()
             await self._writer.run(migrate)
             self._secret = await self._writer.run(_load_or_create_secret)
             self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
