@@ -83,10 +83,18 @@ def expected_version(request: web.Request, operation: Operation) -> int | None:
 
 
 async def read_limited(request: web.Request, limit: int = MAX_RESOLVE_BODY) -> bytes:
-    body = await request.content.read(limit + 1)
-    if len(body) > limit:
-        raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
-    return body
+    """The whole body (`read(n)` returns what has arrived so far), or 413 past `limit`."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def lookup(request: web.Request) -> web.Response:

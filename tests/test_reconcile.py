@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import sqlite3
 import time
 from datetime import datetime
@@ -135,6 +136,10 @@ async def test_resolve_checks_if_match_and_state(
             "response": {"status": 200, "body": "@@", "body_encoding": "base64"},
         },
         {"outcome": "applied", "extra": 1},
+        {"outcome": "applied", "response": {"status": 101}},
+        {"outcome": "applied", "response": {"status": 200, "headers": {"bad name": "x"}}},
+        {"outcome": "applied", "response": {"status": 200, "headers": {"x-a": "1\r\nx-b: 2"}}},
+        {"outcome": "applied", "response": {"status": 200, "headers": {"": "x"}}},
     ],
 )
 async def test_invalid_resolve_bodies_are_400_and_change_nothing(
@@ -221,6 +226,9 @@ async def test_admin_lists_every_scope_with_cursor_pagination(
     bad = await gateway.get("/admin/operations", params={"state": "nope"}, headers=ADMIN)
     assert bad.status == 400
     bad = await gateway.get("/admin/operations", params={"cursor": "!!"}, headers=ADMIN)
+    assert bad.status == 400
+    huge = base64.urlsafe_b64encode(b"s" + b"9" * 40).decode().rstrip("=")
+    bad = await gateway.get("/admin/operations", params={"cursor": huge}, headers=ADMIN)
     assert bad.status == 400
     assert upstream.count == 6
 

@@ -68,7 +68,10 @@ def decode_cursor(cursor: str | None) -> int:
         text = base64.urlsafe_b64decode(padded.encode()).decode()
         if not text.startswith("s"):
             raise ValueError(cursor)
-        return int(text[1:])
+        seq = int(text[1:])
+        if not 0 <= seq < 2**63:
+            raise ValueError(cursor)
+        return seq
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"invalid cursor {cursor!r}") from exc
 
