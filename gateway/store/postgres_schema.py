@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.store.rows import COLUMN_NAMES
+
 if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
@@ -34,34 +36,6 @@ _TIME_COLUMNS = frozenset(
     }
 )
 
-COLUMN_NAMES = (
-    "id",
-    "scope",
-    "key",
-    "state",
-    "route",
-    "method",
-    "path",
-    "fingerprint",
-    "attempts",
-    "token",
-    "version",
-    "created_at",
-    "updated_at",
-    "lease_owner",
-    "lease_expires_at",
-    "sent_at",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "body_retained",
-    "expires_at",
-    "forgotten_at",
-    "resolution_by",
-    "resolution_at",
-    "resolution_note",
-    "evidence",
-)
 
 COLUMNS = ", ".join(
     f"extract(epoch from {name})::float8 AS {name}" if name in _TIME_COLUMNS else name

@@ -15,7 +15,37 @@ from typing import Any
 from gateway.crypto import MAGIC, BodyCipher, CipherError
 from gateway.models import Evidence, Operation, Resolution, State, StoredResponse
 
-_FIELD_COUNT = 26
+COLUMN_NAMES = (
+    "id",
+    "scope",
+    "key",
+    "state",
+    "route",
+    "method",
+    "path",
+    "fingerprint",
+    "attempts",
+    "token",
+    "version",
+    "created_at",
+    "updated_at",
+    "lease_owner",
+    "lease_expires_at",
+    "sent_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "body_retained",
+    "expires_at",
+    "forgotten_at",
+    "resolution_by",
+    "resolution_at",
+    "resolution_note",
+    "evidence",
+)
+"""The columns both stores select, in the order `row_to_operation` reads them."""
+
+_FIELD_COUNT = len(COLUMN_NAMES)
 
 
 def _open_body(stored: bytes | None, operation_id: str, cipher: BodyCipher | None) -> bytes:

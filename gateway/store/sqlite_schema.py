@@ -9,36 +9,11 @@ from __future__ import annotations
 
 import sqlite3
 
+from gateway.store.rows import COLUMN_NAMES
+
 SCHEMA_VERSION = 1
 
-COLUMNS = (
-    "id",
-    "scope",
-    "key",
-    "state",
-    "route",
-    "method",
-    "path",
-    "fingerprint",
-    "attempts",
-    "token",
-    "version",
-    "created_at",
-    "updated_at",
-    "lease_owner",
-    "lease_expires_at",
-    "sent_at",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "body_retained",
-    "expires_at",
-    "forgotten_at",
-    "resolution_by",
-    "resolution_at",
-    "resolution_note",
-    "evidence",
-)
+COLUMNS = COLUMN_NAMES
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
