@@ -154,6 +154,10 @@ class MethodNotAllowed(GatewayError):
     title = "Method not allowed"
     safe_to_retry = False
 
+    def __init__(self, detail: str, *, allow: str = "") -> None:
+        super().__init__(detail)
+        self.allow = allow
+
 
 class KeyConflict(GatewayError):
     """The key is already bound to an operation that forbids forwarding this request."""

@@ -330,8 +330,8 @@ def _description() -> str:
         "protects answers with the upstream's response, a replay of it (with "
         f"`{IDEMPOTENT_REPLAYED}: true`), or one of these `{PROBLEM_JSON}` problems "
         f"(type URIs `{PROBLEM_BASE_URI}<type>`):\n\n{proxied}\n\n"
-        "Other methods on the gateway's own paths are not the gateway's either: they "
-        "fall through to the proxy. With `[admin] listen` set, the admin endpoints are "
+        "Other methods on the gateway's own paths get `405 method-not-allowed` with an "
+        "`Allow` header. With `[admin] listen` set, the admin endpoints are "
         "served only on that address (404 on the main one), which serves nothing else "
         "but `/healthz`, `/readyz` and `/metrics`. Every response carries `X-Request-Id`."
     )

@@ -22,7 +22,7 @@ from gateway.errors import (
     UnknownKey,
 )
 from gateway.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
-from gateway.keys import MAX_KEY_LENGTH
+from gateway.keys import MAX_KEY_LENGTH, format_key_header
 from gateway.models import Operation
 from gateway.operation_json import operation_json
 from gateway.problems import operation_url
@@ -52,7 +52,7 @@ def operation_response(
     """The operation JSON with its ETag (and the key headers for a caller's own key)."""
     headers = {"ETag": operation.etag, "Cache-Control": "no-store"}
     if key_headers:
-        headers[IDEMPOTENCY_KEY] = operation.key
+        headers[IDEMPOTENCY_KEY] = format_key_header(operation.key)
         headers[IDEMPOTENCY_STATUS] = operation.state.value
     document = operation_json(
         operation,

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
+from gateway.keys import format_key_header
 
 log = logging.getLogger("gateway.problems")
 
@@ -49,10 +50,12 @@ def problem_response(error: GatewayError, *, instance: str | None = None) -> web
     if error.safe_to_retry is not None:
         document["safe_to_retry"] = error.safe_to_retry
     headers: dict[str, str] = {}
+    if isinstance(error, MethodNotAllowed) and error.allow:
+        headers["Allow"] = error.allow
     if error.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
     if error.key is not None:
-        headers[IDEMPOTENCY_KEY] = error.key
+        headers[IDEMPOTENCY_KEY] = format_key_header(error.key)
         if error.state is not None:
             headers[IDEMPOTENCY_STATUS] = error.state
     return web.Response(
@@ -72,12 +75,11 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     except web.HTTPNotFound:
         return problem_response(NotFound(f"nothing at {request.path}"), instance=request.path)
     except web.HTTPMethodNotAllowed as exc:
-        response = problem_response(
-            MethodNotAllowed(f"{request.method} is not allowed on {request.path}"),
-            instance=request.path,
+        refusal = MethodNotAllowed(
+            f"{request.method} is not allowed on {request.path}",
+            allow=", ".join(sorted(exc.allowed_methods)),
         )
-        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
-        return response
+        return problem_response(refusal, instance=request.path)
     except web.HTTPException:
         raise
     except Exception:

@@ -23,6 +23,7 @@ from gateway.errors import (
     GatewayError,
     InProgress,
     KeyMismatch,
+    MethodNotAllowed,
     MissingKey,
     OutcomeUnknown,
     PayloadTooLarge,
@@ -43,7 +44,7 @@ from gateway.headers import (
     forwarded,
     forwarded_for,
 )
-from gateway.keys import parse_idempotency_key
+from gateway.keys import format_key_header, parse_idempotency_key
 from gateway.request_log import TRACE
 from gateway.routing import RouteMatch
 from gateway.scopes import CallerScope
@@ -56,9 +57,28 @@ _NOT_FORWARDED = frozenset({"host", "idempotency-key", "x-forwarded-for", "forwa
 _READ_CHUNK = 64 * 1024
 
 
+_OWN_PATHS: tuple[tuple[str, str], ...] = (
+    ("/operations", "GET, POST"),
+    ("/admin", "GET, POST"),
+    ("/healthz", "GET, HEAD"),
+    ("/readyz", "GET, HEAD"),
+    ("/metrics", "GET, HEAD"),
+    ("/openapi.json", "GET, HEAD"),
+)
+"""The gateway's own paths (never a route's, the config forbids it) and their methods."""
+
+
+def _refuse_own_path(path: str, method: str) -> None:
+    """A method the gateway's own endpoints do not serve gets 405, not `no-route`."""
+    for prefix, allowed in _OWN_PATHS:
+        if path == prefix or path.startswith(prefix + "/"):
+            raise MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
+
+
 async def proxy(request: web.Request) -> web.StreamResponse:
     app = request.app
     url = request.rel_url
+    _refuse_own_path(request.path, request.method)
     trace = request[TRACE]
     match = app[ROUTES].match(url.raw_path, url.raw_query_string)
     route = match.route
@@ -131,7 +151,7 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
     """Send a reply as received or as stored, plus the key headers."""
     headers: CIMultiDict[str] = CIMultiDict(reply.headers)
     if reply.key is not None:
-        headers[IDEMPOTENCY_KEY] = reply.key
+        headers[IDEMPOTENCY_KEY] = format_key_header(reply.key)
         if reply.state is not None:
             headers[IDEMPOTENCY_STATUS] = reply.state.value
     if reply.replayed:

@@ -1,5 +1,157 @@
-"""Agent-side client for the idempotency gateway."""
+"""Agent-side client for the idempotency gateway.
+
+Stable keys (`derive_key`), calls that turn gateway problems into typed
+exceptions (`GatewayClient`), lookups of what happened to an effect
+(`GatewayClient.lookup`), and a durable run journal (`Run` over a
+`FileJournal` or `SqliteJournal`) that follows the recovery protocol.
+
+>>> async with GatewayClient("http://127.0.0.1:8080") as gw:
+...     async with Run(FileJournal("run-77.json"), client=gw, run_id="run-77",
+...                    flow_version="triage-v1", tools=TOOLS) as run:
+...         while not run.finished:
+...             await run.step(plan)
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from idempotency_gateway_client._backoff import Backoff
+from idempotency_gateway_client._client import GatewayClient, canonical_json
+from idempotency_gateway_client._events import EventKind, RunEvent, RunObserver
+from idempotency_gateway_client._exceptions import (
+    BadRequest,
+    GatewayClientError,
+    GatewayConnectionError,
+    GatewayProblem,
+    IncompatibleJournal,
+    InProgress,
+    InvalidKey,
+    InvalidRequest,
+    JournalCorrupt,
+    JournalError,
+    KeyConflict,
+    KeyFormatError,
+    KeyMismatch,
+    LeaseLost,
+    MethodNotAllowed,
+    MissingKey,
+    NoRoute,
+    NotFound,
+    NotResolvable,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    PreconditionFailed,
+    QuotaExceeded,
+    ReceiptExpired,
+    ReceiptNotRetained,
+    ReconciliationRequired,
+    RequestTimeout,
+    RouteSaturated,
+    RunLeased,
+    RunLeaseLost,
+    StoreUnavailable,
+    Unauthorized,
+    Unavailable,
+    UnknownKey,
+    UpstreamConnectionLost,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from idempotency_gateway_client._file_journal import FileJournal
+from idempotency_gateway_client._journal import JournalStore, Worker
+from idempotency_gateway_client._keys import (
+    MAX_KEY_LENGTH,
+    derive_key,
+    operation_path,
+    validate_key,
+)
+from idempotency_gateway_client._models import (
+    Evidence,
+    Operation,
+    OperationState,
+    Resolution,
+    Response,
+    StoredResponse,
+)
+from idempotency_gateway_client._records import (
+    JournalDocument,
+    PlannedCall,
+    RunLease,
+    ToolCall,
+    ToolRequest,
+    ToolResult,
+    Turn,
+)
+from idempotency_gateway_client._run import Run
+from idempotency_gateway_client._sqlite_journal import SqliteJournal
+from idempotency_gateway_client._tools import HttpTool, Planner, Tool
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "Backoff",
+    "BadRequest",
+    "EventKind",
+    "Evidence",
+    "FileJournal",
+    "GatewayClient",
+    "GatewayClientError",
+    "GatewayConnectionError",
+    "GatewayProblem",
+    "HttpTool",
+    "InProgress",
+    "IncompatibleJournal",
+    "InvalidKey",
+    "InvalidRequest",
+    "JournalCorrupt",
+    "JournalDocument",
+    "JournalError",
+    "JournalStore",
+    "KeyConflict",
+    "KeyFormatError",
+    "KeyMismatch",
+    "LeaseLost",
+    "MethodNotAllowed",
+    "MissingKey",
+    "NoRoute",
+    "NotFound",
+    "NotResolvable",
+    "Operation",
+    "OperationState",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "PlannedCall",
+    "Planner",
+    "PreconditionFailed",
+    "QuotaExceeded",
+    "ReceiptExpired",
+    "ReceiptNotRetained",
+    "ReconciliationRequired",
+    "RequestTimeout",
+    "Resolution",
+    "Response",
+    "RouteSaturated",
+    "Run",
+    "RunEvent",
+    "RunLease",
+    "RunLeaseLost",
+    "RunLeased",
+    "RunObserver",
+    "SqliteJournal",
+    "StoreUnavailable",
+    "StoredResponse",
+    "Tool",
+    "ToolCall",
+    "ToolRequest",
+    "ToolResult",
+    "Turn",
+    "Unauthorized",
+    "Unavailable",
+    "UnknownKey",
+    "UpstreamConnectionLost",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+    "Worker",
+    "canonical_json",
+    "derive_key",
+    "operation_path",
+    "validate_key",
+]

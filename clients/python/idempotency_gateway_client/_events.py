@@ -1,0 +1,56 @@
+"""What a run reports while it advances, for progress output, logs and tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from idempotency_gateway_client._records import PlannedCall, ToolResult
+
+__all__ = ["EventKind", "RunEvent", "RunObserver"]
+
+EventKind = Literal["planned", "lookup", "sending", "response", "recorded", "finished"]
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One thing a `Run` did, reported to its `on_event` observer when it happens.
+
+    By kind, and when it is reported:
+
+    - `planned`: a turn's calls are durably in the journal; none has run yet.
+    - `lookup`: a call left without a result (by a crash, or an error) was
+      looked up at the gateway; `state` is the answer (`absent` for a 404).
+    - `sending`: the call is about to be sent through the gateway.
+    - `response`: the gateway answered the call with the tool's answer (the
+      effect exists); `result` is not in the journal yet.
+    - `recorded`: the call's `result` is durably in the journal (`result.source`
+      says whether it came from a response or from a receipt found by lookup).
+    - `finished`: the run is durably marked finished.
+
+    The observer runs on the event loop, synchronously; an exception it
+    raises propagates out of the `Run` method that reported the event.
+
+    >>> Run(journal, ..., on_event=lambda event: print(event.kind, event.key))
+    """
+
+    kind: EventKind
+    run_id: str
+    turn: int | None = None
+    call: PlannedCall | None = None
+    state: str | None = None
+    result: ToolResult | None = None
+
+    @property
+    def call_id(self) -> str | None:
+        """The model's id of the call, for events about a call."""
+        return self.call.call_id if self.call is not None else None
+
+    @property
+    def key(self) -> str | None:
+        """The call's idempotency key, for events about a call."""
+        return self.call.key if self.call is not None else None
+
+
+RunObserver = Callable[[RunEvent], None]

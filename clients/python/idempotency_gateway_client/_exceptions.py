@@ -1,0 +1,385 @@
+"""Everything this package raises, in one tree.
+
+Gateway answers that are RFC 9457 problems become `GatewayProblem` subclasses
+chosen by the problem type (the last path segment of the `type` URI); a type
+this client does not know becomes a plain `GatewayProblem`, so a newer gateway
+never breaks an older client. Each problem keeps every field the gateway sent.
+
+    GatewayClientError
+    ├── KeyFormatError                 (also ValueError) derive_key refused a part
+    ├── GatewayConnectionError         the gateway could not be reached or its answer was lost
+    ├── GatewayProblem                 any problem+json answer from the gateway
+    │   ├── BadRequest
+    │   │   ├── MissingKey             400 missing-key
+    │   │   ├── InvalidKey             400 invalid-key
+    │   │   ├── InvalidRequest         400 invalid-request
+    │   │   ├── PayloadTooLarge        413 payload-too-large
+    │   │   └── RequestTimeout         408 request-timeout (the body came too slowly; safe)
+    │   ├── Unauthorized               401 unauthorized
+    │   ├── NotFound
+    │   │   ├── NoRoute                404 no-route
+    │   │   └── UnknownKey             404 unknown-key
+    │   ├── MethodNotAllowed           405 method-not-allowed
+    │   ├── KeyConflict                (the key is taken)
+    │   │   ├── KeyMismatch            422 key-mismatch
+    │   │   ├── InProgress             409 in-progress
+    │   │   ├── ReceiptExpired         409 receipt-expired
+    │   │   ├── ReceiptNotRetained     409 receipt-not-retained
+    │   │   └── NotResolvable          409 not-resolvable
+    │   ├── OutcomeUnknown             409 outcome-unknown: stop, reconcile, never resend
+    │   │   ├── UpstreamTimeout        504 upstream-timeout
+    │   │   └── UpstreamConnectionLost 502 upstream-connection-lost
+    │   ├── PreconditionFailed         412 precondition-failed
+    │   ├── QuotaExceeded              429 quota-exceeded (nothing recorded; safe to retry)
+    │   ├── Unavailable                (nothing was forwarded; safe to retry)
+    │   │   ├── StoreUnavailable       503 store-unavailable
+    │   │   ├── RouteSaturated         503 route-saturated
+    │   │   └── LeaseLost              503 lease-lost
+    │   └── UpstreamUnreachable        502 upstream-unreachable (not sent; safe to retry)
+    ├── ReconciliationRequired         a run's call may or may not have happened: stop
+    └── JournalError
+        ├── JournalCorrupt             the journal cannot be read
+        ├── IncompatibleJournal        another flow version, run id or journal format
+        ├── RunLeased                  another live worker holds the run
+        └── RunLeaseLost               this worker was fenced out by a newer lease
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from idempotency_gateway_client._models import Operation
+
+__all__ = [
+    "BadRequest",
+    "GatewayClientError",
+    "GatewayConnectionError",
+    "GatewayProblem",
+    "InProgress",
+    "IncompatibleJournal",
+    "InvalidKey",
+    "InvalidRequest",
+    "JournalCorrupt",
+    "JournalError",
+    "KeyConflict",
+    "KeyFormatError",
+    "KeyMismatch",
+    "LeaseLost",
+    "MethodNotAllowed",
+    "MissingKey",
+    "NoRoute",
+    "NotFound",
+    "NotResolvable",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "PreconditionFailed",
+    "QuotaExceeded",
+    "ReceiptExpired",
+    "ReceiptNotRetained",
+    "ReconciliationRequired",
+    "RequestTimeout",
+    "RouteSaturated",
+    "RunLeaseLost",
+    "RunLeased",
+    "StoreUnavailable",
+    "Unauthorized",
+    "Unavailable",
+    "UnknownKey",
+    "UpstreamConnectionLost",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+]
+
+
+class GatewayClientError(Exception):
+    """Base of every exception this package raises."""
+
+
+class KeyFormatError(GatewayClientError, ValueError):
+    """A key part the gateway would refuse, caught before anything is sent.
+
+    >>> derive_key("run:7", 0, "c1")
+    Traceback (most recent call last):
+    KeyFormatError: run_id may not contain ':' ...
+    """
+
+
+class GatewayConnectionError(GatewayClientError):
+    """The gateway could not be reached, or the connection broke before its answer arrived.
+
+    With a key this is safe to retry: the gateway finishes what it started and
+    the retry gets the receipt (or `in-progress`, or `outcome-unknown`).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.safe_to_retry = key is not None
+
+
+class GatewayProblem(GatewayClientError):
+    """An RFC 9457 problem answered by the gateway, with every field it carried.
+
+    >>> try:
+    ...     await client.request("POST", "/tickets/v1/issues", key=key, json={"title": "x"})
+    ... except GatewayProblem as problem:
+    ...     problem.status, problem.problem_type, problem.safe_to_retry
+    (422, 'key-mismatch', False)
+    """
+
+    problem_type: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        problem: dict[str, Any],
+        *,
+        status: int,
+        retry_after: float | None = None,
+    ) -> None:
+        self.problem = problem
+        self.status = status
+        self.title: str = str(problem.get("title", ""))
+        self.detail: str = str(problem.get("detail", ""))
+        self.type_uri: str = str(problem.get("type", ""))
+        self.key: str | None = _optional_str(problem.get("key"))
+        self.state: str | None = _optional_str(problem.get("state"))
+        self.operation: str | None = _optional_str(problem.get("operation"))
+        safe = problem.get("safe_to_retry")
+        self.safe_to_retry: bool | None = safe if isinstance(safe, bool) else None
+        self.retry_after = retry_after
+        super().__init__(f"{status} {self.kind}: {self.detail or self.title}")
+
+    @property
+    def kind(self) -> str:
+        """The problem type as the gateway sent it (also for types this client does not know)."""
+        return self.type_uri.rstrip("/").rsplit("/", 1)[-1] or self.problem_type
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status={self.status}, problem_type={self.kind!r}, "
+            f"key={self.key!r}, state={self.state!r}, safe_to_retry={self.safe_to_retry!r})"
+        )
+
+
+def _optional_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class BadRequest(GatewayProblem):
+    problem_type = "bad-request"
+
+
+class MissingKey(BadRequest):
+    problem_type = "missing-key"
+
+
+class InvalidKey(BadRequest):
+    problem_type = "invalid-key"
+
+
+class InvalidRequest(BadRequest):
+    problem_type = "invalid-request"
+
+
+class PayloadTooLarge(BadRequest):
+    problem_type = "payload-too-large"
+
+
+class RequestTimeout(BadRequest):
+    """The request body did not arrive in time; nothing was recorded."""
+
+    problem_type = "request-timeout"
+
+
+class Unauthorized(GatewayProblem):
+    problem_type = "unauthorized"
+
+
+class NotFound(GatewayProblem):
+    problem_type = "not-found"
+
+
+class NoRoute(NotFound):
+    problem_type = "no-route"
+
+
+class UnknownKey(NotFound):
+    problem_type = "unknown-key"
+
+
+class MethodNotAllowed(GatewayProblem):
+    problem_type = "method-not-allowed"
+
+
+class KeyConflict(GatewayProblem):
+    """The key is bound to an operation that forbids forwarding this request."""
+
+
+class KeyMismatch(KeyConflict):
+    """The key was first used with a different request; a new effect needs a new key."""
+
+    problem_type = "key-mismatch"
+
+
+class InProgress(KeyConflict):
+    """An attempt with this key is still in flight (raised once the client's wait is spent)."""
+
+    problem_type = "in-progress"
+
+
+class ReceiptExpired(KeyConflict):
+    """The effect happened, but its stored response is gone; never resend."""
+
+    problem_type = "receipt-expired"
+
+
+class ReceiptNotRetained(KeyConflict):
+    """The effect happened, but its response was too large to keep; never resend."""
+
+    problem_type = "receipt-not-retained"
+
+
+class NotResolvable(KeyConflict):
+    """Only an `unknown` operation can be resolved."""
+
+    problem_type = "not-resolvable"
+
+
+class OutcomeUnknown(GatewayProblem):
+    """The effect may or may not have happened: stop and reconcile; never resend."""
+
+    problem_type = "outcome-unknown"
+
+
+class UpstreamTimeout(OutcomeUnknown):
+    """Sent, but no complete answer in time; the key is now `unknown`."""
+
+    problem_type = "upstream-timeout"
+
+
+class UpstreamConnectionLost(OutcomeUnknown):
+    """Sent, but the connection broke before a complete answer; the key is now `unknown`."""
+
+    problem_type = "upstream-connection-lost"
+
+
+class PreconditionFailed(GatewayProblem):
+    """The operation changed since the lookup whose ETag was sent."""
+
+    problem_type = "precondition-failed"
+
+
+class QuotaExceeded(GatewayProblem):
+    """This client is over one of its quotas; nothing was recorded (see `retry_after`)."""
+
+    problem_type = "quota-exceeded"
+
+
+class Unavailable(GatewayProblem):
+    """Nothing was recorded or forwarded; the same request with the same key may be resent."""
+
+
+class StoreUnavailable(Unavailable):
+    problem_type = "store-unavailable"
+
+
+class RouteSaturated(Unavailable):
+    problem_type = "route-saturated"
+
+
+class LeaseLost(Unavailable):
+    problem_type = "lease-lost"
+
+
+class UpstreamUnreachable(GatewayProblem):
+    """The upstream could not be reached; nothing was sent and the key is released."""
+
+    problem_type = "upstream-unreachable"
+
+
+class ReconciliationRequired(GatewayClientError):
+    """A run's call may have taken effect, and no receipt says what it returned.
+
+    The run stops here. Settle the key (a route probe, `GatewayClient.resolve`,
+    or an operator), then resume: the next lookup finds the settled state.
+    `problem` is the gateway's answer when there was one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        call_id: str,
+        operation: Operation | None = None,
+        problem: GatewayProblem | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.call_id = call_id
+        self.operation = operation
+        self.problem = problem
+
+
+class JournalError(GatewayClientError):
+    """The run journal refuses this worker or this run."""
+
+
+class JournalCorrupt(JournalError):
+    """The journal exists but cannot be read as a journal."""
+
+
+class IncompatibleJournal(JournalError):
+    """The journal was written for another flow version, another run or another format."""
+
+
+class RunLeased(JournalError):
+    """Another live worker holds the run; this one must not advance it."""
+
+    def __init__(self, message: str, *, holder: str, token: int, expires_at: float) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.token = token
+        self.expires_at = expires_at
+
+
+class RunLeaseLost(JournalError):
+    """A newer lease (a higher fencing token) took the run over; this worker must stop."""
+
+    def __init__(self, message: str, *, holder: str | None, token: int | None) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.token = token
+
+
+PROBLEM_CLASSES: dict[str, type[GatewayProblem]] = {
+    cls.problem_type: cls
+    for cls in (
+        BadRequest,
+        MissingKey,
+        InvalidKey,
+        InvalidRequest,
+        PayloadTooLarge,
+        Unauthorized,
+        NoRoute,
+        NotFound,
+        UnknownKey,
+        MethodNotAllowed,
+        KeyMismatch,
+        InProgress,
+        ReceiptExpired,
+        ReceiptNotRetained,
+        NotResolvable,
+        OutcomeUnknown,
+        UpstreamTimeout,
+        UpstreamConnectionLost,
+        PreconditionFailed,
+        QuotaExceeded,
+        StoreUnavailable,
+        RouteSaturated,
+        LeaseLost,
+        UpstreamUnreachable,
+    )
+}
+"""Problem type -> exception class; a type not listed maps to `GatewayProblem` itself."""
