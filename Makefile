@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench fuzz clean
+.PHONY: run test lint typecheck bench soak fuzz clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,19 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/python -m pytest
+
+# The gateway against a plain aiohttp proxy and the store at 1M operations, in one
+# run (under 10 minutes on 2 cores); writes bench/RESULTS.md.
+bench: $(STAMP)
+	$(BIN)/python -m bench.run --write
+
+# The gateway's memory under 10 minutes of new keys; appends to bench/RESULTS.md.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --minutes 10 --write
+
+# Hostile bytes against the request path for 60 s (atheris if installed, else hypothesis).
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzz_request_path.py --seconds 60
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -32,6 +32,7 @@ they occur.
     ├── StoreUnavailable             503 store-unavailable
     ├── RouteSaturated               503 route-saturated
     ├── LeaseLost                    503 lease-lost
+    ├── UnsupportedTransferCoding    501 unsupported-transfer-coding
     └── UpstreamError
         ├── UpstreamUnreachable      502 upstream-unreachable
         ├── UpstreamTimeout          504 upstream-timeout
@@ -233,6 +234,15 @@ class LeaseLost(GatewayError):
     problem_type = "lease-lost"
     title = "The gateway lost its lease before sending; nothing was forwarded"
     safe_to_retry = True
+
+
+class UnsupportedTransferCoding(GatewayError):
+    """RFC 9112 6.1: a transfer coding the gateway cannot undo is refused, not passed on."""
+
+    status = 501
+    problem_type = "unsupported-transfer-coding"
+    title = "The request's Transfer-Encoding is not supported; only chunked is"
+    safe_to_retry = False
 
 
 class UpstreamError(GatewayError):

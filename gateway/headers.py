@@ -65,14 +65,23 @@ def forwarded_for(existing: str | None, client_ip: str | None) -> str | None:
     return f"{existing}, {client_ip}" if existing else client_ip
 
 
+def _quoted(value: str) -> str:
+    """An RFC 7230 quoted-string: the caller's `Host` may carry quotes meant to forge hops."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def forwarded(existing: str | None, client_ip: str | None, host: str | None, proto: str) -> str:
-    """Append this hop to the RFC 7239 `Forwarded` header."""
+    r"""Append this hop to the RFC 7239 `Forwarded` header.
+
+    >>> print(forwarded(None, "10.0.0.1", 'x", for=6.6.6.6', "http"))
+    for=10.0.0.1;host="x\", for=6.6.6.6";proto=http
+    """
     parts = []
     if client_ip:
-        node = f'"[{client_ip}]"' if ":" in client_ip else client_ip
+        node = _quoted(f"[{client_ip}]") if ":" in client_ip else client_ip
         parts.append(f"for={node}")
     if host:
-        parts.append(f'host="{host}"')
+        parts.append(f"host={_quoted(host)}")
     parts.append(f"proto={proto}")
     element = ";".join(parts)
     return f"{existing}, {element}" if existing else element

@@ -6,7 +6,7 @@ test process and nothing leaks through prometheus_client's global default.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -51,6 +51,7 @@ class GatewayMetrics:
 
     def __init__(self, *, version: str = "0") -> None:
         self._counted_at: float | None = None
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -151,9 +152,9 @@ class GatewayMetrics:
         self.build.info({"version": version})
 
     def request(self, route: str, outcome: str) -> None:
-        self.requests.labels(route, outcome).inc()
+        self._child(self.requests, route, outcome).inc()
         if outcome in ("replayed", "in_progress"):
-            self.duplicates_suppressed.labels(route).inc()
+            self._child(self.duplicates_suppressed, route).inc()
 
     def operation_counts_stale(self, now: float, ttl: float) -> bool:
         return self._counted_at is None or now - self._counted_at >= ttl
@@ -165,13 +166,16 @@ class GatewayMetrics:
 
     # LifecycleObserver
     def store_call(self, operation: str, seconds: float) -> None:
-        self.store_seconds.labels(operation).observe(seconds)
+        self._child(self.store_seconds, operation).observe(seconds)
 
     def store_error(self, operation: str) -> None:
         self.store_errors.labels(operation).inc()
 
     def upstream_call(self, route: str, seconds: float) -> None:
-        self.upstream_seconds.labels(route).observe(seconds)
+        self._child(self.upstream_seconds, route).observe(seconds)
+
+    def request_time(self, route: str, seconds: float) -> None:
+        self._child(self.request_seconds, route).observe(seconds)
 
     def stale_write(self, route: str) -> None:
         self.stale_writes.labels(route).inc()
@@ -198,3 +202,12 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, remembered: `labels()` takes a lock and builds keys
+        each call, and the hot path calls it several times per request."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child

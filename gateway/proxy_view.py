@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
 from gateway.appkeys import BACKGROUND, ENGINE, FORWARDER, METRICS, ROUTES, SCOPES, SETTINGS
@@ -22,12 +24,14 @@ from gateway.config import RouteSettings
 from gateway.errors import (
     GatewayError,
     InProgress,
+    InvalidRequest,
     KeyMismatch,
     MethodNotAllowed,
     MissingKey,
     OutcomeUnknown,
     PayloadTooLarge,
     RequestTimeout,
+    UnsupportedTransferCoding,
     UpstreamConnectionLost,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -205,6 +209,23 @@ def _preferred_wait(values: list[str], cap: float) -> float:
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
+    codings = [
+        coding.strip().lower()
+        for value in request.headers.getall("Transfer-Encoding", [])
+        for coding in value.split(",")
+        if coding.strip()
+    ]
+    if any(coding != "chunked" for coding in codings):
+        raise UnsupportedTransferCoding(
+            f"Transfer-Encoding {', '.join(codings)!r}: only chunked is supported"
+        )
+    try:
+        return await _read_limited(request, limit)
+    except (ConnectionResetError, RequestPayloadError, HttpProcessingError) as exc:
+        raise InvalidRequest(f"the request body could not be read: {exc}") from exc
+
+
+async def _read_limited(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"the request body is {declared} bytes; this route accepts {limit}")

@@ -2,9 +2,12 @@
 
 Only configured upstreams are ever contacted: the upstream URL is built from
 the route's base and the remainder of the path, never from anything else the
-caller sends (not `Host`, not an absolute-form target). Paths with dot
-segments (plain or percent-encoded) are refused before matching, so a
-remainder can never climb out of the route's base path on the upstream.
+caller sends (not `Host`, not an absolute-form target: aiohttp hands over
+only its path, which is routed like any other). Paths with dot segments
+(plain, percent-encoded or with `;` parameters), empty segments, backslashes,
+encoded slashes, invalid escapes or encoded NULs are refused before matching,
+so a remainder can never climb out of the route's base path on an upstream,
+whatever that upstream's own path rules are.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ if TYPE_CHECKING:
 
 _DOT_SEGMENT = re.compile(r"(^|/)(\.|%2e){1,2}(/|$)", re.IGNORECASE)
 _ENCODED_SLASH = re.compile(r"%2f|%5c", re.IGNORECASE)
+_BAD_ESCAPE = re.compile(r"%(?![0-9a-f]{2})|%00", re.IGNORECASE)
+_DOT_PARAM_SEGMENT = re.compile(r"(^|/)\.{1,2};", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,5 +68,9 @@ def check_path(raw_path: str) -> None:
         raise InvalidRequest("the path may not contain '.' or '..' segments")
     if "//" in raw_path:
         raise InvalidRequest("the path may not contain empty segments ('//')")
-    if _ENCODED_SLASH.search(raw_path):
-        raise InvalidRequest("the path may not contain encoded slashes or backslashes")
+    if "\\" in raw_path or _ENCODED_SLASH.search(raw_path):
+        raise InvalidRequest("the path may not contain backslashes or encoded slashes")
+    if _BAD_ESCAPE.search(raw_path):
+        raise InvalidRequest("the path has an invalid percent-escape (or an encoded NUL)")
+    if _DOT_PARAM_SEGMENT.search(raw_path):
+        raise InvalidRequest("the path may not contain '.;' or '..;' segments")

@@ -44,6 +44,8 @@ def make_runner(
         max_field_size=settings.server.max_header_size,
         max_headers=settings.server.max_headers,
         shutdown_timeout=shutdown_timeout,
+        # A proxy forwards bodies as sent: never inflate a Content-Encoding.
+        auto_decompress=False,
     )
 
 

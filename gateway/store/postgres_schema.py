@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -89,6 +89,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "WHERE forgotten_at IS NOT NULL",
         "CREATE INDEX operations_by_lease ON operations (lease_expires_at) "
         "WHERE state = 'in_flight'",
+    ),
+    # The sweep finds expired receipt bodies without scanning every completed row.
+    2: (
+        "CREATE INDEX operations_by_body_expiry ON operations (expires_at) "
+        "WHERE response_body IS NOT NULL",
     ),
 }
 

@@ -91,7 +91,7 @@ class SqliteStore:
         self._take_process_lock()
         try:
             await self._writer.start()
-            await self._writer.run(migrate)
+            await self._writer.run(migrate, off_loop=True)
             self._secret = await self._writer.run(_load_or_create_secret)
             self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
         except BaseException:
@@ -368,7 +368,7 @@ class SqliteStore:
             )
             return cursor.rowcount
 
-        return await self._writer.run(job)
+        return await self._writer.run(job, off_loop=everything)
 
     async def sweep(self, *, batch: int) -> SweepReport:
         def job(c: sqlite3.Connection) -> SweepReport:
@@ -376,25 +376,27 @@ class SqliteStore:
             expired = c.execute(
                 "UPDATE operations SET response_body = NULL, response_headers = NULL, "
                 "version = version + 1 WHERE seq IN (SELECT seq FROM operations "
-                "WHERE state = 'completed' AND response_body IS NOT NULL AND expires_at <= ? "
-                "LIMIT ?)",
+                "INDEXED BY operations_by_body_expiry WHERE response_body IS NOT NULL "
+                "AND expires_at <= ? AND state = 'completed' LIMIT ?)",
                 (now, batch),
             ).rowcount
             forgotten = c.execute(
                 "DELETE FROM operations WHERE seq IN (SELECT seq FROM operations "
-                "WHERE state IN ('completed', 'released') AND forgotten_at <= ? LIMIT ?)",
+                "INDEXED BY operations_by_forgotten_at WHERE forgotten_at IS NOT NULL "
+                "AND forgotten_at <= ? AND state IN ('completed', 'released') LIMIT ?)",
                 (now, batch),
             ).rowcount
             return SweepReport(receipts_expired=expired, forgotten=forgotten)
 
-        return await self._writer.run(job)
+        return await self._writer.run(job, off_loop=True)
 
     async def count_for_scope(self, scope: str) -> int:
         return int(
             await self._writer.run(
                 lambda c: c.execute(
                     "SELECT count(*) FROM operations WHERE scope = ?", (scope,)
-                ).fetchone()[0]
+                ).fetchone()[0],
+                off_loop=True,
             )
         )
 
@@ -418,7 +420,7 @@ class SqliteStore:
                 counts[State(state)] = count
             return counts
 
-        return await self._writer.run(job)
+        return await self._writer.run(job, off_loop=True)
 
 
 # -- statements run on the writer thread -------------------------------------

@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 COLUMNS = COLUMN_NAMES
 
@@ -59,6 +59,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX operations_by_state ON operations (state, seq)",
         "CREATE INDEX operations_by_forgotten_at ON operations (forgotten_at) "
         "WHERE forgotten_at IS NOT NULL",
+    ),
+    # The sweep finds expired receipt bodies without scanning every completed row.
+    2: (
+        "CREATE INDEX operations_by_body_expiry ON operations (expires_at) "
+        "WHERE response_body IS NOT NULL",
     ),
 }
 

@@ -50,6 +50,7 @@ log = logging.getLogger("gateway.store.sqlite")
 class _Pending(Generic[T]):
     job: Callable[[sqlite3.Connection], T]
     future: asyncio.Future[T]
+    off_loop: bool = False
 
 
 @dataclass(slots=True)
@@ -113,12 +114,17 @@ class SqliteWriterThread:
         self._connection = connection
         self._idle.set()
 
-    async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `job` in the next batch; return once its batch is committed."""
+    async def run(self, job: Callable[[sqlite3.Connection], T], *, off_loop: bool = False) -> T:
+        """Run `job` in the next batch; return once its batch is committed.
+
+        `off_loop=True` is for statements whose cost grows with the table (sweeps,
+        counts, migrations): their batch runs on the thread, so the loop never
+        waits on a scan.
+        """
         if self._loop is None or self._connection is None:
             raise StoreUnavailable("the SQLite store is not open")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._queue.append(_Pending(job, future))
+        self._queue.append(_Pending(job, future, off_loop))
         if not self._committing:
             self._start_batch()
         return await future
@@ -147,6 +153,10 @@ class SqliteWriterThread:
         thread = self._thread
         assert connection is not None
         assert thread is not None
+        if any(item.off_loop for item in batch):
+            scan = lambda: self._run_batch_waiting(connection, batch)  # noqa: E731
+            thread.submit(scan, self._delivered(batch))
+            return
         try:
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:

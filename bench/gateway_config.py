@@ -1,0 +1,56 @@
+"""The gateway configuration each benchmark row runs with, written as a TOML file.
+
+Built through the gateway's own `Settings` model and written back with
+`render_effective`, so a setting the gateway would refuse fails here, before
+any server starts, naming the key. One route, "tickets" at `/tickets`, in
+front of the tool API; everything else is the production default (24 h
+retention, 60 s sweep, no quotas) because that is what operators run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from gateway.config import Settings, render_effective
+
+__all__ = ["ROUTE_PREFIX", "LogLevel", "sqlite_url", "write_gateway_config"]
+
+ROUTE_PREFIX = "/tickets"
+"""Where the gateway exposes the tool API: POST {gateway}/tickets/v1/issues."""
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+def write_gateway_config(
+    path: Path, *, upstream: str, store_url: str, log_level: LogLevel = "warning"
+) -> Path:
+    """Write a config for a gateway on 127.0.0.1, OS-chosen port, and return `path`.
+
+    `log_level="info"` turns on the JSON access log (one line a request), whose
+    cost the benchmark reports separately.
+
+    >>> # write_gateway_config(tmp / "gw.toml", upstream=api.url, store_url="sqlite:////tmp/g.db")
+    """
+    settings = Settings.model_validate(
+        {
+            "server": {"host": "127.0.0.1", "port": 0},
+            "store": {"url": store_url},
+            "routes": [
+                {
+                    "name": "tickets",
+                    "prefix": ROUTE_PREFIX,
+                    "upstream": upstream,
+                    "timeout": "10s",
+                }
+            ],
+            "logging": {"level": log_level, "format": "json"},
+        }
+    )
+    path.write_text(render_effective(settings))
+    return path
+
+
+def sqlite_url(path: Path) -> str:
+    """The store URL of an SQLite file (absolute: the gateway runs from the repository root)."""
+    return f"sqlite:///{path.resolve()}"

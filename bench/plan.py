@@ -1,0 +1,69 @@
+"""How long and how hard each row runs: the full benchmark and the `--quick` smoke run.
+
+Full: about 10 s a row at c=64 and at c=1, a million stored operations for
+the store-scale run; the whole run stays well under 10 minutes on 2 cores.
+Quick: c=8, 2 s a row, 10k stored operations and no PostgreSQL, so the smoke
+test finishes in well under its 90 s budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bench.loadgen import KeyMode, LoadSpec
+
+__all__ = ["FULL", "QUICK", "Plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One benchmark run's sizes."""
+
+    concurrency: int = 64
+    duration: float = 10.0
+    """Measured seconds of every row."""
+    warmup: float = 1.0
+    """Unmeasured seconds before each row (connections open, caches warm)."""
+    replay_keys: int = 1000
+    small_store: int = 1_000
+    large_store: int = 1_000_000
+    postgres: bool = True
+
+    def spec(
+        self,
+        url: str,
+        mode: KeyMode,
+        *,
+        pids: tuple[int, ...],
+        concurrency: int | None = None,
+        method: str = "POST",
+        lookup_keys: int = 0,
+    ) -> LoadSpec:
+        """A load for one row of this plan."""
+        return LoadSpec(
+            url=url,
+            mode=mode,
+            concurrency=self.concurrency if concurrency is None else concurrency,
+            duration=self.duration,
+            warmup=self.warmup,
+            method=method,
+            replay_keys=self.replay_keys,
+            lookup_keys=lookup_keys,
+            cpu_pids=pids,
+        )
+
+    def with_overrides(self, **changes: object) -> Plan:
+        """This plan with some sizes changed from the command line."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+FULL = Plan()
+QUICK = Plan(
+    concurrency=8,
+    duration=2.0,
+    warmup=0.3,
+    replay_keys=100,
+    small_store=1_000,
+    large_store=10_000,
+    postgres=False,
+)

@@ -1,0 +1,116 @@
+"""Servers under test as child processes: started on loopback port 0, always stopped.
+
+Each server runs in its own process so that its CPU time can be read from
+/proc without the load generator's, and so that the gateway runs exactly as
+production runs it (`python -m gateway serve`). Every server prints one
+"... listening on http://HOST:PORT" line once it accepts connections; that
+line is the only way to learn the port the OS chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["ROOT", "ServerProcess", "gateway", "plain_proxy", "tool_api"]
+
+ROOT = Path(__file__).resolve().parent.parent
+_STOP_GRACE = 20.0
+"""Seconds a server gets to drain after SIGTERM before it is killed."""
+
+
+class ServerProcess:
+    """One server subprocess; `with` starts it and guarantees it is gone afterwards.
+
+    >>> # with tool_api(log_dir) as api:
+    >>> #     print(api.url, api.pid)
+    """
+
+    def __init__(
+        self, name: str, argv: list[str], *, log_path: Path, start_timeout: float = 30.0
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.start_timeout = start_timeout
+        self.url = ""
+        self._process: subprocess.Popen[str] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self._process.pid
+
+    def start(self) -> ServerProcess:
+        """Start the process; return once its "listening on" line names the URL."""
+        # stderr goes to a file, never a pipe: a pipe nobody reads fills up and
+        # blocks the server mid-benchmark (the info-level access log is large).
+        with open(self.log_path, "a") as log:
+            self._process = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        assert self._process.stdout is not None
+        ready, _, _ = select.select([self._process.stdout], [], [], self.start_timeout)
+        line = self._process.stdout.readline() if ready else ""
+        if "listening on http://" not in line:
+            self.stop()
+            raise RuntimeError(
+                f"{self.name} did not start: {line!r}\n{self.log_path.read_text()[-2000:]}"
+            )
+        self.url = line.strip().rsplit(" ", 1)[-1]
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM, wait for the drain, then SIGKILL if it is still there."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(_STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            with contextlib.suppress(OSError):
+                process.stdout.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def tool_api(log_dir: Path) -> ServerProcess:
+    """The example tool API: the upstream every row ends at."""
+    argv = [sys.executable, "-m", "examples.tool_api", "--host", "127.0.0.1", "--port", "0"]
+    return ServerProcess("tool API", argv, log_path=log_dir / "tool_api.log")
+
+
+def plain_proxy(log_dir: Path, upstream: str) -> ServerProcess:
+    """The baseline: a pass-through aiohttp proxy in front of `upstream`."""
+    argv = [sys.executable, "-m", "bench.plain_proxy", "--port", "0", "--upstream", upstream]
+    return ServerProcess("plain proxy", argv, log_path=log_dir / "plain_proxy.log")
+
+
+def gateway(config_path: Path, *, name: str = "gateway") -> ServerProcess:
+    """`python -m gateway serve --config FILE`, its log beside the config file."""
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path)]
+    return ServerProcess(name, argv, log_path=config_path.with_suffix(".log"))

@@ -1,0 +1,75 @@
+"""`python -m bench.run --quick`: the benchmark still runs end to end and reports every row.
+
+The full benchmark takes minutes and its numbers are the lead's to read; this
+only pins that every server starts, every row is measured and printed, and
+no request failed, so `make bench` does not rot between runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "RESULTS.md"
+
+THROUGHPUT_ROWS = (
+    "direct",
+    "plain proxy",
+    "gateway sqlite miss",
+    "gateway sqlite replay",
+    "gateway sqlite mix10",
+    "gateway sqlite miss, log info",
+)
+LATENCY_ROWS = ("direct", "plain proxy", "gateway sqlite miss", "gateway sqlite replay")
+SCALE_ROWS = (
+    "claim (POST, new key) p50",
+    "claim (POST, new key) p99",
+    "lookup (GET /operations/<key>) p50",
+    "lookup (GET /operations/<key>) p99",
+    "sweep batch, nothing due (blocks the loop)",
+    "bytes on disk per operation",
+)
+
+
+def _table_rows(output: str, heading: str) -> dict[str, list[str]]:
+    """The rows of the first Markdown table after `heading`, by their first cell."""
+    section = output.split(heading, 1)[1]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines()[2:]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows.setdefault(cells[0], cells[1:])
+    return rows
+
+
+def test_quick_run_prints_every_row() -> None:
+    """A quick run exits 0, prints every row, sees no failed request and writes no file."""
+    before = RESULTS.read_bytes() if RESULTS.exists() else None
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    output = completed.stdout
+
+    throughput = _table_rows(output, "## Throughput")
+    assert set(THROUGHPUT_ROWS) <= set(throughput), output
+    for name in THROUGHPUT_ROWS:
+        assert throughput[name][6] == "0/0", f"{name}: non-2xx/errors {throughput[name][6]}"
+    assert set(LATENCY_ROWS) <= set(_table_rows(output, "## Latency at c=1")), output
+    assert set(SCALE_ROWS) <= set(_table_rows(output, "## Store scale")), output
+    after = RESULTS.read_bytes() if RESULTS.exists() else None
+    assert after == before, "bench/RESULTS.md changed without --write"
