@@ -15,8 +15,8 @@ work is committed in groups:
 A lone request pays one commit and no batching delay: the batch closes as soon
 as nothing else is queued. No job's future resolves before the commit that
 holds its write has returned, so nothing proceeds on a write that is not yet
-durable. Each job runs inside its own savepoint, so one failing job cannot
-spoil its neighbours.
+durable. One failing job cannot spoil its neighbours: the batch is then
+rolled back and run again with a savepoint around each job.
 
 Why not a thread that runs the statements too: each statement would hand the
 GIL between the loop and that thread, and under load each hand-off waits for
@@ -168,7 +168,13 @@ class SqliteWriterThread:
         except sqlite3.Error as exc:
             self._finish_now(batch, _unavailable("the SQLite store refused a transaction", exc))
             return
-        done = _run_jobs(connection, batch)
+        try:
+            done = _run_jobs(connection, batch)
+        except sqlite3.Error as exc:  # even the rollback to the careful path failed
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("ROLLBACK")
+            self._finish_now(batch, _unavailable("the SQLite store failed mid-batch", exc))
+            return
         thread.submit(lambda: _commit(connection, done), self._delivered(batch))
 
     def _delivered(
@@ -195,7 +201,14 @@ class SqliteWriterThread:
                     error = _unavailable("the SQLite database stayed locked", exc)
                     return [_Done(item.future, error=error) for item in batch]
                 time.sleep(0.005)
-        return _commit(connection, _run_jobs(connection, batch))
+        try:
+            done = _run_jobs(connection, batch)
+        except sqlite3.Error as exc:  # even the rollback to the careful path failed
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("ROLLBACK")
+            error = _unavailable("the SQLite store failed mid-batch", exc)
+            return [_Done(item.future, error=error) for item in batch]
+        return _commit(connection, done)
 
     def _finish_now(self, batch: list[_Pending[Any]], error: BaseException) -> None:
         self._deliver(batch, [_Done(item.future, error=error) for item in batch])
@@ -273,22 +286,36 @@ class _CommitThread:
 
 
 def _run_jobs(connection: sqlite3.Connection, batch: list[_Pending[Any]]) -> list[_Done]:
-    """Each job's statements inside the open transaction, a savepoint apiece."""
+    """Each job's statements inside the open transaction.
+
+    Optimistic: jobs run back to back, without savepoints (two statements per
+    job saved on the hot path). If any job fails, the whole transaction is
+    rolled back and the batch runs again with a savepoint around each job, so
+    the failure stays with its job and its neighbours' writes still commit.
+    """
     done: list[_Done] = []
-    single = len(batch) == 1
     for item in batch:
         try:
-            if single:
+            done.append(_Done(item.future, result=item.job(connection)))
+        except Exception:
+            connection.execute("ROLLBACK")
+            connection.execute("BEGIN IMMEDIATE")
+            return _run_jobs_isolated(connection, batch)
+    return done
+
+
+def _run_jobs_isolated(connection: sqlite3.Connection, batch: list[_Pending[Any]]) -> list[_Done]:
+    done: list[_Done] = []
+    for item in batch:
+        try:
+            connection.execute("SAVEPOINT job")
+            try:
                 result = item.job(connection)
-            else:
-                connection.execute("SAVEPOINT job")
-                try:
-                    result = item.job(connection)
-                except BaseException:
-                    connection.execute("ROLLBACK TO job")
-                    raise
-                finally:
-                    connection.execute("RELEASE job")
+            except BaseException:
+                connection.execute("ROLLBACK TO job")
+                raise
+            finally:
+                connection.execute("RELEASE job")
             done.append(_Done(item.future, result=result))
         except sqlite3.Error as exc:
             log.warning("sqlite statement failed: %s", exc)
