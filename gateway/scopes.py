@@ -70,10 +70,6 @@ class ScopeResolver:
         self._scope_headers = tuple(scope_headers)
         self._secret = secret
 
-    @property
-    def uses_clients(self) -> bool:
-        return self._uses_clients
-
     def resolve(self, headers: HeaderSource) -> CallerScope:
         if self._uses_clients:
             return CallerScope(

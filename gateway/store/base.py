@@ -42,7 +42,6 @@ class SweepReport:
 
     receipts_expired: int = 0
     forgotten: int = 0
-    leases_expired: int = 0
 
 
 class Store(Protocol):

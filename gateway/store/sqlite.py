@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import secrets
 import sqlite3
 import time
@@ -45,6 +46,7 @@ from gateway.store.sqlite_schema import COLUMNS, migrate
 from gateway.store.sqlite_thread import SqliteWriterThread
 
 T = TypeVar("T")
+log = logging.getLogger("gateway.store.sqlite")
 Decode = Callable[[Any], Operation]
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
@@ -80,10 +82,6 @@ class SqliteStore:
     def _decode(self, row: Any) -> Operation:
         return row_to_operation(row, self._cipher)
 
-    @property
-    def batch_stats(self) -> Any:
-        return self._writer.stats
-
     # -- lifecycle ---------------------------------------------------------
 
     async def open(self) -> None:
@@ -94,6 +92,12 @@ class SqliteStore:
             await self._writer.run(migrate, off_loop=True)
             self._secret = await self._writer.run(_load_or_create_secret)
             self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
+            if self.orphans_at_start:
+                log.warning(
+                    "%d in-flight operations of a previous process are now unknown",
+                    self.orphans_at_start,
+                    extra={"event": "orphans", "count": self.orphans_at_start},
+                )
         except BaseException:
             await self._writer.stop()
             self._release_process_lock()

@@ -60,17 +60,6 @@ class _Done:
     error: BaseException | None = None
 
 
-class BatchStats:
-    """Counters the metrics layer reads: how well commits are being shared."""
-
-    __slots__ = ("batches", "jobs", "last_batch_size")
-
-    def __init__(self) -> None:
-        self.batches = 0
-        self.jobs = 0
-        self.last_batch_size = 0
-
-
 class SqliteWriterThread:
     """Runs jobs `fn(connection) -> result`, committed in groups.
 
@@ -98,7 +87,6 @@ class SqliteWriterThread:
         self._thread: _CommitThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle = asyncio.Event()
-        self.stats = BatchStats()
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -214,9 +202,6 @@ class SqliteWriterThread:
         self._deliver(batch, [_Done(item.future, error=error) for item in batch])
 
     def _deliver(self, batch: list[_Pending[Any]], done: list[_Done]) -> None:
-        self.stats.batches += 1
-        self.stats.jobs += len(batch)
-        self.stats.last_batch_size = len(batch)
         for item in done:
             if item.future.cancelled():
                 continue
