@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
@@ -36,8 +36,7 @@ class RequestTrace:
     upstream_seconds: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ProxyRequest:
+class ProxyRequest(NamedTuple):
     """A protected request the HTTP layer has parsed, scoped and fingerprinted.
 
     `wait_seconds` comes from `Prefer: wait=N`, already capped by `max_wait`.

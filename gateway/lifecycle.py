@@ -248,13 +248,15 @@ class IdempotencyEngine:
                 resolution=Resolution(by="upstream", at=time.time()),
             )
 
-        evidence = Evidence(
-            at=time.time(),
-            source="upstream",
-            detail="the upstream answered after this attempt lost its token",
-            status=stored.status,
-            body_sha256=hashlib.sha256(stored.body).hexdigest() if retained else None,
-        )
+        def evidence() -> Evidence:  # only a refused (stale) write needs it
+            return Evidence(
+                at=time.time(),
+                source="upstream",
+                detail="the upstream answered after this attempt lost its token",
+                status=stored.status,
+                body_sha256=hashlib.sha256(stored.body).hexdigest() if retained else None,
+            )
+
         recorded = await self._fenced_write(request, operation, "complete", write, evidence)
         # The effect happened and the caller gets its answer either way; if the
         # receipt could not be written yet, the keeper retries it.
@@ -273,7 +275,7 @@ class IdempotencyEngine:
                 tombstone_seconds=self._settings.tombstone_retention,
             )
 
-        await self._fenced_write(request, operation, "release", write, evidence)
+        await self._fenced_write(request, operation, "release", write, lambda: evidence)
 
     async def _mark_unknown(
         self, request: ProxyRequest, operation: Operation, error: UpstreamError
@@ -289,7 +291,7 @@ class IdempotencyEngine:
             extra={"event": "unknown", "operation_id": operation.id, "key": request.key,
                    "route": request.route.name, "reason": error.problem_type},
         )  # fmt: skip
-        await self._fenced_write(request, operation, "mark_unknown", write, evidence)
+        await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
 
     async def _fenced_write(
         self,
@@ -297,7 +299,7 @@ class IdempotencyEngine:
         operation: Operation,
         name: str,
         write: Callable[[], Awaitable[Operation | None]],
-        evidence: Evidence,
+        evidence: Callable[[], Evidence],
     ) -> Operation | None:
         """Run an outcome write and return the operation as it now stands.
 
@@ -311,7 +313,7 @@ class IdempotencyEngine:
                 return written
             self._observer.stale_write(request.route.name)
             log.warning("stale %s refused for %s (token %d)", name, operation.id, operation.token)
-            await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence))
+            await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence()))
             return await self._store.get_by_id(operation.id)
 
         try:

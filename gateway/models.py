@@ -140,8 +140,7 @@ class Existing:
 ClaimResult = NewAttempt | Existing
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
+class ClaimRequest(NamedTuple):
     """Everything the store needs to bind a key to a request and lease it."""
 
     scope: str

@@ -431,47 +431,51 @@ class SqliteStore:
 
 
 def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> ClaimResult:
+    """Insert first (one statement for the common new key); read the row only on conflict."""
     now = time.time()
-    row = c.execute(
-        f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
-    ).fetchone()
-    if row is not None:
-        current = decode(row)
-        if is_forgotten(current, now):
-            c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        elif current.state is State.RELEASED and current.fingerprint == request.fingerprint:
-            updated = c.execute(
-                "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
-                "token = token + 1, version = version + 1, lease_owner = ?, "
-                "lease_expires_at = ?, sent_at = ?, forgotten_at = NULL, updated_at = ? "
-                f"WHERE id = ? {_RETURNING}",
-                (request.owner, now + request.lease_seconds, now, now, current.id),
-            ).fetchone()
-            return NewAttempt(decode(updated))
-        elif (
-            current.state is State.IN_FLIGHT
-            and current.lease_expires_at is not None
-            and current.lease_expires_at <= now
-        ):
-            evidence = Evidence(
-                at=now, source="lease", detail="the lease expired before an outcome was recorded"
-            )
-            expired = c.execute(
-                "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-                "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
-                "evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE id = ? {_RETURNING}",
-                (now, json.dumps(evidence.as_json()), current.id),
-            ).fetchone()
-            return Existing(decode(expired))
-        else:
-            return Existing(current)
+    inserted = _insert_claim(c, request, now)
+    if inserted is not None:
+        return NewAttempt(decode(inserted))
+    current = decode(
+        c.execute(f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)).fetchone()
+    )
+    if is_forgotten(current, now):
+        c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
+        return NewAttempt(decode(_insert_claim(c, request, now)))
+    if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+        updated = c.execute(
+            "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
+            "token = token + 1, version = version + 1, lease_owner = ?, "
+            "lease_expires_at = ?, sent_at = ?, forgotten_at = NULL, updated_at = ? "
+            f"WHERE id = ? {_RETURNING}",
+            (request.owner, now + request.lease_seconds, now, now, current.id),
+        ).fetchone()
+        return NewAttempt(decode(updated))
+    if (
+        current.state is State.IN_FLIGHT
+        and current.lease_expires_at is not None
+        and current.lease_expires_at <= now
+    ):
+        evidence = Evidence(
+            at=now, source="lease", detail="the lease expired before an outcome was recorded"
+        )
+        expired = c.execute(
+            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+            "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+            "evidence = json_insert(evidence, '$[#]', json(?)) "
+            f"WHERE id = ? {_RETURNING}",
+            (now, json.dumps(evidence.as_json()), current.id),
+        ).fetchone()
+        return Existing(decode(expired))
+    return Existing(current)
 
-    inserted = c.execute(
+
+def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> Any:
+    return c.execute(
         "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
         "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
         "sent_at) VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?) "
-        f"{_RETURNING}",
+        f"ON CONFLICT (scope, key) DO NOTHING {_RETURNING}",
         (
             new_operation_id(now),
             request.scope,
@@ -487,7 +491,6 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> Clai
             now,
         ),
     ).fetchone()
-    return NewAttempt(decode(inserted))
 
 
 def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
