@@ -109,20 +109,28 @@ class IdempotencyEngine:
     # -- the request path ------------------------------------------------------
 
     async def execute(self, request: ProxyRequest) -> Reply:
-        """Answer a protected request; raises a `GatewayError` for every refusal."""
-        with self._forwarder.gate(request.route), self._quotas.in_flight(request.scope):
+        """Answer a protected request; raises a `GatewayError` for every refusal.
+
+        The route's concurrency gate is held from the claim to the outcome of an
+        attempt, not while a retry waits (`Prefer: wait`) or a probe runs: a
+        waiting duplicate does not take an upstream slot.
+        """
+        with self._quotas.in_flight(request.scope):
             if self._quotas.limits_new_keys:
                 await self._admit_if_new(request)
             self._inject_fault("before_claim")
             for _ in range(2):  # a probe may release the key: then one fresh claim
-                claimed_at = time.monotonic()
-                try:
-                    claim = await self._timed("claim", self._store.claim(self._claim_of(request)))
-                except StoreUnavailable:
-                    self._keeper.claim_failed(request.scope, request.key)
-                    raise
-                if not isinstance(claim, Existing):
-                    return await self._attempt(request, claim.operation, claimed_at)
+                with self._forwarder.gate(request.route):
+                    claimed_at = time.monotonic()
+                    try:
+                        claim = await self._timed(
+                            "claim", self._store.claim(self._claim_of(request))
+                        )
+                    except StoreUnavailable:
+                        self._keeper.claim_failed(request.scope, request.key)
+                        raise
+                    if not isinstance(claim, Existing):
+                        return await self._attempt(request, claim.operation, claimed_at)
                 operation = await self._refresh(claim.operation)
                 if request.trace is not None:
                     request.trace.operation_id = operation.id

@@ -142,3 +142,24 @@ async def test_admin_endpoints_live_only_on_the_admin_listener(
         assert proxied.status == 404
         assert (await session.get(gateway.admin_url + "/healthz")).status == 200
     assert upstream.count == 0
+
+
+async def test_a_waiting_duplicate_does_not_hold_an_upstream_slot(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """A retry waiting with Prefer: wait leaves the route's slot to new requests."""
+    gateway = await gateway_factory(upstream.url, route={"max_concurrency": 2})
+    first = asyncio.create_task(gateway.post("/tickets/v1/issues?delay=1", key="w1", json_body={}))
+    await upstream.wait_for_count(1)
+    waiting = asyncio.create_task(
+        gateway.post(
+            "/tickets/v1/issues?delay=1", key="w1", json_body={}, headers={"Prefer": "wait=5"}
+        )
+    )
+    await asyncio.sleep(0.2)  # the duplicate is waiting now
+    other = await gateway.post("/tickets/v1/issues", key="w2", json_body={})
+    assert other.status == 201
+    assert (await first).status == 201
+    replay = await waiting
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert upstream.count == 2
