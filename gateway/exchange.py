@@ -22,14 +22,14 @@ if TYPE_CHECKING:
 class RequestTrace:
     """What one request's log line reports; filled in by whoever learns each fact.
 
-    Never holds a credential or a body: only the route, the key, a short hash of
-    the scope, the outcome and timings.
+    Never holds a credential or a body: only the route, the key, the scope (a
+    client name or an HMAC, logged as a short hash), the outcome and timings.
     """
 
     request_id: str
     route: str | None = None
     key: str | None = None
-    scope_hash: str | None = None
+    scope: str | None = None
     operation_id: str | None = None
     outcome: str | None = None
     state: str | None = None

@@ -88,7 +88,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     route = match.route
     trace.route = route.name
     caller = app[SCOPES].resolve(request.headers)
-    trace.scope_hash = caller.short_hash
+    trace.scope = caller.scope
     protected = request.method in route.methods
     key = parse_idempotency_key(request.headers.getall(IDEMPOTENCY_KEY, [])) if protected else None
     trace.key = key

@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.appkeys import METRICS
 from gateway.exchange import RequestTrace
 from gateway.problems import Handler
+from gateway.scopes import scope_hash
 
 log = logging.getLogger("gateway.access")
 
@@ -74,7 +75,7 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
                     "outcome": trace.outcome,
                     "state": trace.state,
                     "key": trace.key,
-                    "scope": trace.scope_hash,
+                    "scope": scope_hash(trace.scope) if trace.scope else None,
                     "operation_id": trace.operation_id,
                     "upstream_ms": (
                         round(trace.upstream_seconds * 1000, 3)

@@ -42,10 +42,10 @@ class CallerScope:
     scope: str
     strips_authorization: bool
 
-    @property
-    def short_hash(self) -> str:
-        """A log-safe handle: never the client's token, never the raw scope header."""
-        return hashlib.sha256(self.scope.encode()).hexdigest()[:12]
+
+def scope_hash(scope: str) -> str:
+    """A log-safe handle for a scope: never the client's token, never a raw header."""
+    return hashlib.sha256(scope.encode()).hexdigest()[:12]
 
 
 class ScopeResolver:
