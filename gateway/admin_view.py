@@ -18,7 +18,7 @@ from gateway.appkeys import ENGINE, SETTINGS, STORE
 from gateway.errors import InvalidRequest, NotFound, NotResolvable, Unauthorized
 from gateway.models import Evidence, State
 from gateway.operation_json import operation_json
-from gateway.operations_view import expected_version, operation_response, read_limited
+from gateway.operations_view import expected_version, operation_response, read_operator_body
 from gateway.problems import operation_url
 from gateway.resolve_body import parse_resolve_body
 
@@ -83,7 +83,7 @@ async def show_operation(request: web.Request) -> web.Response:
 async def resolve_operation(request: web.Request) -> web.Response:
     require_admin(request)
     op_id = request.match_info["id"]
-    body = parse_resolve_body(await read_limited(request))
+    body = parse_resolve_body(await read_operator_body(request))
     operation = await request.app[STORE].get_by_id(op_id)
     if operation is None:
         raise NotFound(f"no operation with id {op_id!r}")
@@ -110,7 +110,7 @@ async def redact_operation(request: web.Request) -> web.Response:
     """Erase a completed receipt's headers and body (personal data); the key stays used."""
     require_admin(request)
     op_id = request.match_info["id"]
-    raw = await read_limited(request)
+    raw = await read_operator_body(request)
     try:
         body = RedactBody.model_validate_json(raw or b"null")
     except ValidationError as exc:

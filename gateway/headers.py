@@ -58,6 +58,15 @@ def end_to_end(pairs: Iterable[tuple[str, str]], *, drop: frozenset[str] = froze
     return tuple((name, value) for name, value in pairs if name.lower() not in excluded)
 
 
+def without(pairs: Iterable[tuple[str, str]], names: frozenset[str]) -> Pairs:
+    """The pairs minus the (lower-case) `names`: for headers already `end_to_end`.
+
+    >>> without([("Set-Cookie", "a"), ("X-B", "2")], frozenset({"set-cookie"}))
+    (('X-B', '2'),)
+    """
+    return tuple((name, value) for name, value in pairs if name.lower() not in names)
+
+
 def forwarded_for(existing: str | None, client_ip: str | None) -> str | None:
     """Append the caller's address to `X-Forwarded-For`, keeping earlier hops."""
     if not client_ip:

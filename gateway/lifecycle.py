@@ -40,7 +40,7 @@ from gateway.errors import (
     UpstreamUnreachable,
 )
 from gateway.exchange import LifecycleObserver, NoObserver, ProxyRequest, Reply
-from gateway.headers import IDEMPOTENCY_KEY, Pairs, end_to_end
+from gateway.headers import IDEMPOTENCY_KEY, Pairs, without
 from gateway.models import (
     ClaimRequest,
     Evidence,
@@ -233,7 +233,7 @@ class IdempotencyEngine:
 
         stored = StoredResponse(
             status=reply.status,
-            headers=end_to_end(reply.headers, drop=_redactions(route)),
+            headers=without(reply.headers, _redactions(route)),
             body=body or b"",
         )
         recorded = await self._complete(request, operation, stored, retained=body is not None)

@@ -17,7 +17,6 @@ from gateway.appkeys import ENGINE, SCOPES, STORE
 from gateway.errors import (
     InvalidKey,
     NotFound,
-    PayloadTooLarge,
     PreconditionFailed,
     UnknownKey,
 )
@@ -26,6 +25,7 @@ from gateway.keys import MAX_KEY_LENGTH, format_key_header
 from gateway.models import Operation
 from gateway.operation_json import operation_json
 from gateway.problems import operation_url
+from gateway.request_body import read_limited
 from gateway.resolve_body import parse_resolve_body
 
 _PREFIX = "/operations/"
@@ -82,19 +82,9 @@ def expected_version(request: web.Request, operation: Operation) -> int | None:
     return int(version)
 
 
-async def read_limited(request: web.Request, limit: int = MAX_RESOLVE_BODY) -> bytes:
-    """The whole body (`read(n)` returns what has arrived so far), or 413 past `limit`."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise PayloadTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await request.content.read(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def read_operator_body(request: web.Request) -> bytes:
+    """The JSON body of a resolve or redact request (at most `MAX_RESOLVE_BODY`)."""
+    return await read_limited(request, MAX_RESOLVE_BODY)
 
 
 async def lookup(request: web.Request) -> web.Response:
@@ -112,7 +102,7 @@ async def resolve(request: web.Request) -> web.Response:
         raise NotFound(f"nothing at {request.path}")
     key = key_from_segment(raw_path[len(_PREFIX) : -len(_RESOLVE)])
     caller = request.app[SCOPES].resolve(request.headers)
-    body = parse_resolve_body(await read_limited(request))
+    body = parse_resolve_body(await read_operator_body(request))
     operation = await request.app[STORE].get(caller.scope, key)
     if operation is None:
         raise UnknownKey(f"no operation with key {key!r} in this scope", key=key)

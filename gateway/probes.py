@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from gateway.errors import GatewayError
-from gateway.headers import end_to_end
+from gateway.headers import without
 from gateway.models import Operation, StoredResponse
 
 if TYPE_CHECKING:
@@ -87,8 +87,8 @@ class Prober:
         return ProbeAnswer(
             response=StoredResponse(
                 status=reply.status,
-                headers=end_to_end(
-                    reply.headers, drop=frozenset(h.lower() for h in route.redact_response_headers)
+                headers=without(
+                    reply.headers, frozenset(h.lower() for h in route.redact_response_headers)
                 ),
                 body=body,
             )

@@ -20,7 +20,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
 from gateway.appkeys import BACKGROUND, ENGINE, FORWARDER, METRICS, ROUTES, SCOPES, SETTINGS
-from gateway.config import RouteSettings
+from gateway.config import GATEWAY_PATHS, RouteSettings
 from gateway.errors import (
     GatewayError,
     InProgress,
@@ -29,7 +29,6 @@ from gateway.errors import (
     MethodNotAllowed,
     MissingKey,
     OutcomeUnknown,
-    PayloadTooLarge,
     RequestTimeout,
     UnsupportedTransferCoding,
     UpstreamConnectionLost,
@@ -49,6 +48,7 @@ from gateway.headers import (
     forwarded_for,
 )
 from gateway.keys import format_key_header, parse_idempotency_key
+from gateway.request_body import read_limited
 from gateway.request_log import TRACE
 from gateway.routing import RouteMatch
 from gateway.scopes import CallerScope
@@ -58,24 +58,19 @@ log = logging.getLogger("gateway.proxy")
 _NOT_FORWARDED = frozenset({"host", "idempotency-key", "x-forwarded-for", "forwarded"})
 """Replaced by the gateway: `Host` names the upstream, the key is forwarded per route."""
 
-_READ_CHUNK = 64 * 1024
 
-
-_OWN_PATHS: tuple[tuple[str, str], ...] = (
-    ("/operations", "GET, POST"),
-    ("/admin", "GET, POST"),
-    ("/healthz", "GET, HEAD"),
-    ("/readyz", "GET, HEAD"),
-    ("/metrics", "GET, HEAD"),
-    ("/openapi.json", "GET, HEAD"),
-)
-"""The gateway's own paths (never a route's, the config forbids it) and their methods."""
+_ALLOWED_ON_OWN_PATHS = {"/operations": "GET, POST", "/admin": "GET, POST"}
+"""Methods of the gateway's own paths (`GATEWAY_PATHS`); the others answer GET and HEAD."""
 
 
 def _refuse_own_path(path: str, method: str) -> None:
-    """A method the gateway's own endpoints do not serve gets 405, not `no-route`."""
-    for prefix, allowed in _OWN_PATHS:
+    """A method the gateway's own endpoints do not serve gets 405, not `no-route`.
+
+    No route may overlap these paths (the config refuses it), so nothing is lost.
+    """
+    for prefix in GATEWAY_PATHS:
         if path == prefix or path.startswith(prefix + "/"):
+            allowed = _ALLOWED_ON_OWN_PATHS.get(prefix, "GET, HEAD")
             raise MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
 
 
@@ -220,25 +215,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
             f"Transfer-Encoding {', '.join(codings)!r}: only chunked is supported"
         )
     try:
-        return await _read_limited(request, limit)
+        return await read_limited(request, limit)
     except (ConnectionResetError, RequestPayloadError, HttpProcessingError) as exc:
         raise InvalidRequest(f"the request body could not be read: {exc}") from exc
-
-
-async def _read_limited(request: web.Request, limit: int) -> bytes:
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise PayloadTooLarge(f"the request body is {declared} bytes; this route accepts {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(_READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the request body exceeds this route's limit of {limit} bytes")
-        chunks.append(chunk)
 
 
 def _forward_headers(request: web.Request, caller: CallerScope) -> Pairs:
