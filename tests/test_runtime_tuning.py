@@ -1,0 +1,32 @@
+"""The process-wide tuning `python -m gateway serve` applies once it listens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from gateway.serve import GC_YOUNG_THRESHOLD
+
+_PROBE = """
+import gc
+from gateway.serve import tune_garbage_collector
+before = gc.get_threshold()
+tune_garbage_collector()
+after = gc.get_threshold()
+print(before[1:] == after[1:], after[0], gc.get_freeze_count() > 0)
+"""
+
+
+def test_tune_garbage_collector_freezes_start_up_and_raises_the_young_threshold() -> None:
+    """Start-up objects leave the collector's view; only the young threshold changes.
+
+    Run in a fresh interpreter: the tuning is process-wide and must not leak into
+    the test process.
+    """
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True
+    )
+    same_older_thresholds, young, frozen = probe.stdout.split()
+    assert same_older_thresholds == "True"
+    assert int(young) == GC_YOUNG_THRESHOLD
+    assert frozen == "True"
