@@ -8,10 +8,13 @@ server under test is never charged for the client's CPU, and it reads the
 server's CPU time from /proc at the edges of the measured window itself, so
 its own start-up and the replay warm-up are never charged either.
 
-It is built on aiohttp because `wrk` is not installed here. The aiohttp
-client costs about 270 us of CPU a request (PERF-NOTES), so one generator
-process saturates near 3,500 req/s: the result says how busy the client was
-(`client_cpu`) so a client-bound row can be flagged instead of misread.
+It is built on aiohttp so that the benchmark runs anywhere the project
+does; when `wrk` is installed, `LoadSpec(client="wrk")` makes `run_load`
+drive the same row with wrk instead (`bench.wrk`, same `LoadResult`). The
+aiohttp client costs 100 us or more of CPU a request (PERF-NOTES), so one
+generator process saturates near 10,000 req/s or sooner: the result says how
+busy the client was (`client_cpu`) so a client-bound row can be flagged
+instead of misread.
 
 Key modes (what `Idempotency-Key` each request carries):
 
@@ -26,6 +29,8 @@ Key modes (what `Idempotency-Key` each request carries):
 Run it alone with::
 
     python -m bench.loadgen --url http://127.0.0.1:8080/tickets/v1/issues --mode new
+
+(add `--client wrk` to run the same load with wrk).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from bench.prefill import fill_key
 from bench.procstat import cpu_seconds
 
 __all__ = [
+    "CLIENTS",
+    "Client",
     "KeyMode",
     "LoadResult",
     "LoadSpec",
@@ -60,10 +67,14 @@ __all__ = [
     "main",
     "run_load",
     "start_load",
+    "warm_replay_keys",
 ]
 
 KeyMode = Literal["new", "replay", "mix10", "none", "lookup"]
 KEY_MODES: tuple[str, ...] = get_args(KeyMode)
+Client = Literal["aiohttp", "wrk"]
+"""Which generator drives the load: this module's, or wrk through `bench.wrk`."""
+CLIENTS: tuple[str, ...] = get_args(Client)
 
 REQUEST_TIMEOUT = 30.0
 """No single request may hang a row: a response later than this counts as an error."""
@@ -105,17 +116,27 @@ class LoadSpec:
     """How many pre-filled keys exist (`fill_key(0..n-1)`), for `lookup`."""
     cpu_pids: tuple[int, ...] = ()
     """Processes whose CPU time the result reports, measured over the window."""
+    client: Client = "aiohttp"
+    """The generator `run_load` uses; `start_load` (the soak's sampler) is aiohttp only."""
 
     def __post_init__(self) -> None:
         if self.mode not in KEY_MODES:
             raise ValueError(f"mode: expected one of {KEY_MODES}, got {self.mode!r}")
+        if self.client not in CLIENTS:
+            raise ValueError(f"client: expected one of {CLIENTS}, got {self.client!r}")
+        if self.client == "wrk" and self.requests is not None:
+            # wrk stops on time only. Quietly running such a row with aiohttp
+            # instead would make the results' "load generator: wrk" line false.
+            raise ValueError(
+                "requests (a cap on responses) needs client='aiohttp': wrk stops on time only"
+            )
         if self.concurrency < 1 or self.duration <= 0 or self.warmup < 0:
             raise ValueError("concurrency must be >= 1, duration > 0 and warmup >= 0")
         if self.mode == "lookup" and (self.lookup_keys < 1 or "{key}" not in self.url):
             raise ValueError("lookup needs lookup_keys >= 1 and a URL containing {key}")
 
     def argv(self) -> list[str]:
-        """This spec as `python -m bench.loadgen` arguments."""
+        """This spec as `python -m bench.loadgen` arguments (for the aiohttp generator)."""
         args = [
             "--url", self.url,
             "--mode", self.mode,
@@ -173,12 +194,19 @@ class LoadResult:
 
 
 def run_load(spec: LoadSpec) -> LoadResult:
-    """Run `spec` in a fresh `python -m bench.loadgen` process and return its result."""
+    """Run `spec` with its client: wrk, or a fresh `python -m bench.loadgen` process."""
+    if spec.client == "wrk":
+        # Imported here: bench.wrk imports this module for LoadSpec and LoadResult.
+        from bench.wrk import run_wrk
+
+        return run_wrk(spec)
     return finish_load(start_load(spec), spec)
 
 
 def start_load(spec: LoadSpec) -> subprocess.Popen[str]:
     """Start the generator process for `spec` without waiting (for samplers such as the soak)."""
+    if spec.client != "aiohttp":
+        raise ValueError(f"start_load runs the aiohttp generator only, not {spec.client!r}")
     return subprocess.Popen(
         [sys.executable, "-m", "bench.loadgen", *spec.argv(), "--json"],
         stdin=subprocess.DEVNULL,
@@ -265,18 +293,12 @@ class _Generator:
         self.spec = spec
         self.keys = _Keys(spec, random.Random(0x1DE))
         self.window = _Window()
-        self.body = json_body(spec.body_size) if spec.method in ("POST", "PUT", "PATCH") else None
+        self.body = _request_body(spec)
 
     async def run(self) -> LoadResult:
-        connector = aiohttp.TCPConnector(limit=self.spec.concurrency)
-        async with aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-        ) as session:
+        async with _session(self.spec) as session:
             if self.spec.mode == "replay":
-                await self._warm_replay_keys(session)
+                await _send_each(session, self.spec, self.keys.replay)
             workers = [
                 asyncio.create_task(self._worker(session)) for _ in range(self.spec.concurrency)
             ]
@@ -289,17 +311,6 @@ class _Generator:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
-
-    async def _warm_replay_keys(self, session: aiohttp.ClientSession) -> None:
-        """Send every replay key once, so the measured window only replays."""
-        queue = list(self.keys.replay)
-
-        async def warm() -> None:
-            while queue:
-                await self._send(session, self.spec.url, queue.pop())
-
-        async with asyncio.timeout(REQUEST_TIMEOUT + len(queue) / 50):
-            await asyncio.gather(*(warm() for _ in range(self.spec.concurrency)))
 
     async def _measure(self) -> LoadResult:
         window, pids = self.window, self.spec.cpu_pids
@@ -336,7 +347,7 @@ class _Generator:
             url, key = self.keys.next()
             sent = time.perf_counter()
             try:
-                status = await self._send(session, url, key)
+                status = await _send(session, self.spec, self.body, url, key)
             except (aiohttp.ClientError, TimeoutError):
                 if window.measuring and not window.stopping:
                     window.errors += 1
@@ -350,13 +361,58 @@ class _Generator:
             if 200 <= status < 300:
                 self.keys.completed(key)
 
-    async def _send(self, session: aiohttp.ClientSession, url: str, key: str | None) -> int:
-        headers = {"Content-Type": "application/json"} if self.body is not None else {}
-        if key is not None:
-            headers["Idempotency-Key"] = key
-        async with session.request(self.spec.method, url, data=self.body, headers=headers) as r:
-            await r.read()
-            return r.status
+
+def warm_replay_keys(spec: LoadSpec, keys: Sequence[str]) -> None:
+    """Send each of `keys` once with `spec`'s request, so a measured window only replays.
+
+    For generators that cannot do it themselves (`bench.wrk`): the same
+    requests, `spec.concurrency` at a time, as this generator's own warm-up.
+    """
+
+    async def warm() -> None:
+        async with _session(spec) as session:
+            await _send_each(session, spec, keys)
+
+    asyncio.run(warm())
+
+
+def _request_body(spec: LoadSpec) -> bytes | None:
+    """The body every request of `spec` carries (None for methods without one)."""
+    return json_body(spec.body_size) if spec.method in ("POST", "PUT", "PATCH") else None
+
+
+def _session(spec: LoadSpec) -> aiohttp.ClientSession:
+    """A client session holding at most `spec.concurrency` connections."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=spec.concurrency),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+    )
+
+
+async def _send_each(session: aiohttp.ClientSession, spec: LoadSpec, keys: Sequence[str]) -> None:
+    """Send every key once, `spec.concurrency` at a time (the replay warm-up)."""
+    body, queue = _request_body(spec), list(keys)
+
+    async def warm() -> None:
+        while queue:
+            await _send(session, spec, body, spec.url, queue.pop())
+
+    async with asyncio.timeout(REQUEST_TIMEOUT + len(queue) / 50):
+        await asyncio.gather(*(warm() for _ in range(spec.concurrency)))
+
+
+async def _send(
+    session: aiohttp.ClientSession, spec: LoadSpec, body: bytes | None, url: str, key: str | None
+) -> int:
+    """One request (the key, bare, in `Idempotency-Key` unless None); its status."""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    async with session.request(spec.method, url, data=body, headers=headers) as response:
+        await response.read()
+        return response.status
 
 
 def _percentile(ordered: Sequence[float], share: float) -> float:
@@ -383,6 +439,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cpu-pid", type=int, action="append", default=[], help="report this pid's CPU"
     )
+    parser.add_argument(
+        "--client", choices=CLIENTS, default="aiohttp", help="generator (default aiohttp)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     return parser
 
@@ -402,8 +461,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         replay_keys=args.replay_keys,
         lookup_keys=args.lookup_keys,
         cpu_pids=tuple(args.cpu_pid),
+        client=args.client,
     )
-    result = asyncio.run(_Generator(spec).run())
+    if spec.client == "wrk":
+        from bench.wrk import run_wrk  # see run_load
+
+        result = run_wrk(spec)
+    else:
+        result = asyncio.run(_Generator(spec).run())
     if args.json:
         print(json.dumps(asdict(result)), flush=True)
     else:

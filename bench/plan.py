@@ -4,13 +4,16 @@ Full: about 10 s a row at c=64 and at c=1, a million stored operations for
 the store-scale run; the whole run stays well under 10 minutes on 2 cores.
 Quick: c=8, 2 s a row, 10k stored operations and no PostgreSQL, so the smoke
 test finishes in well under its 90 s budget.
+
+Both run on the aiohttp load generator unless told otherwise: `bench.run`
+picks wrk when it is installed (`--client auto`), and passes it in `client`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bench.loadgen import KeyMode, LoadSpec
+from bench.loadgen import Client, KeyMode, LoadSpec
 
 __all__ = ["FULL", "QUICK", "Plan"]
 
@@ -28,6 +31,8 @@ class Plan:
     small_store: int = 1_000
     large_store: int = 1_000_000
     postgres: bool = True
+    client: Client = "aiohttp"
+    """The load generator of every row; one for all, so the rows stay comparable."""
 
     def spec(
         self,
@@ -50,6 +55,7 @@ class Plan:
             replay_keys=self.replay_keys,
             lookup_keys=lookup_keys,
             cpu_pids=pids,
+            client=self.client,
         )
 
     def with_overrides(self, **changes: object) -> Plan:

@@ -9,12 +9,14 @@ the machine's description, to bench/RESULTS.md.
 
     python -m bench.run --write      # the full run, under 10 minutes on 2 cores
     python -m bench.run --quick      # a smoke run of well under a minute
+
+Every row's load comes from wrk when it is installed (`bench.wrk`), else
+from the aiohttp generator (`bench.loadgen`); `--client` chooses.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time
@@ -22,10 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import processes
+from bench.loadgen import Client
 from bench.plan import FULL, QUICK, Plan
 from bench.report import machine_info, write_results
 from bench.scale import measure_scale_point, scale_table
 from bench.scenarios import latency_table, measure_http_rows, throughput_table
+from bench.wrk import SCRIPT, wrk_available, wrk_version
 
 __all__ = ["main"]
 
@@ -35,6 +39,7 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 def run(plan: Plan) -> str:
     """Run every row of `plan` and return the results as Markdown."""
     started, machine = time.monotonic(), machine_info()
+    generator = _generator_note(plan.client)
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         workdir = Path(tmp)
         with processes.tool_api(workdir) as api:
@@ -55,7 +60,7 @@ def run(plan: Plan) -> str:
             f"- plan: c={plan.concurrency}, {plan.duration:g} s measured per row after "
             f"{plan.warmup:g} s warm-up, POST of a 200-byte JSON body; whole run "
             f"{minutes:.1f} min",
-            f"- load generator: aiohttp, closed loop, in its own process ({_wrk_note()})",
+            f"- load generator: {generator}",
             "",
             "## Throughput",
             "",
@@ -78,12 +83,27 @@ def run(plan: Plan) -> str:
     )
 
 
-def _wrk_note() -> str:
-    if shutil.which("wrk") is None:
-        return "wrk is not installed"
-    # One generator for every row keeps the rows comparable, and only ours
-    # reports 409s and the client's own CPU.
-    return "wrk is installed but not used, so every row has the same client"
+def _generator_note(client: Client) -> str:
+    """What drove every row, for the results header (read before the run: it runs wrk)."""
+    if client == "wrk":
+        script = SCRIPT.relative_to(processes.ROOT)
+        return (
+            f"{wrk_version()}, one thread, closed loop, Lua script {script} "
+            "(replay keys sent once beforehand with aiohttp)"
+        )
+    why = "wrk is not installed" if not wrk_available() else "chosen with --client aiohttp"
+    return f"aiohttp, closed loop, in its own process ({why})"
+
+
+def _client(choice: str, parser: argparse.ArgumentParser) -> Client:
+    """`--client`: auto is wrk when it is installed, else aiohttp."""
+    if choice == "aiohttp":
+        return "aiohttp"
+    if wrk_available():
+        return "wrk"
+    if choice == "wrk":
+        parser.error("--client wrk: wrk is not installed (Debian package wrk)")
+    return "aiohttp"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,14 +116,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, help="concurrency of the throughput rows")
     parser.add_argument("--duration", type=float, help="measured seconds per row")
     parser.add_argument("--rows", type=int, help="operations stored for the large scale run")
+    parser.add_argument(
+        "--client",
+        choices=("auto", "wrk", "aiohttp"),
+        default="auto",
+        help="load generator (default auto: wrk if installed, else aiohttp)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the tables; write RESULTS.md with `--write`."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
-    overrides: dict[str, object] = {}
+    overrides: dict[str, object] = {"client": _client(args.client, parser)}
     if args.no_postgres:
         overrides["postgres"] = False
     if args.concurrency is not None:

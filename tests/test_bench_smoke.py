@@ -2,7 +2,9 @@
 
 The full benchmark takes minutes and its numbers are the lead's to read; this
 only pins that every server starts, every row is measured and printed, and
-no request failed, so `make bench` does not rot between runs.
+no request failed, so `make bench` does not rot between runs. It always runs
+the aiohttp load generator, so it behaves the same with or without wrk
+installed (CI has none); tests/test_bench_wrk.py covers wrk.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def test_quick_run_prints_every_row() -> None:
     """A quick run exits 0, prints every row, sees no failed request and writes no file."""
     before = RESULTS.read_bytes() if RESULTS.exists() else None
     completed = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick"],
+        [sys.executable, "-m", "bench.run", "--quick", "--client", "aiohttp"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -64,6 +66,7 @@ def test_quick_run_prints_every_row() -> None:
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     output = completed.stdout
+    assert "- load generator: aiohttp" in output, output
 
     throughput = _table_rows(output, "## Throughput")
     assert set(THROUGHPUT_ROWS) <= set(throughput), output

@@ -1,0 +1,172 @@
+"""`bench.wrk`: wrk drives every key mode against a real gateway, as the aiohttp generator would.
+
+The benchmark's numbers are only as good as its requests: a key mode that
+sent the wrong keys (replays that are misses, misses that collide) would
+measure the wrong path and still print a plausible table. So each mode runs
+for about a second against the tool API and a gateway on loopback, started as
+`make bench` starts them, and what the servers saw is checked against what
+wrk reported: new keys each made one operation and one ticket, replays made
+none, mix10 made fewer tickets than requests. wrk is optional (CI has none),
+so these tests skip without it; the aiohttp path is covered by
+tests/test_bench_smoke.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import urllib.request
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import processes
+from bench.gateway_config import ROUTE_PREFIX, sqlite_url, write_gateway_config
+from bench.loadgen import KeyMode, LoadResult, LoadSpec, run_load
+from bench.prefill import prefill
+
+pytestmark = pytest.mark.slow
+needs_wrk = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+
+CONCURRENCY = 4
+REPLAY_KEYS = 50
+PREFILLED = 200
+"""Operations written into the gateway's store before it starts, for lookup."""
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The tool API and a gateway in front of it, on a pre-filled SQLite store."""
+
+    api: processes.ServerProcess
+    gateway: processes.ServerProcess
+    store: Path
+
+    @property
+    def issues_url(self) -> str:
+        return self.gateway.url + ROUTE_PREFIX + "/v1/issues"
+
+    def tickets(self) -> int:
+        """Tickets the tool API has created: the effects that reached it."""
+        with urllib.request.urlopen(self.api.url + "/v1/stats", timeout=10) as response:
+            stats: dict[str, Any] = json.loads(response.read())
+        return int(stats["issues"])
+
+    def operations(self) -> int:
+        """Operations in the gateway's store (read-only beside the running gateway)."""
+        uri = f"file:{self.store}?mode=ro"
+        with closing(sqlite3.connect(uri, uri=True, timeout=10)) as connection:
+            count: int = connection.execute("SELECT count(*) FROM operations").fetchone()[0]
+        return count
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    workdir = tmp_path_factory.mktemp("bench-wrk")
+    store = workdir / "gateway.db"
+    prefill(store, PREFILLED)
+    with processes.tool_api(workdir) as api:
+        config = write_gateway_config(
+            workdir / "gateway.toml", upstream=api.url, store_url=sqlite_url(store)
+        )
+        with processes.gateway(config) as gateway:
+            yield Servers(api, gateway, store)
+
+
+def _run(url: str, mode: KeyMode, pid: int, **changes: Any) -> LoadResult:
+    """About 1.3 s of wrk (0.3 s warm-up, 1 s measured) through `run_load`, as bench.run does."""
+    sizes: dict[str, Any] = {
+        "concurrency": CONCURRENCY,
+        "duration": 1.0,
+        "warmup": 0.3,
+        "replay_keys": REPLAY_KEYS,
+    }
+    spec = LoadSpec(url=url, mode=mode, cpu_pids=(pid,), client="wrk", **{**sizes, **changes})
+    return run_load(spec)
+
+
+def _assert_clean(result: LoadResult, pid: int) -> None:
+    """Responses came, all answered, none failed, and the server was charged for them."""
+    assert result.responses > 0, result
+    assert result.ok > 0, result
+    assert (result.errors, result.non_2xx) == (0, 0), result
+    assert result.responses == result.ok + result.duplicates
+    assert result.server_cpu[str(pid)] > 0, result
+    assert 0 < result.p50_ms <= result.p99_ms <= result.max_ms, result
+    assert result.client_cpu > 0, result
+
+
+@needs_wrk
+def test_new_keys_each_make_one_operation(servers: Servers) -> None:
+    operations, tickets = servers.operations(), servers.tickets()
+    result = _run(servers.issues_url, "new", servers.gateway.pid)
+    _assert_clean(result, servers.gateway.pid)
+    assert result.statuses == {"201": result.ok}, "a new key was refused or replayed"
+    assert 0.9 < result.seconds < 1.5, result
+    # The warm-up run's keys and the requests in flight at the end come on top.
+    assert servers.operations() - operations >= result.ok
+    assert servers.tickets() - tickets >= result.ok
+
+
+@needs_wrk
+def test_replay_makes_no_new_effect(servers: Servers) -> None:
+    operations, tickets = servers.operations(), servers.tickets()
+    result = _run(servers.issues_url, "replay", servers.gateway.pid)
+    _assert_clean(result, servers.gateway.pid)
+    assert result.statuses == {"201": result.ok}, result
+    # Only the keys sent once beforehand reached the tool API; wrk's runs only replayed.
+    assert servers.tickets() - tickets == REPLAY_KEYS
+    assert servers.operations() - operations == REPLAY_KEYS
+
+
+@needs_wrk
+def test_mix10_reuses_keys(servers: Servers) -> None:
+    tickets = servers.tickets()
+    # No warm-up run, so every ticket made is from a request wrk reported (or
+    # one of the CONCURRENCY in flight when it stopped).
+    result = _run(servers.issues_url, "mix10", servers.gateway.pid, warmup=0.0)
+    _assert_clean(result, servers.gateway.pid)
+    assert set(result.statuses) <= {"201", "409"}, result
+    made = servers.tickets() - tickets
+    # About 10% of the requests reused a key: a reuse made no ticket. With
+    # hundreds of responses, far more than CONCURRENCY requests were reuses.
+    assert made < result.responses, (made, result)
+    assert made >= 0.7 * result.responses, (made, result)
+
+
+@needs_wrk
+def test_none_sends_no_key_and_stops_on_time(servers: Servers) -> None:
+    tickets = servers.tickets()
+    # Straight at the tool API, like the benchmark's `direct` row; 0.5 s is not
+    # a whole second, so wrk is stopped with SIGINT rather than by its -d.
+    result = _run(servers.api.url + "/v1/issues", "none", servers.api.pid, duration=0.5)
+    _assert_clean(result, servers.api.pid)
+    assert result.statuses == {"201": result.ok}, result
+    assert 0.4 < result.seconds < 0.9, result
+    assert servers.tickets() - tickets >= result.ok
+
+
+@needs_wrk
+def test_lookup_finds_prefilled_keys(servers: Servers) -> None:
+    result = _run(
+        servers.gateway.url + "/operations/{key}",
+        "lookup",
+        servers.gateway.pid,
+        method="GET",
+        lookup_keys=PREFILLED,
+    )
+    _assert_clean(result, servers.gateway.pid)
+    assert result.statuses == {"200": result.ok}, "a looked-up key was not the pre-filled one"
+
+
+def test_a_response_cap_needs_aiohttp() -> None:
+    """wrk stops on time only: a row capped by responses cannot say it ran on wrk."""
+    with pytest.raises(ValueError, match="requests"):
+        LoadSpec(url="http://127.0.0.1:1/", mode="new", requests=10, client="wrk")
+    with pytest.raises(ValueError, match="client"):
+        LoadSpec(url="http://127.0.0.1:1/", mode="new", client="curl")  # type: ignore[arg-type]
