@@ -4,7 +4,9 @@ It parses (route, scope, key, body), fingerprints, and hands the request to
 `IdempotencyEngine`; it decides nothing about keys itself. The engine call
 runs in its own task, shielded from the handler: a client that disconnects
 cancels nothing, the upstream call runs to its end and its receipt is
-recorded, ready for the retry.
+recorded, ready for the retry. A retry of a completed key is answered
+straight from the store's committed record (`answer_from_receipt`), with no
+task at all.
 """
 
 from __future__ import annotations
@@ -132,10 +134,8 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         ),
         trace=trace,
     )
-    task: asyncio.Task[Reply] = asyncio.ensure_future(engine.execute(proxy_request))
-    _keep_until_done(app, task)
     try:
-        reply = await asyncio.shield(task)
+        reply = engine.answer_from_receipt(proxy_request) or await _execute(app, proxy_request)
     except GatewayError as error:
         trace.outcome, trace.state = _outcome_of(error), error.state
         metrics.request(route.name, trace.outcome)
@@ -144,6 +144,13 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     trace.state = reply.state.value if reply.state is not None else None
     metrics.request(route.name, trace.outcome)
     return await write_reply(request, reply)
+
+
+async def _execute(app: web.Application, proxy_request: ProxyRequest) -> Reply:
+    """Run the engine in its own task: a caller that goes away cancels nothing."""
+    task: asyncio.Task[Reply] = asyncio.ensure_future(app[ENGINE].execute(proxy_request))
+    _keep_until_done(app, task)
+    return await asyncio.shield(task)
 
 
 async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:

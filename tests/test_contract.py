@@ -315,6 +315,26 @@ async def test_route_at_its_concurrency_limit_is_503_and_records_nothing(
     assert upstream.count == 2
 
 
+async def test_a_saturated_route_still_replays_completed_keys(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """max_concurrency limits upstream calls: a replay makes none, so it is still answered."""
+    gateway = await gateway_factory(upstream.url, route={"max_concurrency": 1})
+    assert (await gateway.post("/tickets/v1/issues", key="done", json_body={})).status == 201
+    slow = asyncio.create_task(gateway.post("/tickets/v1/issues?delay=0.5", key="a", json_body={}))
+    await upstream.wait_for_count(2)
+
+    replay = await gateway.post("/tickets/v1/issues", key="done", json_body={})
+    assert replay.status == 201
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    mismatch = await gateway.post("/tickets/v1/issues", key="done", json_body={"other": 1})
+    assert mismatch.status == 422
+    refused = await gateway.post("/tickets/v1/issues", key="b", json_body={})
+    assert refused.status == 503
+    assert (await slow).status == 201
+    assert upstream.count == 2
+
+
 async def test_no_route_is_404(gateway: RunningGateway, upstream: CountingUpstream) -> None:
     """A path outside every route prefix is refused with no-route; nothing is contacted."""
     for path in ("/nowhere", "/ticketsx/v1"):

@@ -8,6 +8,7 @@ with the store's own clock (`store.now()`), as the lifecycle does.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -628,6 +629,38 @@ async def test_get_and_get_by_id_find_the_same_operation(store: Store) -> None:
     assert await store.get_by_id("op_00000000000000000000000000") is None
 
 
+async def test_complete_returns_the_operation_as_a_read_returns_it(store: Store) -> None:
+    """What `complete` hands back (built from the receipt it wrote) equals a fresh read."""
+    kept = await completed(store, "kept")
+    dropped = await completed(store, "dropped", body_retained=False)
+
+    assert kept == await store.get("s1", "kept")
+    assert dropped == await store.get("s1", "dropped")
+    assert dropped.response is not None
+    assert dropped.response.body == b""
+
+
+async def test_peek_completed_answers_only_for_completed_keys(store: Store) -> None:
+    """`peek_completed` is `None` or exactly what `get` returns, and only ever completed.
+
+    PostgreSQL may always say `None` (its claim answers retries instead).
+    """
+    done = await completed(store, "done")
+    await new_attempt(store, "flying")
+    await unknown(store, "lost")
+    await released(store, "freed")
+    await completed(store, "gone", retention=0.1, tombstone=0.2)
+    await asyncio.sleep(0.3)
+
+    peeked = store.peek_completed("s1", "done")
+    assert peeked is None or peeked == done == await store.get("s1", "done")
+    for key in ("flying", "lost", "freed", "gone", "never-used"):
+        assert store.peek_completed("s1", key) is None, key
+    assert store.peek_completed("s2", "done") is None
+    if isinstance(store, SqliteStore):
+        assert peeked == done
+
+
 async def test_list_operations_pages_by_state_in_creation_order(store: Store) -> None:
     """Listing unknown operations 3 at a time gives pages of 3, 3 and 1 in creation order."""
     wanted = []
@@ -795,3 +828,65 @@ async def test_ping_and_clock(store: Store) -> None:
     """ping succeeds on an open store and now() is within a few seconds of the host clock."""
     await store.ping()
     assert abs(await store.now() - time.time()) < 5
+
+
+# -- SQLite only: its read-only connection ---------------------------------------
+
+
+async def test_sqlite_reads_fall_back_to_the_writer_when_the_reader_fails(tmp_path: Path) -> None:
+    """A read the loop's read-only connection cannot serve goes through the writer instead."""
+    store = SqliteStore(path=tmp_path / "s.db", busy_timeout=1.0)
+    await store.open()
+    try:
+        done = await completed(store, "k")
+        reader = store._reader
+        assert reader is not None
+        reader.close()  # every statement on it now raises sqlite3.ProgrammingError
+
+        assert await store.get("s1", "k") == done
+        assert await store.get_by_id(done.id) == done
+        assert store.peek_completed("s1", "k") is None  # "ask claim" instead
+        again = await store.claim(claim_request("k"))
+        assert isinstance(again, Existing)
+        assert again.operation == done
+    finally:
+        await store.close()
+
+
+async def test_sqlite_peek_sees_committed_writes_only(tmp_path: Path) -> None:
+    """Between a batch's UPDATE (on the loop) and its COMMIT (on the thread), the reader
+    still sees the claim: a receipt is never replayed before it is durable."""
+    store = SqliteStore(path=tmp_path / "s.db", busy_timeout=1.0)
+    await store.open()
+    release_commit = threading.Event()
+    try:
+        operation = await new_attempt(store, "k")
+        commit_thread = store._writer._thread
+        assert commit_thread is not None
+        # Hold the commit thread so the next batch's COMMIT waits behind this call.
+        commit_thread.submit(lambda: release_commit.wait(10), lambda result, error: None)
+        writing = asyncio.ensure_future(
+            store.complete(
+                operation.id,
+                operation.token,
+                RESPONSE,
+                body_retained=True,
+                retention_seconds=60,
+                tombstone_seconds=600,
+                resolution=upstream(),
+            )
+        )
+        await asyncio.sleep(0.05)  # the UPDATE has run on the loop; its COMMIT is queued
+
+        assert not writing.done()
+        assert store.peek_completed("s1", "k") is None
+        current = await store.get("s1", "k")
+        assert current is not None
+        assert current.state is State.IN_FLIGHT
+
+        release_commit.set()
+        done = await writing
+        assert store.peek_completed("s1", "k") == done
+    finally:
+        release_commit.set()
+        await store.close()

@@ -127,6 +127,16 @@ class Store(Protocol):
 
     async def get_by_id(self, operation_id: str) -> Operation | None: ...
 
+    def peek_completed(self, scope: str, key: str) -> Operation | None:
+        """The key's `completed` operation if the store can read it without waiting.
+
+        Not a verb of the state machine but a shortcut for retries: a completed
+        record is final, so a committed read of it answers a retry exactly as
+        a claim would. `None` means "ask `claim`": the key is new, in another
+        state, forgotten, or the store cannot read without a round trip or a
+        lock wait (PostgreSQL always says `None`).
+        """
+
     async def resolve(
         self,
         operation_id: str,

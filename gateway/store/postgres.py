@@ -44,6 +44,7 @@ from gateway.models import (
 from gateway.store.base import Page, SweepReport
 from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, migrate
 from gateway.store.rows import (
+    as_stored,
     decode_cursor,
     encode_cursor,
     encode_headers,
@@ -282,7 +283,10 @@ class PostgresStore:
             resolution.by,
             resolution.note,
         )
-        return None if row is None else self._decode(row)
+        if row is None:
+            return None
+        stored = as_stored(response, body_retained=body_retained)
+        return row_to_operation(row, self._cipher, stored=stored)
 
     async def mark_unknown(
         self, operation_id: str, token: int, evidence: Evidence
@@ -361,6 +365,11 @@ class PostgresStore:
             return None
         operation = self._decode(row)
         return None if is_forgotten(operation, row["_now"]) else operation
+
+    def peek_completed(self, scope: str, key: str) -> Operation | None:
+        # A read is a network round trip here; for a new key (the common case) it
+        # would come on top of the claim's single INSERT. Retries go through claim.
+        return None
 
     async def get_by_id(self, operation_id: str) -> Operation | None:
         row = await self._fetchrow(

@@ -5,6 +5,11 @@ upstream. All statements run on one writer thread that groups concurrent work
 into shared commits (`gateway.store.sqlite_thread`). A lock file enforces one
 gateway process per database; therefore, at start, every `in_flight` record
 left behind belongs to a dead process and becomes `unknown` at once.
+
+Reads by key or id (`get`, `get_by_id`, `peek_completed`) go through a second,
+read-only connection on the event loop: in WAL mode it sees exactly what is
+committed, never a batch that is still open, so a retry or a lookup is
+answered without waiting for the next group commit.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from gateway.models import (
 )
 from gateway.store.base import Page, SweepReport
 from gateway.store.rows import (
+    as_stored,
     decode_cursor,
     encode_cursor,
     encode_headers,
@@ -76,6 +82,7 @@ class SqliteStore:
             self._connect, busy_timeout=busy_timeout, max_batch=max_batch, on_batch=on_batch
         )
         self._lock_file: IO[bytes] | None = None
+        self._reader: sqlite3.Connection | None = None
         self._secret: bytes | None = None
         self.orphans_at_start = 0
 
@@ -92,6 +99,7 @@ class SqliteStore:
             await self._writer.run(migrate, off_loop=True)
             self._secret = await self._writer.run(_load_or_create_secret)
             self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
+            self._reader = self._open_reader()
             if self.orphans_at_start:
                 log.warning(
                     "%d in-flight operations of a previous process are now unknown",
@@ -104,6 +112,9 @@ class SqliteStore:
             raise
 
     async def close(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
         await self._writer.stop()
         self._release_process_lock()
 
@@ -135,6 +146,29 @@ class SqliteStore:
         connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         connection.execute("PRAGMA foreign_keys=ON")
         return connection
+
+    def _open_reader(self) -> sqlite3.Connection:
+        try:
+            reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            reader.execute("PRAGMA query_only=1")
+            # Never wait on the loop: a busy reader hands its read to the writer instead.
+            reader.execute("PRAGMA busy_timeout=0")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open the SQLite database for reading: {exc}") from exc
+        return reader
+
+    def _read_now(self, sql: str, parameters: tuple[Any, ...]) -> list[Any] | None:
+        """Rows from the committed state, read on the loop; `None` if that would wait.
+
+        `fetchall` runs the statement to its end, so no read transaction stays
+        open to hold back WAL checkpoints.
+        """
+        if self._reader is None:
+            return None
+        try:
+            return self._reader.execute(sql, parameters).fetchall()
+        except sqlite3.Error:  # busy in a WAL recovery, or worse: the writer path reports it
+            return None
 
     async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
         return False  # one process per file: outcomes are all signalled in memory
@@ -193,8 +227,9 @@ class SqliteStore:
                     token,
                 ),
             ).fetchone()
-            return None if row is None else self._decode(row)
+            return None if row is None else row_to_operation(row, self._cipher, stored=stored)
 
+        stored = as_stored(response, body_retained=body_retained)
         return await self._writer.run(job)
 
     async def mark_unknown(
@@ -269,21 +304,30 @@ class SqliteStore:
         )
 
     async def get(self, scope: str, key: str) -> Operation | None:
-        def job(c: sqlite3.Connection) -> Operation | None:
-            row = c.execute(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key)).fetchone()
-            if row is None:
-                return None
-            operation = self._decode(row)
-            return None if is_forgotten(operation, time.time()) else operation
+        query, parameters = f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key)
+        rows = self._read_now(query, parameters)
+        if rows is None:
+            rows = await self._writer.run(lambda c: c.execute(query, parameters).fetchall())
+        return self._unless_forgotten(rows)
 
-        return await self._writer.run(job)
+    def peek_completed(self, scope: str, key: str) -> Operation | None:
+        rows = self._read_now(
+            f"{_SELECT} WHERE scope = ? AND key = ? AND state = 'completed'", (scope, key)
+        )
+        return self._unless_forgotten(rows) if rows else None
+
+    def _unless_forgotten(self, rows: list[Any]) -> Operation | None:
+        if not rows:
+            return None
+        operation = self._decode(rows[0])
+        return None if is_forgotten(operation, time.time()) else operation
 
     async def get_by_id(self, operation_id: str) -> Operation | None:
-        def job(c: sqlite3.Connection) -> Operation | None:
-            row = c.execute(f"{_SELECT} WHERE id = ?", (operation_id,)).fetchone()
-            return None if row is None else self._decode(row)
-
-        return await self._writer.run(job)
+        query, parameters = f"{_SELECT} WHERE id = ?", (operation_id,)
+        rows = self._read_now(query, parameters)
+        if rows is None:
+            rows = await self._writer.run(lambda c: c.execute(query, parameters).fetchall())
+        return self._decode(rows[0]) if rows else None
 
     async def resolve(
         self,
