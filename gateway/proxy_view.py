@@ -93,20 +93,14 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         raise MissingKey(
             f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
         )
-    try:
-        async with asyncio.timeout(app[SETTINGS].server.client_timeout):
-            body = await _read_body(request, route.max_body)
-    except TimeoutError as exc:
-        raise RequestTimeout(
-            f"the request body did not arrive within {app[SETTINGS].server.client_timeout:g}s"
-        ) from exc
-    headers = _forward_headers(request, caller)
+    body = await _read_body_in_time(request, route.max_body, app[SETTINGS].server.client_timeout)
     engine = app[ENGINE]
     metrics = app[METRICS]
 
     if key is None:
         trace.outcome = "passthrough"
         metrics.passthrough.labels(route.name).inc()
+        headers = _forward_headers(request, caller)
         return await write_reply(
             request,
             await _pass_through(app[FORWARDER], route, request.method, match, headers, body),
@@ -117,7 +111,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         upstream_url=match.upstream_url,
         method=request.method,
         path=url.raw_path,
-        headers=headers,
+        headers=(),  # only a request that goes upstream needs them: see below
         body=body,
         scope=caller.scope,
         key=key,
@@ -135,7 +129,10 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         trace=trace,
     )
     try:
-        reply = engine.answer_from_receipt(proxy_request) or await _execute(app, proxy_request)
+        reply = engine.answer_from_receipt(proxy_request)
+        if reply is None:
+            headers = _forward_headers(request, caller)
+            reply = await _execute(app, proxy_request._replace(headers=headers))
     except GatewayError as error:
         trace.outcome, trace.state = _outcome_of(error), error.state
         metrics.request(route.name, trace.outcome)
@@ -208,6 +205,21 @@ def _preferred_wait(values: list[str], cap: float) -> float:
                 if seconds > 0:
                     return min(seconds, cap)
     return 0.0
+
+
+async def _read_body_in_time(request: web.Request, limit: int, within: float) -> bytes:
+    """The body, or `RequestTimeout` if it does not arrive within `within` seconds.
+
+    A body that has already arrived whole (most small POSTs come in the same
+    packets as their headers) cannot be late: it is read without a timer.
+    """
+    if request.content.is_eof():
+        return await _read_body(request, limit)
+    try:
+        async with asyncio.timeout(within):
+            return await _read_body(request, limit)
+    except TimeoutError as exc:
+        raise RequestTimeout(f"the request body did not arrive within {within:g}s") from exc
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:

@@ -30,6 +30,7 @@ from gateway.models import (
     StoredResponse,
 )
 from gateway.store import Store
+from gateway.store.rows import claim_changes
 from gateway.store.sqlite import SqliteStore
 
 Reopen = Callable[[], Awaitable[Store]]
@@ -890,3 +891,25 @@ async def test_sqlite_peek_sees_committed_writes_only(tmp_path: Path) -> None:
     finally:
         release_commit.set()
         await store.close()
+
+
+def test_claim_changes_only_forgotten_same_released_and_lapsed_records() -> None:
+    """The rule both stores use to answer a claim of an existing key from a plain read."""
+    now = 1_000.0
+    base = Operation(
+        id="op_1", scope="s1", key="k", state=State.COMPLETED, route="r", method="POST",
+        path="/p", fingerprint="sha256:aa", attempts=1, token=1, version=2,
+        created_at=now - 10, updated_at=now - 5, forgotten_at=now + 60,
+    )  # fmt: skip
+    cases = [
+        (base, "sha256:aa", False),  # a retry of a completed key: reported
+        (base, "sha256:bb", False),  # a mismatch: reported (the engine answers 422)
+        (base._replace(forgotten_at=now - 1), "sha256:aa", True),  # starts over
+        (base._replace(state=State.RELEASED), "sha256:aa", True),  # a new attempt
+        (base._replace(state=State.RELEASED), "sha256:bb", False),  # bound elsewhere
+        (base._replace(state=State.UNKNOWN, forgotten_at=None), "sha256:aa", False),
+        (base._replace(state=State.IN_FLIGHT, lease_expires_at=now + 5), "sha256:aa", False),
+        (base._replace(state=State.IN_FLIGHT, lease_expires_at=now), "sha256:aa", True),
+    ]
+    for operation, fingerprint, expected in cases:
+        assert claim_changes(operation, fingerprint, now) is expected, (operation, fingerprint)

@@ -47,6 +47,8 @@ COLUMN_NAMES = (
 """The columns both stores select, in the order `row_to_operation` reads them."""
 
 _FIELD_COUNT = len(COLUMN_NAMES)
+_STATES = {state.value: state for state in State}
+"""A dict lookup: `State(value)` goes through the enum machinery, once per decoded row."""
 
 
 def _open_body(stored: bytes | None, operation_id: str, cipher: BodyCipher | None) -> bytes:
@@ -82,14 +84,38 @@ def is_forgotten(operation: Operation, now: float) -> bool:
     )
 
 
+def claim_changes(current: Operation, fingerprint: str, now: float) -> bool:
+    """Whether a claim of `current`'s key changes its record, rather than report it.
+
+    It does for a forgotten record (the key starts over), a released one with
+    the same fingerprint (a new attempt) and an in-flight one whose lease has
+    run out (it turns unknown). Any other record is reported as it stands, so
+    a store may answer such a claim from a plain read, without a lock.
+    """
+    if is_forgotten(current, now):
+        return True
+    if current.state is State.RELEASED:
+        return current.fingerprint == fingerprint
+    return (
+        current.state is State.IN_FLIGHT
+        and current.lease_expires_at is not None
+        and current.lease_expires_at <= now
+    )
+
+
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+"""Built once: `json.dumps` with any argument builds a new encoder on every call."""
+
+
 def encode_headers(headers: Sequence[tuple[str, str]]) -> str:
-    return json.dumps([[name, value] for name, value in headers], separators=(",", ":"))
+    """Pairs as a JSON list of two-element lists (tuples encode as lists)."""
+    return _COMPACT_JSON.encode(headers if isinstance(headers, tuple) else tuple(headers))
 
 
 def decode_headers(raw: str | None) -> tuple[tuple[str, str], ...]:
     if not raw:
         return ()
-    return tuple((name, value) for name, value in json.loads(raw))
+    return tuple(map(tuple, json.loads(raw)))
 
 
 def encode_cursor(seq: int) -> str:
@@ -166,7 +192,7 @@ def row_to_operation(
         id=op_id,
         scope=scope,
         key=key,
-        state=State(state),
+        state=_STATES[state],
         route=route,
         method=method,
         path=path,

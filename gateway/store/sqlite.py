@@ -41,6 +41,7 @@ from gateway.models import (
 from gateway.store.base import Page, SweepReport
 from gateway.store.rows import (
     as_stored,
+    claim_changes,
     decode_cursor,
     encode_cursor,
     encode_headers,
@@ -484,6 +485,8 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> Clai
     if row is None:
         return NewAttempt(decode(_insert_claim(c, request, now)))
     current = decode(row)
+    if not claim_changes(current, request.fingerprint, now):
+        return Existing(current)
     if is_forgotten(current, now):
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
         return NewAttempt(decode(_insert_claim(c, request, now)))
@@ -496,23 +499,18 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> Clai
             (request.owner, now + request.lease_seconds, now, now, current.id),
         ).fetchone()
         return NewAttempt(decode(updated))
-    if (
-        current.state is State.IN_FLIGHT
-        and current.lease_expires_at is not None
-        and current.lease_expires_at <= now
-    ):
-        evidence = Evidence(
-            at=now, source="lease", detail="the lease expired before an outcome was recorded"
-        )
-        expired = c.execute(
-            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-            "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
-            "evidence = json_insert(evidence, '$[#]', json(?)) "
-            f"WHERE id = ? {_RETURNING}",
-            (now, json.dumps(evidence.as_json()), current.id),
-        ).fetchone()
-        return Existing(decode(expired))
-    return Existing(current)
+    # What is left: an in-flight record whose lease has run out turns unknown.
+    evidence = Evidence(
+        at=now, source="lease", detail="the lease expired before an outcome was recorded"
+    )
+    expired = c.execute(
+        "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+        "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+        "evidence = json_insert(evidence, '$[#]', json(?)) "
+        f"WHERE id = ? {_RETURNING}",
+        (now, json.dumps(evidence.as_json()), current.id),
+    ).fetchone()
+    return Existing(decode(expired))
 
 
 def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> Any:
