@@ -246,16 +246,15 @@ class PostgresStore:
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         async with _translated("claim"):
             pool = self._require_pool()
-            inserted = await pool.fetchrow(_INSERT_CLAIM, *_insert_args(request))
-            if inserted is not None:
-                return NewAttempt(self._decode(inserted))
-            # Most existing keys are retries of settled ones: one plain read answers
-            # them. Only a key the claim must change is read again under its lock.
-            row = await pool.fetchrow(_SELECT_BY_KEY, request.scope, request.key)
+            row = await pool.fetchrow(_CLAIM, *_insert_args(request))
             if row is not None:
                 current = self._decode(row)
+                if row["_inserted"]:
+                    return NewAttempt(current)
                 if not claim_changes(current, request.fingerprint, row["_now"]):
                     return Existing(current)
+            # The claim changes the record, or a concurrent claim's row is newer than
+            # this statement's snapshot: decide again under the row's lock.
             async with pool.acquire() as connection, connection.transaction():
                 return await _claim_existing(connection, request, self._decode)
 
@@ -514,6 +513,22 @@ _INSERT_CLAIM = (
     f"{NOW} + {SECONDS.format('$9')}, {NOW}) ON CONFLICT (scope, key) DO NOTHING "
     f"RETURNING {COLUMNS}"
 )
+
+
+_CLAIM = (
+    f"WITH inserted AS ({_INSERT_CLAIM}) "
+    f"SELECT *, true AS _inserted, extract(epoch from {NOW})::float8 AS _now FROM inserted "
+    f"UNION ALL SELECT {COLUMNS}, false, extract(epoch from {NOW})::float8 "
+    "FROM operations WHERE scope = $2 AND key = $3"
+)
+"""A claim in one round trip: the new row (`_inserted`), or the key's row as this
+statement's snapshot sees it (none if a concurrent claim committed after it began).
+
+Most existing keys are retries of settled operations, which this answers at
+once; `claim_changes` says when the record must be read again under its lock.
+A data-modifying WITH is invisible to the rest of its statement, so the second
+branch never returns the row the first one inserted.
+"""
 
 
 def _insert_args(request: ClaimRequest) -> tuple[Any, ...]:
