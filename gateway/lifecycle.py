@@ -380,14 +380,29 @@ class IdempotencyEngine:
         """
         deadline = time.monotonic() + seconds
         poll = CROSS_PROCESS_POLL[0]
+        event: asyncio.Event | None = None
+        watched = False
         while operation.state is State.IN_FLIGHT:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self._keeper.holds(operation.id) or self.cross_process_signals:
-                event = self._settled.setdefault(operation.id, asyncio.Event())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), min(remaining, CROSS_PROCESS_POLL[1]))
+            held_here = self._keeper.holds(operation.id)
+            if held_here or self.cross_process_signals:
+                # Registered before the store is asked or re-read, and kept until
+                # it fires: a signal between a re-read and the wait is not lost.
+                if event is None:
+                    event = self._settled.setdefault(operation.id, asyncio.Event())
+                if not held_here and not watched:
+                    # Another process holds it: ask its outcome write to signal us,
+                    # then re-read at once (the outcome may predate the watch).
+                    watched = True
+                    with contextlib.suppress(StoreUnavailable):  # then the wait polls
+                        await self._timed("watch", self._store.watch(operation.id))
+                elif not event.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), min(remaining, CROSS_PROCESS_POLL[1]))
+                if event.is_set():
+                    event = None  # used up: the next turn registers a fresh one
             else:  # held by another process and no signal reaches us: poll with backoff
                 await asyncio.sleep(min(poll, remaining))
                 poll = min(poll * 2, CROSS_PROCESS_POLL[1])

@@ -9,7 +9,7 @@ import pytest
 from pg import drop_schema, fresh_schema, require_postgres, url_for
 
 from gateway.errors import StoreUnavailable
-from gateway.models import ClaimRequest
+from gateway.models import ClaimRequest, NewAttempt, Resolution, StoredResponse
 
 pytestmark = pytest.mark.postgres
 
@@ -53,3 +53,63 @@ async def test_an_unreachable_server_is_store_unavailable() -> None:
                 tombstone_seconds=1,
             )
         )
+
+
+async def test_only_watched_operations_are_signalled_to_other_replicas() -> None:
+    """An outcome reaches other replicas' `subscribe` callbacks only if one of them
+    watched the operation: no NOTIFY (a database-wide commit lock) for the rest."""
+    postgres_store = require_postgres()
+    schema = await fresh_schema()
+    writer = postgres_store(url_for(schema), pool_size=2)
+    waiter = postgres_store(url_for(schema), pool_size=2)
+    signalled: list[str] = []
+    arrived = asyncio.Event()
+
+    def on_settled(operation_id: str) -> None:
+        signalled.append(operation_id)
+        arrived.set()
+
+    try:
+        await writer.open()
+        await waiter.open()
+        assert await waiter.subscribe(on_settled)
+        claims = []
+        for key in ("quiet", "watched"):
+            result = await writer.claim(_claim_request(key))
+            assert isinstance(result, NewAttempt)
+            claims.append(result.operation)
+        quiet, watched = claims
+        await waiter.watch(watched.id)
+        await waiter.watch(watched.id)  # watching twice is harmless
+
+        for operation in (quiet, watched):
+            done = await writer.complete(
+                operation.id,
+                operation.token,
+                StoredResponse(status=201, headers=(), body=b"{}"),
+                body_retained=True,
+                retention_seconds=60,
+                tombstone_seconds=600,
+                resolution=Resolution(by="upstream", at=0.0),
+            )
+            assert done is not None
+        await asyncio.wait_for(arrived.wait(), 5)
+        await asyncio.sleep(0.3)  # a notification for `quiet` would have come by now
+        assert signalled == [watched.id]
+    finally:
+        await asyncio.gather(writer.close(), waiter.close())
+        await drop_schema(schema)
+
+
+def _claim_request(key: str) -> ClaimRequest:
+    return ClaimRequest(
+        scope="s",
+        key=key,
+        fingerprint="f",
+        route="r",
+        method="POST",
+        path="/r",
+        owner="o",
+        lease_seconds=30,
+        tombstone_seconds=600,
+    )

@@ -71,6 +71,14 @@ class Store(Protocol):
         so every outcome is recorded by this process and signalled in memory).
         """
 
+    async def watch(self, operation_id: str) -> None:
+        """Ask for `on_settled(operation_id)` once another process records its outcome.
+
+        Outcome writes signal only watched operations: signalling every one
+        would cost each write (PostgreSQL: a NOTIFY, which serializes commits)
+        for the rare retry that waits. A no-op where `subscribe` is.
+        """
+
     async def ping(self) -> None:
         """Raise `StoreUnavailable` unless the store answers and is migrated."""
 

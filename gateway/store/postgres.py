@@ -5,9 +5,12 @@
   the key exists, so exactly one replica gets the right to send.
 - Leases, expiries and retention are measured on the database's clock
   (`clock_timestamp()`), never a replica's.
-- Outcome writes are fenced by state and token like SQLite's, and notify
-  `NOTIFY_CHANNEL` in the same statement, so a replica waiting on a key
-  (`Prefer: wait`) learns the outcome without polling.
+- Outcome writes are fenced by state and token like SQLite's. A replica
+  waiting on a key another holds (`Prefer: wait`) marks the row `watched`;
+  outcome writes of watched rows notify `NOTIFY_CHANNEL` in the same
+  statement, so the waiter learns the outcome without polling. Unwatched rows
+  are not notified: a NOTIFY takes a database-wide lock at commit, which
+  would serialize every receipt's commit for the rare retry that waits.
 - Sweeps and orphan expiry take bounded batches with `FOR UPDATE SKIP LOCKED`:
   every replica may run them at once without blocking each other.
 
@@ -67,8 +70,16 @@ _DRIVER_ERRORS = (
     asyncio.TimeoutError,
 )
 
-_OUTCOME_RETURNING = f"RETURNING {COLUMNS}, pg_notify('{NOTIFY_CHANNEL}', id) IS NULL AS _notified"
-"""Outcome writes return the row and notify waiting replicas in the same statement."""
+_OUTCOME_RETURNING = (
+    f"RETURNING {COLUMNS}, "
+    f"CASE WHEN watched THEN pg_notify('{NOTIFY_CHANNEL}', id) END IS NULL AS _notified"
+)
+"""Outcome writes return the row and notify waiting replicas in the same statement.
+
+`watched` is read from the row as this statement updates it: a `watch` that
+committed first is seen (the update waits for its row lock, then re-reads),
+and one that commits after is followed by the waiter's own re-read.
+"""
 
 
 @contextlib.asynccontextmanager
@@ -226,6 +237,13 @@ class PostgresStore:
             "secret", "SELECT value FROM gateway_meta WHERE name = 'scope_secret'"
         )
         return bytes(value)
+
+    async def watch(self, operation_id: str) -> None:
+        async with _translated("watch"):
+            await self._require_pool().execute(
+                "UPDATE operations SET watched = true WHERE id = $1 AND NOT watched",
+                operation_id,
+            )
 
     async def ping(self) -> None:
         await self._fetchval("ping", "SELECT version FROM gateway_schema_version")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -95,6 +95,9 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX operations_by_body_expiry ON operations (expires_at) "
         "WHERE response_body IS NOT NULL",
     ),
+    # Outcome writes NOTIFY only rows a waiting replica asked about (a constant
+    # default: no table rewrite).
+    3: ("ALTER TABLE operations ADD COLUMN watched boolean NOT NULL DEFAULT false",),
 }
 
 

@@ -174,6 +174,9 @@ class SqliteStore:
     async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
         return False  # one process per file: outcomes are all signalled in memory
 
+    async def watch(self, operation_id: str) -> None:
+        return None  # every outcome is recorded, and signalled, in this process
+
     async def ping(self) -> None:
         await self._writer.run(lambda c: c.execute("SELECT version FROM schema_version").fetchone())
 
