@@ -186,11 +186,12 @@ class IdempotencyEngine:
     ) -> Reply:
         if request.trace is not None:
             request.trace.operation_id = operation.id
-        log.debug(
-            "claimed",
-            extra={"event": "claim", "operation_id": operation.id, "key": request.key,
-                   "attempt": operation.attempts, "token": operation.token},
-        )  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):  # the extra dict is not free on every request
+            log.debug(
+                "claimed",
+                extra={"event": "claim", "operation_id": operation.id, "key": request.key,
+                       "attempt": operation.attempts, "token": operation.token},
+            )  # fmt: skip
         self._keeper.hold(operation.id, operation.token)
         try:
             self._inject_fault("after_claim")

@@ -486,13 +486,13 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> Clai
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is None:
-        return NewAttempt(decode(_insert_claim(c, request, now)))
+        return NewAttempt(_insert_claim(c, request, now))
     current = decode(row)
     if not claim_changes(current, request.fingerprint, now):
         return Existing(current)
     if is_forgotten(current, now):
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        return NewAttempt(decode(_insert_claim(c, request, now)))
+        return NewAttempt(_insert_claim(c, request, now))
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
         updated = c.execute(
             "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
@@ -516,27 +516,47 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> Clai
     return Existing(decode(expired))
 
 
-def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> Any:
-    return c.execute(
+def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> Operation:
+    """Insert the first attempt and return it as a read would, built from what was
+    written (no `RETURNING`: every column is known here or a schema default)."""
+    operation = Operation(
+        id=new_operation_id(now),
+        scope=request.scope,
+        key=request.key,
+        state=State.IN_FLIGHT,
+        route=request.route,
+        method=request.method,
+        path=request.path,
+        fingerprint=request.fingerprint,
+        attempts=1,
+        token=1,
+        version=1,
+        created_at=now,
+        updated_at=now,
+        lease_owner=request.owner,
+        lease_expires_at=now + request.lease_seconds,
+        sent_at=now,
+    )
+    c.execute(
         "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
         "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-        "sent_at) VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?) "
-        f"{_RETURNING}",
+        "sent_at) VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?)",
         (
-            new_operation_id(now),
-            request.scope,
-            request.key,
-            request.route,
-            request.method,
-            request.path,
-            request.fingerprint,
+            operation.id,
+            operation.scope,
+            operation.key,
+            operation.route,
+            operation.method,
+            operation.path,
+            operation.fingerprint,
             now,
             now,
-            request.owner,
-            now + request.lease_seconds,
+            operation.lease_owner,
+            operation.lease_expires_at,
             now,
         ),
-    ).fetchone()
+    )
+    return operation
 
 
 def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
