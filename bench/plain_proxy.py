@@ -93,6 +93,15 @@ async def _serve(host: str, port: int, upstream: str) -> None:
         await runner.cleanup()
 
 
+def _use_uvloop() -> None:
+    """The gateway's rule (`gateway.serve`): uvloop when installed, so both run on one loop."""
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the proxy until SIGINT or SIGTERM."""
     parser = argparse.ArgumentParser(
@@ -102,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port; 0 lets the OS choose")
     parser.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:9000")
     args = parser.parse_args(argv)
+    _use_uvloop()
     asyncio.run(_serve(args.host, args.port, args.upstream))
     return 0
 
