@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[fast]'
 	$(BIN)/python -m bench.run --write
 
-# The gateway's memory under 10 minutes of new keys; appends to bench/RESULTS.md.
+# The gateway's memory under 10 minutes of new keys; replaces the soak section of bench/RESULTS.md.
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --minutes 10 --write
 

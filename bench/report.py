@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 SOAK_HEADING = "## Soak"
-"""Sections `bench.soak` appends; `write_results` keeps them when it rewrites the file."""
+"""The section `bench.soak` writes after the benchmark; `write_results` keeps it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,7 @@ def machine_info() -> list[str]:
 
 
 def write_results(path: Path, text: str) -> None:
-    """Replace `path` with `text`, keeping any soak sections appended earlier."""
+    """Replace `path` with `text`, keeping the soak section written earlier."""
     kept: Sequence[str] = ()
     if path.exists():
         old = path.read_text()

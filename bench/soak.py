@@ -145,12 +145,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--warmup-seconds", type=float, default=60.0, help="samples ignored by the trend"
     )
-    parser.add_argument("--write", action="store_true", help=f"append the result to {RESULTS}")
+    parser.add_argument(
+        "--write", action="store_true", help=f"write the result to {RESULTS} (after the benchmark)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the soak; print the series and the trend; append them with `--write`."""
+    """Run the soak; print the series and the trend; with `--write`, put them in RESULTS.md."""
     args = _parser().parse_args(argv)
     if args.minutes <= 0 or args.interval <= 0 or args.concurrency < 1:
         print("soak: --minutes and --interval must be > 0, --concurrency >= 1", file=sys.stderr)
@@ -170,9 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(text, flush=True)
     if args.write:
-        existing = RESULTS.read_text().rstrip("\n") + "\n\n" if RESULTS.exists() else ""
-        RESULTS.write_text(existing + text + "\n")
-        print(f"appended to {RESULTS}", file=sys.stderr)
+        # The latest soak replaces an earlier one: RESULTS.md describes one state of the code.
+        existing = RESULTS.read_text() if RESULTS.exists() else ""
+        benchmark = existing.split(f"\n{SOAK_HEADING}", 1)[0].rstrip("\n")
+        RESULTS.write_text((benchmark + "\n\n" if benchmark else "") + text + "\n")
+        print(f"written to {RESULTS}", file=sys.stderr)
     return 0
 
 
