@@ -9,6 +9,7 @@ installed (CI has none); tests/test_bench_wrk.py covers wrk.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,12 @@ def test_quick_run_prints_every_row() -> None:
     assert set(SCALE_ROWS) <= set(_table_rows(output, "## Store scale")), output
     after = RESULTS.read_bytes() if RESULTS.exists() else None
     assert after == before, "bench/RESULTS.md changed without --write"
+
+
+def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:
+    """`python -m bench.store_cpu` (the store alone, for PROFILE.md) runs and reports."""
+    from bench.store_cpu import measure
+
+    rate, cpu_per_pair = asyncio.run(measure(tmp_path / "s.db", concurrency=4, duration=0.3))
+    assert rate > 0
+    assert 0 < cpu_per_pair < 1_000_000
