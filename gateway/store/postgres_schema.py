@@ -37,10 +37,24 @@ _TIME_COLUMNS = frozenset(
 )
 
 
-COLUMNS = ", ".join(
-    f"extract(epoch from {name})::float8 AS {name}" if name in _TIME_COLUMNS else name
-    for name in COLUMN_NAMES
-)
+def columns_of(table: str = "") -> str:
+    """The select list, times as POSIX seconds, in the order `row_to_operation` reads.
+
+    `table` qualifies every column (`o.id`), for statements that join another
+    relation with columns of the same names.
+    """
+    prefix = f"{table}." if table else ""
+    return ", ".join(
+        f"extract(epoch from {prefix}{name})::float8 AS {name}"
+        if name in _TIME_COLUMNS
+        else f"{prefix}{name} AS {name}"
+        if prefix
+        else name
+        for name in COLUMN_NAMES
+    )
+
+
+COLUMNS = columns_of()
 """The select list, times as POSIX seconds, in the order `row_to_operation` reads."""
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
