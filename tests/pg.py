@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, NoReturn
 import asyncpg
 import pytest
 
+from gateway.models import ClaimRequest
+
 if TYPE_CHECKING:
     from gateway.store.postgres import PostgresStore
 
@@ -25,6 +27,21 @@ PG_PORT = 5432
 PG_URL = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/test"
 
 _SCHEMA_NAME = re.compile(r"t_[0-9a-f]+")
+
+
+def claim_request(key: str, *, path: str = "/r") -> ClaimRequest:
+    """A claim of `key` in scope "s" for the PostgreSQL-only tests."""
+    return ClaimRequest(
+        scope="s",
+        key=key,
+        fingerprint="f",
+        route="r",
+        method="POST",
+        path=path,
+        owner="o",
+        lease_seconds=30,
+        tombstone_seconds=600,
+    )
 
 
 def url_for(schema: str) -> str:

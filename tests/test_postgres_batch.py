@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import asyncpg
 import pytest
-from pg import drop_schema, fresh_schema, require_postgres, url_for
+from pg import claim_request, drop_schema, fresh_schema, require_postgres, url_for
 
 from gateway.errors import StoreUnavailable
-from gateway.models import ClaimRequest, NewAttempt
+from gateway.models import NewAttempt
 from gateway.store.postgres_batch import StatementBatcher
 
 
@@ -115,15 +115,8 @@ async def test_a_claim_the_server_refuses_fails_alone_in_its_batch() -> None:
     store = postgres_store(url_for(schema), pool_size=4)
     try:
         await store.open()
-
-        def request(key: str, path: str = "/r") -> ClaimRequest:
-            return ClaimRequest(
-                scope="s", key=key, fingerprint="f", route="r", method="POST", path=path,
-                owner="o", lease_seconds=30, tombstone_seconds=600,
-            )  # fmt: skip
-
-        requests = [request(f"k{n}") for n in range(20)]
-        requests[7] = request("k7", path="/bad\x00path")
+        requests = [claim_request(f"k{n}") for n in range(20)]
+        requests[7] = claim_request("k7", path="/bad\x00path")
         results = await asyncio.gather(
             *(store.claim(item) for item in requests), return_exceptions=True
         )

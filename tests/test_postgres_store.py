@@ -6,10 +6,10 @@ import asyncio
 import socket
 
 import pytest
-from pg import drop_schema, fresh_schema, require_postgres, url_for
+from pg import claim_request, drop_schema, fresh_schema, require_postgres, url_for
 
 from gateway.errors import StoreUnavailable
-from gateway.models import ClaimRequest, NewAttempt, Resolution, StoredResponse
+from gateway.models import NewAttempt, Resolution, StoredResponse
 
 pytestmark = pytest.mark.postgres
 
@@ -40,19 +40,7 @@ async def test_an_unreachable_server_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable):
         await store.open()
     with pytest.raises(StoreUnavailable):
-        await store.claim(
-            ClaimRequest(
-                scope="s",
-                key="k",
-                fingerprint="f",
-                route="r",
-                method="POST",
-                path="/r",
-                owner="o",
-                lease_seconds=1,
-                tombstone_seconds=1,
-            )
-        )
+        await store.claim(claim_request("k"))
 
 
 async def test_only_watched_operations_are_signalled_to_other_replicas() -> None:
@@ -75,7 +63,7 @@ async def test_only_watched_operations_are_signalled_to_other_replicas() -> None
         assert await waiter.subscribe(on_settled)
         claims = []
         for key in ("quiet", "watched"):
-            result = await writer.claim(_claim_request(key))
+            result = await writer.claim(claim_request(key))
             assert isinstance(result, NewAttempt)
             claims.append(result.operation)
         quiet, watched = claims
@@ -99,17 +87,3 @@ async def test_only_watched_operations_are_signalled_to_other_replicas() -> None
     finally:
         await asyncio.gather(writer.close(), waiter.close())
         await drop_schema(schema)
-
-
-def _claim_request(key: str) -> ClaimRequest:
-    return ClaimRequest(
-        scope="s",
-        key=key,
-        fingerprint="f",
-        route="r",
-        method="POST",
-        path="/r",
-        owner="o",
-        lease_seconds=30,
-        tombstone_seconds=600,
-    )
