@@ -171,6 +171,13 @@ class SqliteStore:
         except sqlite3.Error:  # busy in a WAL recovery, or worse: the writer path reports it
             return None
 
+    async def _read(self, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
+        """Committed rows: on the loop if the reader can, else through the writer."""
+        rows = self._read_now(sql, parameters)
+        if rows is None:
+            rows = await self._writer.run(lambda c: c.execute(sql, parameters).fetchall())
+        return rows
+
     async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
         return False  # one process per file: outcomes are all signalled in memory
 
@@ -308,10 +315,7 @@ class SqliteStore:
         )
 
     async def get(self, scope: str, key: str) -> Operation | None:
-        query, parameters = f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key)
-        rows = self._read_now(query, parameters)
-        if rows is None:
-            rows = await self._writer.run(lambda c: c.execute(query, parameters).fetchall())
+        rows = await self._read(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key))
         return self._unless_forgotten(rows)
 
     def peek_completed(self, scope: str, key: str) -> Operation | None:
@@ -327,10 +331,7 @@ class SqliteStore:
         return None if is_forgotten(operation, time.time()) else operation
 
     async def get_by_id(self, operation_id: str) -> Operation | None:
-        query, parameters = f"{_SELECT} WHERE id = ?", (operation_id,)
-        rows = self._read_now(query, parameters)
-        if rows is None:
-            rows = await self._writer.run(lambda c: c.execute(query, parameters).fetchall())
+        rows = await self._read(f"{_SELECT} WHERE id = ?", (operation_id,))
         return self._decode(rows[0]) if rows else None
 
     async def resolve(
