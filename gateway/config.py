@@ -404,7 +404,9 @@ class ClientSettings(BaseModel):
 class ProbeSettings(BaseModel):
     """How to ask an upstream whether an `unknown` effect exists.
 
-    `{key}` and `{operation_id}` in `path` are replaced (URL-encoded).
+    `{key}`, `{operation_id}` and `{forwarded_key}` (whichever of the two the
+    route forwards) in `path` are replaced (URL-encoded); the route checks that
+    the path names what it forwards.
 
     >>> ProbeSettings(path="/v1/issues?client_ref={key}").not_applied_after
     300.0
@@ -431,10 +433,11 @@ class ProbeSettings(BaseModel):
             raise ValueError(f"must start with '/', got {path!r}")
         if any(not "!" <= char <= "~" for char in path):
             raise ValueError("must not contain spaces, control or non-ASCII characters")
-        unknown = set(_PLACEHOLDER_RE.findall(path)) - {"key", "operation_id"}
+        unknown = set(_PLACEHOLDER_RE.findall(path)) - {"key", "operation_id", "forwarded_key"}
         if unknown:
             raise ValueError(
-                f"unknown placeholder {{{sorted(unknown)[0]}}}: only {{key}} and {{operation_id}}"
+                f"unknown placeholder {{{sorted(unknown)[0]}}}: "
+                "only {key}, {operation_id} and {forwarded_key}"
             )
         return path
 
@@ -536,21 +539,44 @@ class RouteSettings(BaseModel):
             for name in ("tls_ca", "tls_client_cert", "tls_client_key"):
                 if getattr(self, name) is not None:
                     problems.append(((name,), "only applies to an https:// upstream"))
-        if (
-            self.probe is not None
-            and "{operation_id}" in self.probe.path
-            and self.forward_key != "operation_id"
-        ):
-            problems.append(
-                (
-                    ("probe", "path"),
-                    '{operation_id} needs forward_key = "operation_id": '
-                    "otherwise the upstream never sees the operation id",
-                )
-            )
+        if (probe_problem := self._probe_path_problem()) is not None:
+            problems.append((("probe", "path"), probe_problem))
         if problems:
             raise _Problems(*problems)
         return self
+
+    def _probe_path_problem(self) -> str | None:
+        """Why the probe path cannot name the effect the upstream saw, if it cannot.
+
+        A probe finds an effect by what this route forwarded. Asked about
+        anything else, the upstream answers "not applied" for an effect that
+        exists, the key is released, and the retry is a second effect.
+        """
+        if self.probe is None:
+            return None
+        route = f'route "{self.name}"'
+        named = set(_PLACEHOLDER_RE.findall(self.probe.path))
+        if self.forward_key is False:
+            return (
+                f"{route} has forward_key = false: the upstream never sees the key nor the "
+                "operation id, so no probe can name the effect; forward one, or remove the probe"
+            )
+        if self.forward_key is True and "operation_id" in named:
+            return (
+                f'{{operation_id}} needs forward_key = "operation_id": {route} forwards the '
+                "key, so the upstream never sees the operation id (use {key} or {forwarded_key})"
+            )
+        if self.forward_key == "operation_id" and "key" in named:
+            return (
+                f"{{key}} needs forward_key = true: {route} forwards the operation id, so the "
+                "upstream never sees the key (use {operation_id} or {forwarded_key})"
+            )
+        if not named & {"key", "operation_id", "forwarded_key"}:
+            return (
+                f"names no effect: {route}'s probe would ask the same question for every "
+                "operation; put {forwarded_key} (what the route forwards) in the path"
+            )
+        return None
 
 
 class LoggingSettings(BaseModel):

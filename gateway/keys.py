@@ -8,6 +8,13 @@ downstream (store, lookup URLs, `forward_key`, probe paths) only ever sees
 that key. Anything doubtful (two headers, a malformed quoted string, a key
 outside printable ASCII) is refused with the rule it broke, never guessed at:
 a guess that differs between two retries is a duplicate effect.
+
+A value that starts with `"` must be a whole, valid Structured Field string.
+Whitespace (space or tab) just inside its quotes is refused: HTTP strips a
+field value's outer whitespace, so the forwarded `Idempotency-Key` (and a bare
+retry) would lose it, and `"  pay-42 "` and `pay-42` would be two keys for
+one effect. So no accepted key starts or ends with whitespace; spaces inside a
+key (`"pay 42"`, or bare `pay 42`) are kept.
 """
 
 from __future__ import annotations
@@ -52,6 +59,13 @@ def parse_idempotency_key(values: Sequence[str]) -> str | None:
     key = _parse_sf_string(value) if value.startswith('"') else value
     if not key:
         raise InvalidKey("the Idempotency-Key is empty; it must be 1 to 255 characters")
+    if key.strip(_OWS) != key:
+        # Only a quoted key can get here: a bare value's outer whitespace is gone.
+        raise InvalidKey(
+            "the quoted Idempotency-Key has whitespace just inside its quotes; HTTP strips "
+            "a header value's outer whitespace on the way upstream, so two spellings would "
+            "name one effect: send the key without it"
+        )
     for position, char in enumerate(key):
         if not " " <= char <= "~":
             raise InvalidKey(
@@ -70,9 +84,10 @@ def format_key_header(key: str) -> str:
     """Return a normalized key as it goes into a response's `Idempotency-Key` header.
 
     That is the bare key, as clients send it, unless the bare form would read
-    back as another key (it starts with `"` or has whitespace at either end):
-    then it is written as a Structured Field string, so that it still parses
-    back to the same key.
+    back as another key: a key that starts with `"` is written as a Structured
+    Field string, and parses back to the same key. A key with whitespace at
+    either end (stored before such keys were refused) is quoted as well, so the
+    header shows it exactly rather than as the shorter key HTTP would read.
 
     >>> format_key_header("run-77:0:c1")
     'run-77:0:c1'

@@ -1,13 +1,21 @@
-"""The JSON body of a resolve request, validated at the boundary with pydantic."""
+"""The JSON body of a resolve request, validated at the boundary with pydantic.
+
+Operator text is refused here, with a 400, when a store could not hold it or a
+receipt could not be replayed with it: a NUL (PostgreSQL text and jsonb refuse
+it, SQLite would take it, so the two stores would differ) or a lone surrogate
+(not Unicode text, so not UTF-8 either). A receipt's header values must be
+sendable field values: no control characters but tab.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -21,6 +29,33 @@ from gateway.headers import end_to_end
 from gateway.models import StoredResponse
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field name
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # not in an RFC 9110 field value
+
+
+def storable_problem(text: str) -> str | None:
+    """What makes `text` unfit to store as text (a NUL, a lone surrogate), or None.
+
+    >>> storable_problem("a\\x00b"), storable_problem("ok")
+    ('has a NUL character at position 1', None)
+    """
+    nul = text.find("\x00")
+    if nul >= 0:
+        return f"has a NUL character at position {nul}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"has a lone surrogate at position {exc.start} (not Unicode text)"
+    return None
+
+
+def _storable(text: str) -> str:
+    if (problem := storable_problem(text)) is not None:
+        raise ValueError(f"the text {problem}, which not every store can hold")
+    return text
+
+
+StorableText = Annotated[str, AfterValidator(_storable)]
+"""Text every store holds alike: no NUL, no lone surrogate."""
 
 
 class ResolveResponse(BaseModel):
@@ -40,9 +75,23 @@ class ResolveResponse(BaseModel):
         for name, value in headers.items():
             if not _TOKEN.fullmatch(name):
                 raise ValueError(f"header name {name!r} is not an HTTP token")
-            if any(ch in value for ch in "\r\n\x00"):
-                raise ValueError(f"header {name!r} has a CR, LF or NUL in its value")
+            if control := _CONTROL.search(value):
+                raise ValueError(
+                    f"header {name!r} has a control character ({control[0]!r}) in its value; "
+                    "only tab is allowed"
+                )
+            if (problem := storable_problem(value)) is not None:
+                raise ValueError(f"header {name!r} {problem}")
         return headers
+
+    @model_validator(mode="after")
+    def _text_body(self) -> ResolveResponse:
+        if self.body_encoding == "utf-8" and (problem := storable_problem(self.body)) is not None:
+            raise ValueError(
+                f"the utf-8 body {problem}; send bytes that are not text as base64 "
+                '(body_encoding = "base64")'
+            )
+        return self
 
     def stored(self) -> StoredResponse:
         if self.body_encoding == "base64":
@@ -63,7 +112,7 @@ class ResolveBody(BaseModel):
 
     outcome: Literal["applied", "not_applied"]
     response: ResolveResponse | None = None
-    note: str | None = Field(default=None, max_length=2000)
+    note: StorableText | None = Field(default=None, max_length=2000)
 
     @model_validator(mode="after")
     def _response_only_when_applied(self) -> ResolveBody:

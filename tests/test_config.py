@@ -332,22 +332,22 @@ REFUSED = [
     ),
     (ROUTE + '[routes.upstream_headers]\nX-A = "a\\nb"', "routes[0].upstream_headers.X-A:"),
     (ROUTE + "[routes.probe]\npath = 'v1/issues'", "routes[0].probe.path: must start with '/'"),
-    (ROUTE + "[routes.probe]\nmethod = 'G T'\npath = '/x'", "routes[0].probe.method:"),
+    (ROUTE + "[routes.probe]\nmethod = 'G T'\npath = '/x/{key}'", "routes[0].probe.method:"),
     (ROUTE + "[routes.probe]\npath = '/x/{id}'", "routes[0].probe.path: unknown placeholder {id}"),
     (
-        ROUTE + "[routes.probe]\npath = '/x'\nnot_applied_statuses = [404, 200]",
+        ROUTE + "[routes.probe]\npath = '/x/{key}'\nnot_applied_statuses = [404, 200]",
         "routes[0].probe.not_applied_statuses: [200] also in applied_statuses",
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x'\napplied_statuses = [99]",
+        ROUTE + "[routes.probe]\npath = '/x/{key}'\napplied_statuses = [99]",
         "routes[0].probe.applied_statuses[0]:",
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x'\napplied_statuses = []",
+        ROUTE + "[routes.probe]\npath = '/x/{key}'\napplied_statuses = []",
         "routes[0].probe.applied_statuses: a probe needs at least one status",
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x'\nnot_applied_after = '5 min'",
+        ROUTE + "[routes.probe]\npath = '/x/{key}'\nnot_applied_after = '5 min'",
         "routes[0].probe.not_applied_after: invalid duration",
     ),
     (
@@ -355,7 +355,19 @@ REFUSED = [
         'routes[0].probe.path: {operation_id} needs forward_key = "operation_id"',
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x'\n[routes.probe.headers]\nConnection = 'close'",
+        ROUTE + "forward_key = 'operation_id'\n[routes.probe]\npath = '/x?ref={key}'",
+        'routes[0].probe.path: {key} needs forward_key = true: route "tickets" forwards',
+    ),
+    (
+        ROUTE + "forward_key = false\n[routes.probe]\npath = '/x/{forwarded_key}'",
+        'routes[0].probe.path: route "tickets" has forward_key = false',
+    ),
+    (
+        ROUTE + "[routes.probe]\npath = '/x'",
+        'routes[0].probe.path: names no effect: route "tickets"\'s probe',
+    ),
+    (
+        ROUTE + "[routes.probe]\npath = '/x/{key}'\n[routes.probe.headers]\nConnection = 'close'",
         "routes[0].probe.headers.Connection:",
     ),
 ]
@@ -407,7 +419,7 @@ def test_gateway_paths_constant() -> None:
         ("[srever]\nport = 1", "srever: unknown key"),
         (ROUTE + "timout = '1s'", "routes[0].timout: unknown key"),
         (
-            ROUTE + "[routes.probe]\npath = '/x'\nmethd = 'GET'",
+            ROUTE + "[routes.probe]\npath = '/x/{key}'\nmethd = 'GET'",
             "routes[0].probe.methd: unknown key",
         ),
         (
@@ -480,7 +492,7 @@ def test_env_references_in_headers_are_expanded(load: Any) -> None:
     text = (
         ROUTE
         + '[routes.upstream_headers]\nAuthorization = "Bearer ${TICKETS_API_TOKEN}"\n'
-        + "[routes.probe]\npath = '/x'\n"
+        + "[routes.probe]\npath = '/x/{key}'\n"
         + '[routes.probe.headers]\nX-Probe = "${A}-${B}"\n'
     )
     env = {"TICKETS_API_TOKEN": "t0k", "A": "1", "B": "2"}
@@ -495,7 +507,7 @@ def test_missing_env_reference_is_refused(load: Any) -> None:
     message = refusal(load, text)
     assert "routes[0].upstream_headers.Authorization:" in message
     assert "TICKETS_API_TOKEN is not set" in message
-    probe = ROUTE + "[routes.probe]\npath = '/x'\n[routes.probe.headers]\nX = '${NOPE}'\n"
+    probe = ROUTE + "[routes.probe]\npath = '/x/{key}'\n[routes.probe.headers]\nX = '${NOPE}'\n"
     assert "routes[0].probe.headers.X: environment variable NOPE is not set" in refusal(load, probe)
 
 
@@ -627,7 +639,7 @@ def test_render_masks_secrets(load: Any) -> None:
     text = (
         ROUTE.replace("/tickets", "/t")
         + '[routes.upstream_headers]\nAuthorization = "Bearer ${TOKEN}"\n'
-        + "[routes.probe]\npath = '/x'\n[routes.probe.headers]\nX-Key = 'probe-secret'\n"
+        + "[routes.probe]\npath = '/x/{key}'\n[routes.probe.headers]\nX-Key = 'probe-secret'\n"
     )
     settings = load(
         text,
@@ -655,7 +667,7 @@ def test_render_shows_an_armed_fault_as_a_comment(load: Any) -> None:
 
 def test_render_escapes_strings(load: Any) -> None:
     """Strings with quotes, backslashes and control characters stay valid TOML."""
-    text = ROUTE + "[routes.probe]\npath = '/x?q=\"a\\\\b\"'\n"
+    text = ROUTE + "[routes.probe]\npath = '/x/{key}?q=\"a\\\\b\"'\n"
     settings = load(text)
     data = tomllib.loads(render_effective(settings))
     assert data["routes"][0]["probe"]["path"] == settings.routes[0].probe.path

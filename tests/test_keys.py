@@ -12,6 +12,8 @@ from gateway.keys import MAX_KEY_LENGTH, format_key_header, parse_idempotency_ke
 printable_keys = st.text(
     alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=255
 )
+# What a key may be: printable ASCII without whitespace at either end.
+trimmed_keys = printable_keys.filter(lambda key: key.strip(" \t") == key)
 
 
 def sf_string(key: str) -> str:
@@ -26,22 +28,45 @@ def test_bare_token_round_trips(key: str) -> None:
     assert parse_idempotency_key([key]) == key
 
 
-@given(printable_keys)
+@given(trimmed_keys)
 def test_sf_string_round_trips(key: str) -> None:
-    """Any printable key sent as an escaped sf-string normalizes to the key itself."""
+    """Any printable key without outer whitespace sent as an sf-string normalizes to itself."""
     assert parse_idempotency_key([sf_string(key)]) == key
 
 
 @given(printable_keys)
+def test_padded_sf_string_is_refused(key: str) -> None:
+    """An sf-string with whitespace just inside a quote is refused, whatever the key."""
+    for padded in (" " + key, key + " "):
+        with pytest.raises(InvalidKey, match="whitespace just inside its quotes"):
+            parse_idempotency_key([sf_string(padded)])
+
+
+@given(trimmed_keys)
 def test_format_key_header_parses_back(key: str) -> None:
-    """The response header form of any key parses back to the same key."""
+    """The response header form of any key that can be stored parses back to the same key."""
     assert parse_idempotency_key([format_key_header(key)]) == key
+
+
+@given(st.one_of(st.text(min_size=1, max_size=300), printable_keys, printable_keys.map(sf_string)))
+def test_accepted_keys_are_trimmed_and_name_themselves_quoted_or_bare(value: str) -> None:
+    """An accepted key has no outer whitespace; its quoted and bare forms parse to it."""
+    try:
+        key = parse_idempotency_key([value])
+    except InvalidKey:
+        return
+    assert key is not None
+    assert key.strip(" \t") == key
+    assert parse_idempotency_key([sf_string(key)]) == key
+    if not key.startswith('"'):  # a bare value starting with '"' is read as an sf-string
+        assert parse_idempotency_key([key]) == key
 
 
 def test_format_key_header_is_bare_when_unambiguous() -> None:
     """Keys are echoed bare, as clients send them, unless that would read back differently."""
     assert format_key_header("run-77:0:c1") == "run-77:0:c1"
     assert format_key_header('"x') == '"\\"x"'
+    # A key stored before outer whitespace was refused is shown exactly, quoted.
     assert format_key_header(" x") == '" x"'
 
 
@@ -56,6 +81,7 @@ def test_absent_header_is_none() -> None:
         (" abc\t", "abc"),
         ('\t"abc" ', "abc"),
         ('"a b"', "a b"),
+        ('"a  b"', "a  b"),
         ("a b", "a b"),
         ('"a\\"b"', 'a"b'),
         ('"a\\\\b"', "a\\b"),
@@ -64,7 +90,7 @@ def test_absent_header_is_none() -> None:
     ],
 )
 def test_normalization(value: str, key: str) -> None:
-    """Surrounding whitespace is dropped, sf-strings are unescaped, inner characters kept."""
+    """Whitespace around the value is dropped, sf-strings unescaped, inner characters kept."""
     assert parse_idempotency_key([value]) == key
 
 
@@ -96,6 +122,10 @@ def test_length_is_measured_after_unescaping() -> None:
         (['"a\tb"'], "outside printable ASCII"),
         (["a", "a"], "sent twice"),
         (["a", "b"], "sent twice"),
+        (['"  pay-42 "'], "whitespace just inside its quotes"),
+        (['" abc"'], "whitespace just inside its quotes"),
+        (['"abc "'], "whitespace just inside its quotes"),
+        (['" "'], "whitespace just inside its quotes"),
         (['"abc'], "no closing quote"),
         (['"abc\\"'], "no closing quote"),
         (['"abc"def'], "after its closing quote"),
