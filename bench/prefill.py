@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gateway.fingerprint import fingerprint_request
 from gateway.ids import new_operation_id
-from gateway.store.sqlite_schema import COLUMNS, migrate
+from gateway.store.sqlite_schema import STORED_COLUMNS, migrate
 
 __all__ = ["FILL_SCOPE", "FillReport", "bytes_per_operation", "fill_key", "prefill"]
 
@@ -77,8 +77,8 @@ def prefill(path: Path, rows: int) -> FillReport:
         connection.execute("BEGIN")
         migrate(connection)
         connection.execute("COMMIT")
-        placeholders = ", ".join("?" for _ in COLUMNS)
-        insert = f"INSERT INTO operations ({', '.join(COLUMNS)}) VALUES ({placeholders})"
+        placeholders = ", ".join("?" for _ in STORED_COLUMNS)
+        insert = f"INSERT INTO operations ({', '.join(STORED_COLUMNS)}) VALUES ({placeholders})"
         for start in range(0, rows, _CHUNK):
             connection.execute("BEGIN")
             connection.executemany(insert, _rows(start, min(rows, start + _CHUNK), rows))

@@ -20,7 +20,7 @@ from gateway.models import Evidence, State
 from gateway.operation_json import operation_json
 from gateway.operations_view import expected_version, operation_response, read_operator_body
 from gateway.problems import operation_url
-from gateway.resolve_body import parse_resolve_body
+from gateway.resolve_body import StorableText, parse_resolve_body
 
 log = logging.getLogger("gateway.admin")
 
@@ -60,10 +60,9 @@ async def list_operations(request: web.Request) -> web.Response:
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
-    now = time.time()
     document = {
         "items": [
-            operation_json(op, now=now, lookup_url=operation_url(op.key), include_scope=True)
+            operation_json(op, lookup_url=operation_url(op.key), include_scope=True)
             for op in page.items
         ],
         "next_cursor": page.next_cursor,
@@ -103,7 +102,7 @@ class RedactBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: StorableText = Field(min_length=1, max_length=2000)
 
 
 async def redact_operation(request: web.Request) -> web.Response:

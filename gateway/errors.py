@@ -41,7 +41,7 @@ they occur.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
 PROBLEM_BASE_URI = "https://idempotency-gateway.dev/problems/"
 
@@ -57,7 +57,8 @@ class GatewayError(Exception):
     status: ClassVar[int] = 500
     problem_type: ClassVar[str] = "internal-error"
     title: ClassVar[str] = "Internal gateway error"
-    safe_to_retry: ClassVar[bool | None] = None
+    safe_to_retry: bool | None = None
+    """The class's default; `about` adjusts it to the record's actual state."""
 
     def __init__(
         self,
@@ -74,6 +75,19 @@ class GatewayError(Exception):
         self.state = state
         self.operation_id = operation_id
         self.retry_after = retry_after
+
+    def about(self, key: str, state: str) -> Self:
+        """Tie the error to a key and to the state its record is in after the write.
+
+        The state is the record's, not the one the failed attempt meant to
+        leave: a retry of an `unknown` key can never be safe, whatever happened
+        to this attempt, and any other state answers a retry safely (a replay,
+        a wait, or a fresh attempt).
+        """
+        self.key = key
+        self.state = state
+        self.safe_to_retry = state != "unknown"
+        return self
 
     @property
     def type_uri(self) -> str:

@@ -7,15 +7,58 @@ in the engine.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
-    from gateway.forwarder import UpstreamReply
     from gateway.headers import Pairs
     from gateway.models import State
+
+
+class UpstreamAnswer(Protocol):
+    """An upstream answer whose status and headers have arrived; the body is read on demand.
+
+    Reading raises `UpstreamTimeout` or `UpstreamConnectionLost` when the body
+    does not arrive whole: the request was sent, so its effect is ambiguous.
+    """
+
+    status: int
+    headers: Pairs
+
+    async def read(self, limit: int) -> bytes | None:
+        """The whole body, or `None` once it exceeds `limit` (what was read is kept)."""
+
+    def rest(self) -> AsyncIterator[bytes]:
+        """After `read` returned `None`: the bytes already read, then the remainder."""
+
+    def close(self) -> None:
+        """Give the connection back (or drop it); safe to call more than once."""
+
+
+class Upstream(Protocol):
+    """Where the engine sends requests and probes: `gateway.forwarder.Forwarder` in
+    production, a scripted world in the simulation.
+
+    `send` sends once and never retries; it raises `UpstreamUnreachable` only
+    when it can prove nothing was sent (connect refused, DNS, TLS handshake),
+    and `UpstreamTimeout` or `UpstreamConnectionLost` for anything after the
+    first byte went out.
+    """
+
+    def gate(self, route: RouteSettings) -> AbstractContextManager[object]:
+        """Held around one upstream call; raises `RouteSaturated` at the route's limit."""
+
+    async def send(
+        self,
+        route: RouteSettings,
+        method: str,
+        url: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+    ) -> UpstreamAnswer: ...
 
 
 @dataclass(slots=True)
@@ -75,7 +118,7 @@ class Reply:
     @classmethod
     def from_upstream(
         cls,
-        reply: UpstreamReply,
+        reply: UpstreamAnswer,
         body: bytes | None,
         *,
         state: State | None = None,
@@ -144,4 +187,12 @@ class NoObserver:
         pass
 
 
-__all__ = ["LifecycleObserver", "NoObserver", "ProxyRequest", "Reply", "RequestTrace"]
+__all__ = [
+    "LifecycleObserver",
+    "NoObserver",
+    "ProxyRequest",
+    "Reply",
+    "RequestTrace",
+    "Upstream",
+    "UpstreamAnswer",
+]

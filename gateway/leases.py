@@ -6,7 +6,11 @@ its length in one batched store call. When the store was down at the wrong
 moment, the keeper remembers what it owes and pays it once the store is back:
 
 - a claim whose commit failed: the request was never sent, so if the claim
-  did land after all, it is released (never left to expire into `unknown`);
+  did land after all, it is released (never left to expire into `unknown`).
+  Only that claim: a later claim of the same key by this process that was
+  granted supersedes the debt (the failed one cannot have landed, or that
+  later claim would have met it), and an attempt that is held or owes an
+  outcome was sent and is never released as unsent;
 - an outcome that could not be recorded (a receipt, a release, an unknown
   mark): the write is retried with the attempt's token, so a stale retry can
   still never overwrite a newer truth.
@@ -16,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.errors import StoreUnavailable
 from gateway.models import Evidence, State
 
@@ -45,8 +49,10 @@ class LeaseKeeper:
         owner: str,
         lease_seconds: float,
         tombstone_seconds: float,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._owner = owner
         self._lease = lease_seconds
         self._tombstone = tombstone_seconds
@@ -62,8 +68,14 @@ class LeaseKeeper:
     def holds(self, operation_id: str) -> bool:
         return operation_id in self._held
 
-    def hold(self, operation_id: str, token: int) -> None:
+    def hold(self, operation_id: str, token: int, *, scope: str, key: str) -> None:
+        """This process was granted attempt `token` and may send it.
+
+        A granted claim also settles any debt for an earlier claim of the key
+        whose commit failed: had that one landed, this one would have met it.
+        """
         self._held[operation_id] = token
+        self._unsent_claims.discard((scope, key))
 
     def drop(self, operation_id: str) -> None:
         self._held.pop(operation_id, None)
@@ -95,15 +107,20 @@ class LeaseKeeper:
         interval = max(self._lease / 3, 0.05)
         while True:
             await asyncio.sleep(interval)
-            try:
-                if self._held:
-                    await self._store.renew(
-                        dict(self._held), owner=self._owner, lease_seconds=self._lease
-                    )
-                if self.debts:
-                    await self.settle_debts()
-            except StoreUnavailable as exc:
-                log.warning("store unavailable for lease upkeep: %s", exc.detail)
+            await self.upkeep()
+
+    async def upkeep(self) -> None:
+        """One round: renew the held leases, then pay what is owed (the loop's body,
+        public so a simulation can run rounds on its own schedule)."""
+        try:
+            if self._held:
+                await self._store.renew(
+                    dict(self._held), owner=self._owner, lease_seconds=self._lease
+                )
+            if self.debts:
+                await self.settle_debts()
+        except StoreUnavailable as exc:
+            log.warning("store unavailable for lease upkeep: %s", exc.detail)
 
     async def settle_debts(self) -> None:
         """Pay what can be paid now; keep the rest for the next round."""
@@ -112,7 +129,8 @@ class LeaseKeeper:
                 await write()
             except StoreUnavailable:
                 return
-            self._owed.pop(operation_id, None)
+            if self._owed.get(operation_id) is write:  # not replaced by a newer debt meanwhile
+                del self._owed[operation_id]
         for scope, key in list(self._unsent_claims):
             try:
                 await self._release_if_unsent(scope, key)
@@ -122,15 +140,19 @@ class LeaseKeeper:
 
     async def _release_if_unsent(self, scope: str, key: str) -> None:
         operation = await self._store.get(scope, key)
+        # Judged after the read, on what is true now: the read may have waited
+        # while a later claim of the key was granted, sent, and let go.
         if (
-            operation is None
+            (scope, key) not in self._unsent_claims  # superseded by a granted claim
+            or operation is None
             or operation.state is not State.IN_FLIGHT
             or operation.lease_owner != self._owner
-            or operation.id in self._held  # a later attempt of ours is live: not an orphan
+            or operation.id in self._held  # an attempt of ours is live: it may be sent
+            or operation.id in self._owed  # an attempt of ours was sent: it owes its outcome
         ):
             return
         evidence = Evidence(
-            at=time.time(),
+            at=self._clock.time(),
             source="gateway",
             detail="the claim's commit failed and the request was never sent",
         )

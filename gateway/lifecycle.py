@@ -22,10 +22,10 @@ import hashlib
 import logging
 import os
 import signal
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.errors import (
     InProgress,
     KeyMismatch,
@@ -39,7 +39,8 @@ from gateway.errors import (
     UpstreamError,
     UpstreamUnreachable,
 )
-from gateway.exchange import LifecycleObserver, NoObserver, ProxyRequest, Reply
+from gateway.exchange import LifecycleObserver, NoObserver, ProxyRequest, Reply, UpstreamAnswer
+from gateway.forwarded_key import forwarded_key
 from gateway.headers import IDEMPOTENCY_KEY, Pairs, without
 from gateway.models import (
     ClaimRequest,
@@ -54,7 +55,7 @@ from gateway.models import (
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
-    from gateway.forwarder import Forwarder, UpstreamReply
+    from gateway.exchange import Upstream
     from gateway.leases import LeaseKeeper
     from gateway.probes import Prober
     from gateway.quotas import ScopeQuotas
@@ -84,7 +85,7 @@ class IdempotencyEngine:
         self,
         *,
         store: Store,
-        forwarder: Forwarder,
+        forwarder: Upstream,
         keeper: LeaseKeeper,
         prober: Prober,
         quotas: ScopeQuotas,
@@ -92,8 +93,10 @@ class IdempotencyEngine:
         routes: tuple[RouteSettings, ...],
         observer: LifecycleObserver | None = None,
         fault: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._forwarder = forwarder
         self._keeper = keeper
         self._prober = prober
@@ -121,7 +124,7 @@ class IdempotencyEngine:
             self._inject_fault("before_claim")
             for _ in range(2):  # a probe may release the key: then one fresh claim
                 with self._forwarder.gate(request.route):
-                    claimed_at = time.monotonic()
+                    claimed_at = self._clock.monotonic()
                     try:
                         claim = await self._timed(
                             "claim", self._store.claim(self._claim_of(request))
@@ -139,8 +142,8 @@ class IdempotencyEngine:
                 if operation.state is not State.RELEASED or (
                     operation.fingerprint != request.fingerprint
                 ):
-                    return answer_existing(operation, request.fingerprint, time.time())
-            return answer_existing(operation, request.fingerprint, time.time())
+                    return answer_existing(operation, request.fingerprint)
+            return answer_existing(operation, request.fingerprint)
 
     def answer_from_receipt(self, request: ProxyRequest) -> Reply | None:
         """A retry of a completed operation, answered from the committed record at once.
@@ -150,16 +153,16 @@ class IdempotencyEngine:
         receipt that is gone). `None` when the store cannot tell without
         waiting or the key is anything but completed: then call `execute`.
         """
-        started = time.monotonic()
+        started = self._clock.monotonic()
         operation = self._store.peek_completed(request.scope, request.key)
         if operation is None:
             return None
         # Timed only when it answered: PostgreSQL's peek is a constant `None`.
-        self._observer.store_call("peek", time.monotonic() - started)
+        self._observer.store_call("peek", self._clock.monotonic() - started)
         with self._quotas.in_flight(request.scope):
             if request.trace is not None:
                 request.trace.operation_id = operation.id
-            return answer_existing(operation, request.fingerprint, time.time())
+            return answer_existing(operation, request.fingerprint)
 
     async def _admit_if_new(self, request: ProxyRequest) -> None:
         """With key quotas on, a new key is charged before it is claimed (one extra read)."""
@@ -192,24 +195,35 @@ class IdempotencyEngine:
                 extra={"event": "claim", "operation_id": operation.id, "key": request.key,
                        "attempt": operation.attempts, "token": operation.token},
             )  # fmt: skip
-        self._keeper.hold(operation.id, operation.token)
+        self._keeper.hold(operation.id, operation.token, scope=request.scope, key=request.key)
+        relayed = False
         try:
             self._inject_fault("after_claim")
-            if time.monotonic() > claimed_at + self._settings.lease * (1 - LEASE_SAFETY_MARGIN):
-                await self._release(request, operation, "the lease expired before sending")
-                raise LeaseLost(
-                    "this gateway was paused past its lease before sending; nothing was sent",
-                    key=request.key,
-                    state=State.RELEASED.value,
+            # Measured on this host's monotonic clock from before the claim was
+            # asked for: never longer than the lease the store granted.
+            elapsed = self._clock.monotonic() - claimed_at
+            if elapsed > self._settings.lease * (1 - LEASE_SAFETY_MARGIN):
+                state = await self._release(
+                    request, operation, "the lease expired before sending; nothing was sent"
                 )
-            return await self._send(request, operation)
+                raise LeaseLost(
+                    "this gateway was paused past its lease before sending; nothing was sent"
+                ).about(request.key, state.value)
+            reply, relayed = await self._send(request, operation)
+            return reply
         finally:
-            self._keeper.drop(operation.id)
-            self._notify(operation.id)
+            if not relayed:  # a relayed answer ends the attempt with its last byte
+                self._end_attempt(operation.id)
 
-    async def _send(self, request: ProxyRequest, operation: Operation) -> Reply:
+    def _end_attempt(self, operation_id: str) -> None:
+        self._keeper.drop(operation_id)
+        self._notify(operation_id)
+
+    async def _send(self, request: ProxyRequest, operation: Operation) -> tuple[Reply, bool]:
+        """Send once and record the outcome; True when the reply's stream carries the
+        rest of the attempt (an answer too large to keep, see `_relay`)."""
         route = request.route
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             reply = await self._forwarder.send(
                 route,
@@ -222,43 +236,89 @@ class IdempotencyEngine:
             body = await _read_or_close(reply, route.max_stored_response)
         except UpstreamUnreachable as exc:
             self._upstream_done(request, started)
-            await self._release(request, operation, exc.detail)
-            raise _about(exc, request.key, State.RELEASED) from exc
+            state = await self._release(request, operation, exc.detail)
+            raise exc.about(request.key, state.value) from exc
         except UpstreamError as exc:
             self._upstream_done(request, started)
-            await self._mark_unknown(request, operation, exc)
-            raise _about(exc, request.key, State.UNKNOWN) from exc
+            state = await self._mark_unknown(request, operation, exc)
+            raise exc.about(request.key, state.value) from exc
+        if body is None and reply.status not in route.release_statuses:
+            return self._relay(request, operation, reply, started), True
         self._upstream_done(request, started)
         self._inject_fault("after_response")
-        return await self._record(request, operation, reply, body)
+        return await self._record(request, operation, reply, body), False
 
     def _upstream_done(self, request: ProxyRequest, started: float) -> None:
-        seconds = time.monotonic() - started
+        seconds = self._clock.monotonic() - started
         self._observer.upstream_call(request.route.name, seconds)
         if request.trace is not None:
             request.trace.upstream_seconds = seconds
 
     async def _record(
-        self, request: ProxyRequest, operation: Operation, reply: UpstreamReply, body: bytes | None
+        self,
+        request: ProxyRequest,
+        operation: Operation,
+        reply: UpstreamAnswer,
+        body: bytes | None,
     ) -> Reply:
         route = request.route
-        if reply.status in route.release_statuses:
-            await self._release(
+        if reply.status in route.release_statuses:  # a refusal: passed on, kept or not
+            state = await self._release(
                 request,
                 operation,
                 f"the upstream refused the request with status {reply.status}",
                 status=reply.status,
             )
-            return Reply.from_upstream(reply, body, state=State.RELEASED, key=request.key)
-
+            return Reply.from_upstream(reply, body, state=state, key=request.key)
+        assert body is not None  # an answer too large to keep is relayed instead
         stored = StoredResponse(
-            status=reply.status,
-            headers=without(reply.headers, _redactions(route)),
-            body=body or b"",
+            status=reply.status, headers=without(reply.headers, _redactions(route)), body=body
         )
-        recorded = await self._complete(request, operation, stored, retained=body is not None)
+        state = await self._complete(request, operation, stored, retained=True)
         self._inject_fault("after_receipt")
-        return Reply.from_upstream(reply, body, state=recorded, key=request.key)
+        return Reply.from_upstream(reply, body, state=state, key=request.key)
+
+    def _relay(
+        self, request: ProxyRequest, operation: Operation, reply: UpstreamAnswer, started: float
+    ) -> Reply:
+        """An answer too large to keep: streamed to the caller, recorded once it ends.
+
+        Only an answer that arrived whole is a receipt (`completed`, body not
+        kept); one cut off mid-body is `unknown`. A release status is decided
+        from the status line alone, as for a kept answer. The caller must read
+        the stream to its end (`gateway.proxy_view.write_reply` does, even
+        after its client left): the attempt, and its lease, end with it.
+        """
+        route = request.route
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                try:
+                    async for chunk in reply.rest():
+                        yield chunk
+                except UpstreamError as exc:
+                    self._upstream_done(request, started)
+                    await self._mark_unknown(request, operation, exc)
+                    raise
+                self._upstream_done(request, started)
+                stored = StoredResponse(
+                    status=reply.status,
+                    headers=without(reply.headers, _redactions(route)),
+                    body=b"",
+                )
+                await self._complete(request, operation, stored, retained=False)
+            finally:
+                reply.close()
+                self._end_attempt(operation.id)
+
+        return Reply(
+            status=reply.status,
+            headers=reply.headers,
+            body=b"",
+            state=State.IN_FLIGHT,
+            key=request.key,
+            stream=body(),
+        )
 
     # -- outcome writes, all fenced by the attempt's token ------------------------
 
@@ -273,27 +333,26 @@ class IdempotencyEngine:
                 body_retained=retained,
                 retention_seconds=self._settings.retention,
                 tombstone_seconds=self._settings.tombstone_retention,
-                resolution=Resolution(by="upstream", at=time.time()),
+                resolution=Resolution(by="upstream", at=self._clock.time()),
             )
 
         def evidence() -> Evidence:  # only a refused (stale) write needs it
             return Evidence(
-                at=time.time(),
+                at=self._clock.time(),
                 source="upstream",
                 detail="the upstream answered after this attempt lost its token",
                 status=stored.status,
                 body_sha256=hashlib.sha256(stored.body).hexdigest() if retained else None,
             )
 
-        recorded = await self._fenced_write(request, operation, "complete", write, evidence)
         # The effect happened and the caller gets its answer either way; if the
         # receipt could not be written yet, the keeper retries it.
-        return recorded.state if recorded is not None else State.IN_FLIGHT
+        return await self._fenced_write(request, operation, "complete", write, evidence)
 
     async def _release(
         self, request: ProxyRequest, operation: Operation, detail: str, *, status: int | None = None
-    ) -> None:
-        evidence = Evidence(at=time.time(), source="gateway", detail=detail, status=status)
+    ) -> State:
+        evidence = Evidence(at=self._clock.time(), source="gateway", detail=detail, status=status)
 
         async def write() -> Operation | None:
             return await self._store.release(
@@ -303,12 +362,12 @@ class IdempotencyEngine:
                 tombstone_seconds=self._settings.tombstone_retention,
             )
 
-        await self._fenced_write(request, operation, "release", write, lambda: evidence)
+        return await self._fenced_write(request, operation, "release", write, lambda: evidence)
 
     async def _mark_unknown(
         self, request: ProxyRequest, operation: Operation, error: UpstreamError
-    ) -> None:
-        evidence = Evidence(at=time.time(), source="gateway", detail=error.detail)
+    ) -> State:
+        evidence = Evidence(at=self._clock.time(), source="gateway", detail=error.detail)
 
         async def write() -> Operation | None:
             return await self._store.mark_unknown(operation.id, operation.token, evidence)
@@ -319,7 +378,7 @@ class IdempotencyEngine:
             extra={"event": "unknown", "operation_id": operation.id, "key": request.key,
                    "route": request.route.name, "reason": error.problem_type},
         )  # fmt: skip
-        await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
+        return await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
 
     async def _fenced_write(
         self,
@@ -328,11 +387,13 @@ class IdempotencyEngine:
         name: str,
         write: Callable[[], Awaitable[Operation | None]],
         evidence: Callable[[], Evidence],
-    ) -> Operation | None:
-        """Run an outcome write and return the operation as it now stands.
+    ) -> State:
+        """Run an outcome write; return the record's state once it is done.
 
-        A stale token leaves evidence (and the current record is returned); a
-        store outage leaves a debt the keeper pays later (and `None`).
+        That state, not the one the write meant to set, is what the caller is
+        told: a stale token leaves evidence and the record as another writer
+        left it; a store outage leaves a debt the keeper pays later, and the
+        record still `in_flight` under this attempt's lease meanwhile.
         """
 
         async def settle() -> Operation | None:
@@ -345,11 +406,13 @@ class IdempotencyEngine:
             return await self._store.get_by_id(operation.id)
 
         try:
-            return await settle()
+            recorded = await settle()
         except StoreUnavailable as exc:
             log.error("%s for %s not recorded yet: %s", name, operation.id, exc.detail)
             self._keeper.owe(operation.id, settle)
-            return None
+            return State.IN_FLIGHT
+        # Forgotten meanwhile: nothing stands for the key any more.
+        return recorded.state if recorded is not None else State.RELEASED
 
     # -- keys met by a request or a lookup ---------------------------------------
 
@@ -359,12 +422,7 @@ class IdempotencyEngine:
         return None if operation is None else await self._refresh(operation)
 
     async def _refresh(self, operation: Operation) -> Operation:
-        if (
-            operation.state is State.IN_FLIGHT
-            and operation.lease_expires_at is not None
-            and operation.lease_expires_at <= time.time()
-            and not self._keeper.holds(operation.id)
-        ):
+        if operation.lease_expired() and not self._keeper.holds(operation.id):
             expired = await self._store.expire_orphans(owner=None)
             self._observer.lease_expired(expired)
             operation = await self._store.get_by_id(operation.id) or operation
@@ -379,12 +437,12 @@ class IdempotencyEngine:
         through the store's notifications); the store is re-read at least every
         `CROSS_PROCESS_POLL[1]` seconds in case a notification was missed.
         """
-        deadline = time.monotonic() + seconds
+        deadline = self._clock.monotonic() + seconds
         poll = CROSS_PROCESS_POLL[0]
         event: asyncio.Event | None = None
         watched = False
         while operation.state is State.IN_FLIGHT:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 break
             held_here = self._keeper.holds(operation.id)
@@ -436,7 +494,13 @@ class IdempotencyEngine:
         note: str | None = None,
         expected_version: int | None = None,
     ) -> Operation:
-        """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it."""
+        """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it.
+
+        The verdict is about the attempt `operation` was read at (its token): if
+        a newer attempt was sent meanwhile, or someone settled it first, nothing
+        changes and `NotResolvable` (or `PreconditionFailed` for a stale
+        `expected_version`) says what the record is now.
+        """
         if operation.state is not State.UNKNOWN:
             raise NotResolvable(
                 f"the operation is {operation.state.value}; only an unknown one can be resolved",
@@ -448,10 +512,11 @@ class IdempotencyEngine:
             "resolve",
             self._store.resolve(
                 operation.id,
+                token=operation.token,
                 expected_version=expected_version,
                 state=State.COMPLETED if outcome == "applied" else State.RELEASED,
                 response=response,
-                resolution=Resolution(by=by, at=time.time(), note=note),
+                resolution=Resolution(by=by, at=self._clock.time(), note=note),
                 retention_seconds=self._settings.retention,
                 tombstone_seconds=self._settings.tombstone_retention,
             ),
@@ -464,6 +529,14 @@ class IdempotencyEngine:
                     f"the operation is {state} now; only an unknown one can be resolved",
                     key=operation.key,
                     state=state,
+                    operation_id=operation.id,
+                )
+            if current.token != operation.token:
+                raise NotResolvable(
+                    f"the operation was retried (attempt {current.attempts}) since it was read; "
+                    "look it up again before resolving",
+                    key=operation.key,
+                    state=current.state.value,
                     operation_id=operation.id,
                 )
             raise PreconditionFailed(
@@ -482,56 +555,78 @@ class IdempotencyEngine:
         return resolved
 
     async def probe(self, operation: Operation) -> Operation:
-        """Ask the route's probe about an unknown operation and act on the answer."""
+        """Ask the route's probe about an unknown operation and act on the answer.
+
+        A verdict is about one attempt: the one current when the probe was
+        sent, read afresh from the store (never from a snapshot a caller held).
+        It settles the operation only while that attempt is still current (the
+        resolution is fenced by its token); otherwise it is kept as evidence.
+        "Not applied" counts only once the probe was sent `not_applied_after`
+        past the attempt's last lease expiry, both on the store's clock: the
+        upstream may still be applying a request it received late.
+        """
         route = self._routes.get(operation.route)
         probe = route.probe if route is not None else None
         if route is None or probe is None or not self._prober.due(operation.id):
             return operation
-        answer = await self._prober.ask(route, operation)
-        now = time.time()
+        asked = await self._store.get_by_id(operation.id)
+        if asked is None or asked.state is not State.UNKNOWN:
+            return asked or operation
+        answer = await self._prober.ask(route, asked)
         response = answer.response
         if response is None:
             return await self._probe_evidence(
-                route, operation, "error", f"probe failed: {answer.error}"
+                route, asked, "error", f"probe failed: {answer.error}"
             )
         if response.status in probe.applied_statuses:
-            return await self._probe_settles(route, operation, "applied", response)
+            return await self._probe_settles(route, asked, "applied", response)
         if response.status in probe.not_applied_statuses:
-            # The last send happened before the attempt's lease ran out; the upstream
-            # may still apply it for a while after that.
-            last_send_bound = (operation.sent_at or operation.created_at) + self._settings.lease
-            if now >= last_send_bound + probe.not_applied_after:
-                return await self._probe_settles(route, operation, "not_applied", None)
+            if asked.observed_at >= self._last_send_bound(asked) + probe.not_applied_after:
+                return await self._probe_settles(route, asked, "not_applied", None)
             return await self._probe_evidence(
                 route,
-                operation,
+                asked,
                 "not_applied_too_soon",
-                f"probe answered {response.status} (not applied), but the last send may be "
-                "younger than not_applied_after; kept unknown",
+                f"probe answered {response.status} (not applied), but attempt {asked.attempts} "
+                "may have been sent less than not_applied_after before; kept unknown",
                 status=response.status,
             )
         return await self._probe_evidence(
             route,
-            operation,
+            asked,
             "inconclusive",
             f"probe answered {response.status}, neither applied nor not applied",
             status=response.status,
         )
 
+    def _last_send_bound(self, operation: Operation) -> float:
+        """The latest moment, on the store's clock, the attempt's holder could have sent."""
+        if operation.lease_expires_at is not None:
+            return operation.lease_expires_at
+        return (operation.sent_at or operation.created_at) + self._settings.lease
+
     async def _probe_settles(
         self,
         route: RouteSettings,
-        operation: Operation,
+        asked: Operation,
         outcome: Outcome,
         response: StoredResponse | None,
     ) -> Operation:
-        self._observer.probe_result(route.name, outcome)
         try:
-            return await self.resolve(
-                operation, outcome=outcome, by="probe", response=response, note="settled by probe"
+            settled = await self.resolve(
+                asked, outcome=outcome, by="probe", response=response, note="settled by probe"
             )
-        except (NotResolvable, PreconditionFailed):
-            return await self._store.get_by_id(operation.id) or operation
+        except (NotResolvable, PreconditionFailed) as exc:
+            return await self._probe_evidence(
+                route,
+                asked,
+                "superseded",
+                f"probe said {outcome} about attempt {asked.attempts}, which is no longer "
+                f"current ({exc.detail}); kept as evidence only",
+                status=response.status if response is not None else None,
+            )
+        self._observer.probe_result(route.name, outcome)
+        return settled
 
     async def _probe_evidence(
         self,
@@ -548,7 +643,7 @@ class IdempotencyEngine:
             extra={"event": "probe", "operation_id": operation.id, "key": operation.key,
                    "route": route.name, "result": result, "status": status},
         )  # fmt: skip
-        evidence = Evidence(at=time.time(), source="probe", detail=detail, status=status)
+        evidence = Evidence(at=self._clock.time(), source="probe", detail=detail, status=status)
         await self._store.add_evidence(operation.id, evidence)
         return await self._store.get_by_id(operation.id) or operation
 
@@ -573,14 +668,14 @@ class IdempotencyEngine:
     # -- helpers ---------------------------------------------------------------------
 
     async def _timed(self, name: str, call: Awaitable[T]) -> T:
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             return await call
         except StoreUnavailable:
             self._observer.store_error(name)
             raise
         finally:
-            self._observer.store_call(name, time.monotonic() - started)
+            self._observer.store_call(name, self._clock.monotonic() - started)
 
     def _inject_fault(self, window: str) -> None:
         """Test-only: `testing.fault = "crash_<window>"` dies with SIGKILL in that window,
@@ -591,8 +686,12 @@ class IdempotencyEngine:
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply:
-    """Answer a request whose key is bound to an operation this caller does not hold."""
+def answer_existing(operation: Operation, fingerprint: str) -> Reply:
+    """Answer a request whose key is bound to an operation this caller does not hold.
+
+    Judged from the record alone, its times against the store's clock
+    (`observed_at`), so every replica answers a retry the same way.
+    """
     key = operation.key
     state, op_id = operation.state.value, operation.id
     if operation.fingerprint != fingerprint:
@@ -603,7 +702,7 @@ def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply
             operation_id=op_id,
         )
     if operation.state is State.COMPLETED:
-        if operation.receipt_available(now):
+        if operation.receipt_available():
             assert operation.response is not None
             response = operation.response
             return Reply(
@@ -647,7 +746,7 @@ def answer_existing(operation: Operation, fingerprint: str, now: float) -> Reply
     )
 
 
-async def _read_or_close(reply: UpstreamReply, limit: int) -> bytes | None:
+async def _read_or_close(reply: UpstreamAnswer, limit: int) -> bytes | None:
     try:
         return await reply.read(limit)
     except BaseException:
@@ -656,18 +755,9 @@ async def _read_or_close(reply: UpstreamReply, limit: int) -> bytes | None:
 
 
 def _with_forwarded_key(request: ProxyRequest, operation: Operation) -> Pairs:
-    forward = request.route.forward_key
-    if forward is False:
-        return request.headers
-    value = operation.id if forward == "operation_id" else request.key
-    return (*request.headers, (IDEMPOTENCY_KEY, value))
+    value = forwarded_key(request.route, operation)
+    return request.headers if value is None else (*request.headers, (IDEMPOTENCY_KEY, value))
 
 
 def _redactions(route: RouteSettings) -> frozenset[str]:
     return frozenset(name.lower() for name in route.redact_response_headers)
-
-
-def _about(error: UpstreamError, key: str, state: State) -> UpstreamError:
-    error.key = key
-    error.state = state.value
-    return error

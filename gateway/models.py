@@ -78,8 +78,19 @@ class Operation(NamedTuple):
     """One idempotency key in one scope, and everything known about its effect.
 
     `token` is the fencing token: it grows on every attempt and every
-    resolution, and an outcome is written only by the holder of the current
-    one. `version` grows on every write and makes the ETag.
+    resolution (not when an attempt turns `unknown`), and an outcome is
+    written only by the holder of the current one. `version` grows on every
+    write and makes the ETag.
+
+    `observed_at` is the store's clock at the moment this copy was read or
+    written. Every judgement of the record's own times (has the lease run
+    out, has the receipt expired, is a probe's grace over) compares them with
+    `observed_at`, never with the reader's clock: a replica whose clock is
+    off by minutes decides exactly as one whose clock is right.
+
+    `lease_expires_at` outlives the attempt: once the outcome is written it
+    is the attempt's last lease expiry, the latest moment its holder could
+    have sent (a probe's `not_applied_after` grace counts from it).
 
     A NamedTuple rather than a frozen dataclass: stores build two of these per
     request, and a frozen dataclass's `__init__` (one `object.__setattr__` per
@@ -108,18 +119,32 @@ class Operation(NamedTuple):
     forgotten_at: float | None = None
     resolution: Resolution | None = None
     evidence: tuple[Evidence, ...] = ()
+    observed_at: float = 0.0
 
     @property
     def etag(self) -> str:
         return f'"{self.id}.{self.version}"'
 
-    def receipt_available(self, now: float) -> bool:
-        """True when a completed operation can still be replayed byte for byte."""
+    def receipt_available(self) -> bool:
+        """True when a completed operation can still be replayed byte for byte.
+
+        Judged on the store's clock (`observed_at`). A body the sweep dropped
+        reads back as no response at all, whatever the clocks say, so it can
+        never be replayed as an empty one.
+        """
         return (
             self.state is State.COMPLETED
             and self.response is not None
             and self.body_retained
-            and (self.expires_at is None or now < self.expires_at)
+            and (self.expires_at is None or self.observed_at < self.expires_at)
+        )
+
+    def lease_expired(self) -> bool:
+        """True for an `in_flight` record whose lease ran out, on the store's clock."""
+        return (
+            self.state is State.IN_FLIGHT
+            and self.lease_expires_at is not None
+            and self.lease_expires_at <= self.observed_at
         )
 
 

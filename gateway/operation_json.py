@@ -16,7 +16,7 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def safe_to_retry(operation: Operation, now: float) -> bool:
+def safe_to_retry(operation: Operation) -> bool:
     """Would sending the same request with the same key again be safe and useful?
 
     False where a retry can never succeed without reconciliation: an `unknown`
@@ -25,7 +25,7 @@ def safe_to_retry(operation: Operation, now: float) -> bool:
     if operation.state is State.UNKNOWN:
         return False
     if operation.state is State.COMPLETED:
-        return operation.receipt_available(now)
+        return operation.receipt_available()
     return True
 
 
@@ -42,16 +42,17 @@ def response_json(response: StoredResponse) -> dict[str, Any]:
 
 
 def operation_json(
-    operation: Operation, *, now: float, lookup_url: str | None = None, include_scope: bool = False
+    operation: Operation, *, lookup_url: str | None = None, include_scope: bool = False
 ) -> dict[str, Any]:
-    """Render an operation for callers and operators.
+    """Render an operation for callers and operators; expiry is judged on the store's
+    clock (`observed_at`), so every replica renders a record alike.
 
-    >>> # operation_json(op, now=time.time())["state"]
+    >>> # operation_json(op)["state"]
     >>> # 'completed'
     """
     response = (
         response_json(operation.response)
-        if operation.response is not None and operation.receipt_available(now)
+        if operation.response is not None and operation.receipt_available()
         else None
     )
     resolution = operation.resolution
@@ -88,7 +89,7 @@ def operation_json(
         ],
         "lease_expires_at": iso(operation.lease_expires_at),
         "fencing_token": operation.token,
-        "safe_to_retry": safe_to_retry(operation, now),
+        "safe_to_retry": safe_to_retry(operation),
     }
     if lookup_url is not None:
         document["operation"] = lookup_url

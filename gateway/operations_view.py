@@ -8,7 +8,7 @@ scope's keys. The key is one percent-encoded path segment, so keys containing
 from __future__ import annotations
 
 import json
-import time
+import re
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -56,7 +56,6 @@ def operation_response(
         headers[IDEMPOTENCY_STATUS] = operation.state.value
     document = operation_json(
         operation,
-        now=time.time(),
         lookup_url=operation_url(operation.key),
         include_scope=include_scope,
     )
@@ -65,21 +64,34 @@ def operation_response(
     )
 
 
+# An ETag as `Operation.etag` writes it, `"<id>.<version>"` (the quotes and a
+# `W/` tolerated), in ASCII only: `\d` and `str.isdigit` also take digits such
+# as "²" or "٣". At most 19 digits, so `int` never meets a huge string.
+_ETAG = re.compile(r'(?:W/)?("?)(?P<id>[\x21\x23-\x7e]+)\.(?P<version>[0-9]{1,19})\1')
+_MAX_VERSION = 2**63 - 1
+"""The largest version a store can hold (SQLite INTEGER, PostgreSQL bigint)."""
+
+
 def expected_version(request: web.Request, operation: Operation) -> int | None:
-    """The version an `If-Match` names; 412 at once when it names another operation."""
+    """The version an `If-Match` names; 412 at once unless it could be this operation's.
+
+    Another operation's ETag, a malformed one, or a version no store can hold
+    (beyond 2**63 - 1, or not in ASCII digits) names no current version of this
+    operation: `412 precondition-failed`, before the store is asked.
+    """
     value = request.headers.get("If-Match")
-    if value is None or value.strip() == "*":
+    if value is None or value.strip(" \t") == "*":
         return None
-    tag = value.strip().removeprefix("W/").strip('"')
-    op_id, _, version = tag.rpartition(".")
-    if op_id != operation.id or not version.isdigit():
+    tag = _ETAG.fullmatch(value.strip(" \t"))
+    version = int(tag["version"]) if tag is not None and tag["id"] == operation.id else None
+    if version is None or version > _MAX_VERSION:
         raise PreconditionFailed(
             "If-Match does not name this operation's current ETag",
             key=operation.key,
             state=operation.state.value,
             operation_id=operation.id,
         )
-    return int(version)
+    return version
 
 
 async def read_operator_body(request: web.Request) -> bytes:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from gateway.errors import GatewayError
+from gateway.forwarded_key import forwarded_key
 from gateway.headers import without
 from gateway.models import Operation, StoredResponse
 
@@ -37,11 +38,16 @@ class ProbeAnswer:
 
 
 def probe_url(route: RouteSettings, probe: ProbeSettings, operation: Operation) -> str:
-    """The probe's URL, with `{key}` and `{operation_id}` URL-encoded in place.
+    """The probe's URL, with `{forwarded_key}`, `{key}` and `{operation_id}` URL-encoded
+    in place (the config admits only those the upstream saw).
 
-    >>> # probe_url(route, probe, op) -> 'http://127.0.0.1:9000/v1/issues?client_ref=run-7%3A0'
+    >>> # probe_url(route, probe, op) -> 'http://127.0.0.1:9000/v1/issues?client_ref=op_01J...'
     """
-    path = probe.path.replace("{key}", quote(operation.key, safe="")).replace(
+    path = probe.path
+    forwarded = forwarded_key(route, operation)
+    if forwarded is not None:
+        path = path.replace("{forwarded_key}", quote(forwarded, safe=""))
+    path = path.replace("{key}", quote(operation.key, safe="")).replace(
         "{operation_id}", quote(operation.id, safe="")
     )
     return route.upstream + path

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +34,7 @@ from gateway.errors import (
     RequestTimeout,
     UnsupportedTransferCoding,
     UpstreamConnectionLost,
+    UpstreamError,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
@@ -165,12 +166,30 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
     try:
         await response.prepare(request)
         async for chunk in reply.stream:
-            await response.write(chunk)
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                # The caller left; the upstream answer still runs to its end so the
+                # outcome is recorded (an answer too large to keep is recorded with
+                # its last byte) and the retry finds it.
+                await _drain(reply.stream)
+                return response
         await response.write_eof()
+    except UpstreamError:
+        # The status line went out with the first bytes: no problem response can
+        # follow. The caller sees the body end early, as the upstream's did, and
+        # the lookup tells it the rest (the engine recorded the key `unknown`).
+        if request.transport is not None:
+            request.transport.close()
     finally:
         if reply.close is not None:
             reply.close()
     return response
+
+
+async def _drain(stream: AsyncIterator[bytes]) -> None:
+    async for _ in stream:
+        pass
 
 
 async def _pass_through(

@@ -8,6 +8,7 @@ or SIGSTOP them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from gateway.app import create_app
@@ -191,17 +193,59 @@ def spawn(
     *,
     fault: str | None = None,
     name: str = "gw",
+    env: dict[str, str] | None = None,
     **options: Any,
 ) -> GatewayProcess:
     """Start a subprocess gateway on `tmp_path`'s database; `processes` stops it after the test.
 
     `options` are `settings_for`'s; `fault` arms a test-only fault for this process only;
     `name` names its config and log files (`<name>.toml`, `<name>.log`), so replicas
-    sharing one `tmp_path` (and one PostgreSQL store) keep their own.
+    sharing one `tmp_path` (and one PostgreSQL store) keep their own; `env` adds to the
+    process's environment (e.g. `skewed_clock(...)`).
     """
     settings = settings_for(tmp_path, upstream_url, **options)
     config = write_config(settings, tmp_path / f"{name}.toml")
-    process = GatewayProcess(config_path=config, env={FAULT_ENV: fault} if fault else {})
+    extra = {**(env or {}), **({FAULT_ENV: fault} if fault else {})}
+    process = GatewayProcess(config_path=config, env=extra)
     process.start()
     processes.append(process)
     return process
+
+
+def is_stopped(process: GatewayProcess) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
+    assert process.process is not None
+    stat = Path(f"/proc/{process.process.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+async def wait_until_stopped(process: GatewayProcess, *, seconds: float = 5.0) -> None:
+    """Wait until the process has stopped itself with SIGSTOP (a `pause_*` fault)."""
+    async with asyncio.timeout(seconds):
+        while True:
+            if is_stopped(process):
+                return
+            await asyncio.sleep(0.02)
+
+
+FAKETIME_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+"""Debian's libfaketime (package `faketime`), multithreaded flavour: `.ci/run` installs it."""
+
+
+def skewed_clock(seconds: float) -> dict[str, str]:
+    """Environment that sets a subprocess's wall clock `seconds` off the host's (the
+    monotonic clock stays true), for replicas whose clocks disagree with the store's.
+
+    Black-box, so it shows the gateway's behaviour whatever clock seam it has. Skips
+    when libfaketime is missing, except in CI, which must have it.
+    """
+    if not FAKETIME_LIBRARY.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{FAKETIME_LIBRARY} is missing: .ci/run installs the faketime package")
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    return {
+        "LD_PRELOAD": str(FAKETIME_LIBRARY),
+        "FAKETIME": f"{seconds:+.3f}s",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
-from harness import GatewayProcess, spawn
+from harness import GatewayProcess, spawn, wait_until_stopped
 from multidict import CIMultiDictProxy
 from upstream import CountingUpstream
 
@@ -118,22 +118,6 @@ def restart(
 ) -> GatewayProcess:
     """A new gateway process, without any fault, on the dead one's database."""
     return spawn(processes, tmp_path, upstream.url, **options)
-
-
-def is_stopped(process: GatewayProcess) -> bool:
-    """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
-    assert process.process is not None
-    stat = Path(f"/proc/{process.process.pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
-async def wait_until_stopped(process: GatewayProcess, *, seconds: float = 5.0) -> None:
-    """Wait until the process has stopped itself with SIGSTOP."""
-    async with asyncio.timeout(seconds):
-        while True:
-            if is_stopped(process):
-                return
-            await asyncio.sleep(0.02)
 
 
 async def test_crash_before_claim_records_nothing_and_the_retry_is_forwarded(
@@ -334,10 +318,11 @@ async def test_kill_9_during_a_storm_of_in_flight_keys_never_doubles_an_effect(
     assert {key: upstream.count_for(key) for key in keys} == dict.fromkeys(keys, 1)
 
 
-async def test_a_late_answer_after_a_pause_is_kept_as_evidence_not_as_a_receipt(
+async def test_a_late_answer_after_a_pause_is_the_receipt_while_its_attempt_is_current(
     processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
 ) -> None:
-    """An answer arriving after the sweeper expired the frozen holder's lease is refused, kept."""
+    """An answer arriving after the sweeper expired the frozen holder's lease (unknown, same
+    token) is recorded as the receipt, and the retry replays it: nobody settled it first."""
     process = spawn(
         processes,
         tmp_path,
@@ -353,12 +338,55 @@ async def test_a_late_answer_after_a_pause_is_kept_as_evidence_not_as_a_receipt(
         process.kill(signal.SIGCONT)
 
         late = await request
-        assert late.status == 201  # the effect happened: the caller still gets its answer
+        assert late.status == 201  # the effect happened: the caller gets its answer
 
         operation = await state_of(session, process.url, "late-writer")
-        assert operation["state"] == "unknown"
-        assert operation["response"] is None
+        assert operation["state"] == "completed"
+        assert operation["response"]["status"] == 201
         assert any(item["source"] == "lease" for item in operation["evidence"])
+
+        replay = await send(session, process.url, "late-writer", "?delay=4")
+        assert replay.status == 201
+        assert replay.headers["Idempotent-Replayed"] == "true"
+        assert replay.body == late.body
+    assert upstream.count == 1
+    assert upstream.count_for("late-writer") == 1
+    assert late.headers["Idempotency-Status"] == "completed"
+
+
+async def test_a_late_answer_after_a_resolution_is_kept_as_evidence_not_as_a_receipt(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Once an operator settled the lapsed attempt, its holder's late answer is refused,
+    kept as evidence, and the answer carries the record's state, not the one it meant."""
+    process = spawn(
+        processes,
+        tmp_path,
+        upstream.url,
+        route={"timeout": "10s"},
+        idempotency={"lease": "1s", "sweep_interval": "200ms"},
+    )
+    async with aiohttp.ClientSession() as session:
+        request = asyncio.create_task(send(session, process.url, "late-writer", "?delay=4"))
+        await upstream.wait_for_count(1, seconds=5.0)
+        process.kill(signal.SIGSTOP)
+        await asyncio.sleep(1.5)  # past the 1 s lease
+        process.kill(signal.SIGCONT)
+        await poll_state(session, process.url, "late-writer", "unknown", seconds=3.0)
+        resolved = await session.post(
+            f"{process.url}/operations/late-writer/resolve",
+            json={"outcome": "applied", "note": "seen in the ticket system"},
+        )
+        assert resolved.status == 200, await resolved.text()
+
+        late = await request
+        assert late.status == 201  # the effect happened: the caller still gets its answer
+        assert late.headers["Idempotency-Status"] == "completed"
+
+        operation = await state_of(session, process.url, "late-writer")
+        assert operation["state"] == "completed"
+        assert operation["resolution"]["by"] == "owner"
+        assert operation["response"] is None  # settled applied without a receipt
         assert {
             "source": "upstream",
             "status": 201,
@@ -367,12 +395,7 @@ async def test_a_late_answer_after_a_pause_is_kept_as_evidence_not_as_a_receipt(
             {name: item[name] for name in ("source", "status", "body_sha256")}
             for item in operation["evidence"]
         ]
-
-        assert_outcome_unknown(await send(session, process.url, "late-writer", "?delay=4"))
     assert upstream.count == 1
-    assert upstream.count_for("late-writer") == 1
-    # docs/decisions.md: a refused late answer carries the operation's actual state.
-    assert late.headers["Idempotency-Status"] == "unknown"
 
 
 async def test_a_holder_paused_between_claim_and_send_does_not_send(

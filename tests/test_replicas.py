@@ -220,10 +220,12 @@ async def test_keys_of_a_killed_replica_become_unknown_and_are_never_forwarded_a
 # -- 3. a replica paused past its lease -------------------------------------------------------
 
 
-async def test_a_replica_paused_past_its_lease_cannot_overwrite_the_unknown_outcome(
+async def test_a_replica_paused_past_its_lease_still_records_the_answer_it_received(
     start: Start, upstream: CountingUpstream, session: aiohttp.ClientSession
 ) -> None:
-    """A replica resumed after its lease expired leaves its late answer as evidence only."""
+    """A replica resumed after another one saw its lease expire (the key turned unknown,
+    the token unchanged) records the real answer as the receipt: nobody settled the
+    attempt meanwhile, and the answer says exactly what happened."""
     a = start("a", lease="1s")
     b = start("b", lease="1s", sweep_interval="200ms")
     key = "paused-1"
@@ -231,23 +233,25 @@ async def test_a_replica_paused_past_its_lease_cannot_overwrite_the_unknown_outc
     await upstream.wait_for_count(1, seconds=5)
     a.kill(signal.SIGSTOP)
     try:
-        await wait_for_state(session, b, key, "unknown", seconds=4)
+        meanwhile = await wait_for_state(session, b, key, "unknown", seconds=4)
+        retry = await post(session, b, key, query="?delay=3")
+        assert (retry.status, retry.problem) == (409, "outcome-unknown"), retry
     finally:
         a.kill(signal.SIGCONT)
     late = await first
-    assert late.status == 201, late  # the caller still gets the upstream's answer
+    assert late.status == 201, late  # the caller gets the upstream's answer
+    assert late.headers["Idempotency-Status"] == "completed"
 
-    def has_late_answer(operation: dict[str, Any]) -> bool:
-        return any(
-            item["source"] == "upstream" and item["status"] == 201 for item in operation["evidence"]
-        )
-
-    operation = await wait_for_state(session, b, key, "unknown", seconds=5, until=has_late_answer)
-    assert operation["response"] is None
+    operation = await wait_for_state(session, b, key, "completed", seconds=5)
+    assert operation["response"]["status"] == 201
+    assert operation["resolution"]["by"] == "upstream"
+    assert operation["fencing_token"] == meanwhile["fencing_token"]
+    assert any(item["source"] == "lease" for item in operation["evidence"])
     for replica in (a, b):
-        retry = await post(session, replica, key, query="?delay=3")
-        assert (retry.status, retry.problem) == (409, "outcome-unknown"), retry
-    assert (await lookup(session, b, key)).json["state"] == "unknown"
+        replay = await post(session, replica, key, query="?delay=3")
+        assert replay.status == 201, replay
+        assert replay.replayed
+        assert replay.body == late.body
     assert upstream.count == 1
 
 

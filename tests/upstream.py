@@ -14,9 +14,13 @@ through the gateway without any side channel:
   API that has already done the work;
 - ``drop=after_effect``: apply the effect, then close the connection without
   a response (the ambiguous case: sent, no answer);
+- ``drop=before_effect``: close the connection without applying anything (to
+  the gateway as ambiguous as the above: it cannot tell them apart);
 - ``drop=mid_body``: send the headers and half of a body announced by a larger
   ``Content-Length``, then close (connection lost mid-response);
 - ``size=N``: answer with N bytes of a deterministic pattern;
+- ``trickle=SECONDS``: send the body in 64 KiB chunks, SECONDS apart (a large
+  answer that takes a while, so a client can leave in the middle);
 - ``redirect=URL``: answer 302 with ``Location: URL`` (a proxy must not follow);
 - ``gzip=1``: answer with a gzip-compressed body and ``Content-Encoding: gzip``
   (a proxy must not decompress);
@@ -24,9 +28,15 @@ through the gateway without any side channel:
 - ``apply_after=SECONDS``: wait first, then apply the effect and answer (an
   upstream that applies a request late, after the caller timed out).
 
+A retry must be the same request, query included, so attempts of one key
+cannot be told apart by their query: ``script`` holds controls for the next
+requests, one dict per request, taken in order and applied over the query's.
+
 ``GET /effects/<key>`` is the probe endpoint: 200 with the effect's JSON when
 an effect arrived with that ``Idempotency-Key``, else 404. Probes are recorded
-in ``probes``, never counted as effects.
+in ``probes``, never counted as effects. ``probe_delays`` holds delays for the
+next probes, in order: the answer is decided when the probe arrives, then held
+(a slow probe that answers about the past).
 
 The default body is JSON describing the effect, and every response carries
 ``X-Effect-Id`` so a test can tell which effect a (replayed) response came from.
@@ -94,6 +104,8 @@ class CountingUpstream:
         self._shutdown_timeout = shutdown_timeout
         self.effects: list[Effect] = []
         self.probes: list[dict[str, str]] = []
+        self.script: list[dict[str, str]] = []
+        self.probe_delays: list[float] = []
         # Holding the transports (not their ids) keeps ids from being reused by
         # a new connection after an old one is garbage-collected.
         self._transports: set[object] = set()
@@ -185,18 +197,24 @@ class CountingUpstream:
     async def _probe(self, request: web.Request) -> web.Response:
         self.probes.append({name.lower(): value for name, value in request.headers.items()})
         key = request.match_info["key"]
-        for effect in self.effects:
-            if effect.key == key:
-                return web.Response(
-                    status=200,
-                    body=_describe(effect).encode(),
-                    headers={"Content-Type": "application/json", "X-Effect-Id": str(effect.number)},
-                )
+        delay = self.probe_delays.pop(0) if self.probe_delays else 0.0
+        found = next((effect for effect in self.effects if effect.key == key), None)
+        if delay:
+            await asyncio.sleep(delay)
+        if found is not None:
+            return web.Response(
+                status=200,
+                body=_describe(found).encode(),
+                headers={"Content-Type": "application/json", "X-Effect-Id": str(found.number)},
+            )
         return web.json_response({"error": "no such effect"}, status=404)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        controls = request.query
+        controls = {**request.query, **(self.script.pop(0) if self.script else {})}
+        if controls.get("drop") == "before_effect":
+            _close(request)
+            return web.Response(status=500)
         if "apply_after" in controls:
             await asyncio.sleep(float(controls["apply_after"]))
         effect = self._record(request, body)
@@ -234,6 +252,8 @@ class CountingUpstream:
 
         if drop == "mid_body":
             return await _send_truncated(request, status, headers, payload)
+        if "trickle" in controls:
+            return await _send_slowly(request, status, headers, payload, float(controls["trickle"]))
         return web.Response(status=status, headers=headers, body=payload)
 
     def _record(self, request: web.Request, body: bytes) -> Effect:
@@ -299,4 +319,18 @@ async def _send_truncated(
     await response.prepare(request)
     await response.write(full[: len(full) // 2])
     _close(request)
+    return response
+
+
+async def _send_slowly(
+    request: web.Request, status: int, headers: dict[str, str], payload: bytes, pause: float
+) -> web.StreamResponse:
+    """The whole body, announced up front, in 64 KiB chunks `pause` seconds apart."""
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_length = len(payload)
+    await response.prepare(request)
+    for start in range(0, len(payload), 64 * 1024):
+        await response.write(payload[start : start + 64 * 1024])
+        await asyncio.sleep(pause)
+    await response.write_eof()
     return response

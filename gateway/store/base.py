@@ -1,10 +1,12 @@
 """The `Store` protocol: the few verbs the state machine needs persisted.
 
 Stores persist what `gateway.lifecycle` decides; they never decide. Each verb
-is one atomic transaction. Every outcome write is conditional on the
-operation still being `in_flight` under the caller's fencing token, so a
-writer that lost its lease can never overwrite a newer truth: it gets `None`
-back and records what it learned with `add_evidence` instead.
+is one atomic transaction. Every outcome write is conditional on the caller's
+fencing token, so a writer whose attempt was superseded (a new attempt, a
+resolution) can never overwrite a newer truth: it gets `None` back and
+records what it learned with `add_evidence` instead. Every operation a store
+returns carries `observed_at`, the store's clock when it was read or
+written, so nobody compares a record's times with another clock.
 
 Failures of the database itself surface as `gateway.errors.StoreUnavailable`,
 never as a driver exception.
@@ -54,9 +56,17 @@ class Store(Protocol):
       or released key, exactly one gets `NewAttempt`; it returns only once
       the claim is durable.
     - Outcome writes (`complete`, `mark_unknown`, `release`) apply only while
-      the state is `in_flight` and the token matches, and return `None`
-      otherwise. A completed receipt is never overwritten.
-    - Times come from the store's own clock.
+      the token matches and the state is `in_flight` or `unknown` (turning
+      `unknown` keeps the token, so a holder whose lease lapsed still records
+      the real answer it got), and return `None` otherwise. A completed
+      receipt is never overwritten.
+    - `resolve` applies only to an `unknown` operation at the caller's token,
+      and bumps the token: a verdict is about one attempt.
+    - Times come from the store's own clock, and every returned operation's
+      `observed_at` is that clock at the read or write. `lease_expires_at` is
+      kept after the attempt ends (the latest moment its holder could send).
+    - A receipt whose body the sweep dropped reads back with `response=None`
+      (and `body_retained` still true), never as an empty body.
     """
 
     async def open(self) -> None:
@@ -149,6 +159,7 @@ class Store(Protocol):
         self,
         operation_id: str,
         *,
+        token: int,
         expected_version: int | None,
         state: State,
         response: StoredResponse | None,
@@ -156,7 +167,11 @@ class Store(Protocol):
         retention_seconds: float,
         tombstone_seconds: float,
     ) -> Operation | None:
-        """Settle an `unknown` operation; `None` if it is not unknown or not at that version."""
+        """Settle an `unknown` operation's attempt `token` (the token grows by one).
+
+        `None` if it is not unknown, not at that token (a newer attempt or an
+        earlier resolution superseded the one judged), or not at `expected_version`.
+        """
 
     async def list_operations(
         self, *, state: State | None, limit: int, cursor: str | None
@@ -170,7 +185,10 @@ class Store(Protocol):
         """
 
     async def sweep(self, *, batch: int) -> SweepReport:
-        """Drop expired receipt bodies and forgotten tombstones, one bounded batch."""
+        """Drop expired receipt bodies and forgotten tombstones, one bounded batch.
+
+        A dropped body leaves the record saying so (it reads as no response),
+        so a replay after any clock step can never be an empty body."""
 
     async def count_by_state(self) -> dict[State, int]: ...
 

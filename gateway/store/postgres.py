@@ -74,6 +74,11 @@ _DRIVER_ERRORS = (
     asyncio.TimeoutError,
 )
 
+_OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
+"""Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its
+token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
+still records what it learned; a resolution or a new attempt bumps the token."""
+
 _OUTCOME_RETURNING = (
     f"RETURNING {COLUMNS}, "
     f"CASE WHEN watched THEN pg_notify('{NOTIFY_CHANNEL}', id) END IS NULL AS _notified"
@@ -308,7 +313,7 @@ class PostgresStore:
                 results.append(None)
                 continue
             current = self._decode(row)
-            changes = claim_changes(current, request.fingerprint, row["_now"])
+            changes = claim_changes(current, request.fingerprint)
             results.append(None if changes else Existing(current))
         return results
 
@@ -367,9 +372,9 @@ class PostgresStore:
         row = await self._fetchrow(
             "mark_unknown",
             "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-            f"lease_expires_at = NULL, updated_at = {NOW}, version = version + 1, "
+            f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($3::jsonb) "
-            f"WHERE id = $1 AND token = $2 AND state = 'in_flight' {_OUTCOME_RETURNING}",
+            f"WHERE id = $1 AND token = $2 AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
             operation_id,
             token,
             json.dumps(evidence.as_json()),
@@ -387,10 +392,10 @@ class PostgresStore:
         row = await self._fetchrow(
             "release",
             "UPDATE operations SET state = 'released', lease_owner = NULL, "
-            f"lease_expires_at = NULL, forgotten_at = {NOW} + {SECONDS.format('$4')}, "
+            f"forgotten_at = {NOW} + {SECONDS.format('$4')}, "
             f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($3::jsonb) "
-            f"WHERE id = $1 AND token = $2 AND state = 'in_flight' {_OUTCOME_RETURNING}",
+            f"WHERE id = $1 AND token = $2 AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
             operation_id,
             token,
             json.dumps(evidence.as_json()),
@@ -431,7 +436,7 @@ class PostgresStore:
         if row is None:
             return None
         operation = self._decode(row)
-        return None if is_forgotten(operation, row["_now"]) else operation
+        return None if is_forgotten(operation) else operation
 
     def peek_completed(self, scope: str, key: str) -> Operation | None:
         # A read is a network round trip here; for a new key (the common case) it
@@ -448,6 +453,7 @@ class PostgresStore:
         self,
         operation_id: str,
         *,
+        token: int,
         expected_version: int | None,
         state: State,
         response: StoredResponse | None,
@@ -463,7 +469,8 @@ class PostgresStore:
             f"forgotten_at = {NOW} + {SECONDS.format('$8')}, "
             f"resolution_by = $9, resolution_at = {NOW}, resolution_note = $10, "
             f"token = token + 1, updated_at = {NOW}, version = version + 1 "
-            "WHERE id = $1 AND state = 'unknown' AND ($11::bigint IS NULL OR version = $11) "
+            "WHERE id = $1 AND state = 'unknown' AND token = $12 "
+            "AND ($11::bigint IS NULL OR version = $11) "
             f"{_OUTCOME_RETURNING}",
             operation_id,
             state.value,
@@ -476,6 +483,7 @@ class PostgresStore:
             resolution.by,
             resolution.note,
             expected_version,
+            token,
         )
         return None if row is None else self._decode(row)
 
@@ -509,7 +517,7 @@ class PostgresStore:
         rows = await self._fetch(
             "expire_orphans",
             "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-            f"lease_expires_at = NULL, updated_at = {NOW}, version = version + 1, "
+            f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array("
             f"jsonb_set($1::jsonb, '{{at}}', to_jsonb(extract(epoch from {NOW})::float8))) "
             "WHERE seq IN (SELECT seq FROM operations "
@@ -566,11 +574,8 @@ class PostgresStore:
         return counts
 
 
-_SELECT_BY_KEY = (
-    f"SELECT {COLUMNS}, extract(epoch from {NOW})::float8 AS _now "
-    "FROM operations WHERE scope = $1 AND key = $2"
-)
-"""A key's row and the database clock (`_now`), read without a lock."""
+_SELECT_BY_KEY = f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2"
+"""A key's row (and the database clock, `observed_at`), read without a lock."""
 
 _INSERT_CLAIM = (
     "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
@@ -591,8 +596,8 @@ _CLAIMS = (
     f"fingerprint, 1, 1, 1, {NOW}, {NOW}, lease_owner, "
     f"{NOW} + {SECONDS.format('lease_seconds')}, {NOW} FROM input "
     f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}) "
-    f"SELECT *, true AS _inserted, extract(epoch from {NOW})::float8 AS _now FROM inserted "
-    f"UNION ALL SELECT found.*, false, extract(epoch from {NOW})::float8 FROM input i, "
+    "SELECT *, true AS _inserted FROM inserted "
+    "UNION ALL SELECT found.*, false FROM input i, "
     f"LATERAL (SELECT {columns_of('o')} FROM operations o "
     "WHERE o.scope = i.scope AND o.key = i.key OFFSET 0) AS found"
 )
@@ -617,12 +622,12 @@ _COMPLETES = (
     f"expires_at = {NOW} + {SECONDS.format('v.retention')}, "
     f"forgotten_at = {NOW} + {SECONDS.format('v.tombstone')}, "
     f"resolution_by = v.resolved_by, resolution_at = {NOW}, resolution_note = v.note, "
-    f"lease_owner = NULL, lease_expires_at = NULL, updated_at = {NOW}, "
+    f"lease_owner = NULL, updated_at = {NOW}, "
     "version = o.version + 1 "
     "FROM unnest($1::text[], $2::int8[], $3::int4[], $4::text[], $5::bytea[], $6::bool[], "
     "$7::float8[], $8::float8[], $9::text[], $10::text[]) "
     "AS v(id, token, status, headers, body, retained, retention, tombstone, resolved_by, note) "
-    "WHERE o.id = v.id AND o.token = v.token AND o.state = 'in_flight' "
+    "WHERE o.id = v.id AND o.token = v.token AND o.state IN ('in_flight', 'unknown') "
     f"RETURNING {columns_of('o')}, "
     f"CASE WHEN o.watched THEN pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified"
 )
@@ -666,8 +671,7 @@ async def _claim_existing(
     """The key exists: decide under a row lock what a claim means for it."""
     for _ in range(3):
         row = await connection.fetchrow(
-            f"SELECT {COLUMNS}, extract(epoch from {NOW})::float8 AS _now FROM operations "
-            "WHERE scope = $1 AND key = $2 FOR UPDATE",
+            f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2 FOR UPDATE",
             request.scope,
             request.key,
         )
@@ -681,8 +685,7 @@ async def _claim_existing(
     else:
         raise StoreUnavailable("the key changed under three concurrent claims; retry")
     current = decode(row)
-    now = row["_now"]
-    if is_forgotten(current, now):
+    if is_forgotten(current):
         await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
         return NewAttempt(decode(inserted))
@@ -697,17 +700,15 @@ async def _claim_existing(
             request.lease_seconds,
         )
         return NewAttempt(decode(updated))
-    if (
-        current.state is State.IN_FLIGHT
-        and current.lease_expires_at is not None
-        and current.lease_expires_at <= now
-    ):
+    if current.lease_expired():
         evidence = Evidence(
-            at=now, source="lease", detail="the lease expired before an outcome was recorded"
+            at=current.observed_at,
+            source="lease",
+            detail="the lease expired before an outcome was recorded",
         )
         expired = await connection.fetchrow(
             "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-            f"lease_expires_at = NULL, updated_at = {NOW}, version = version + 1, "
+            f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($2::jsonb) "
             f"WHERE id = $1 {_OUTCOME_RETURNING}",
             current.id,

@@ -37,6 +37,10 @@ _TIME_COLUMNS = frozenset(
 )
 
 
+OBSERVED_AT = "extract(epoch from clock_timestamp())::float8 AS observed_at"
+"""The database's clock as each row is read or written: `Operation.observed_at`."""
+
+
 def columns_of(table: str = "") -> str:
     """The select list, times as POSIX seconds, in the order `row_to_operation` reads.
 
@@ -45,7 +49,9 @@ def columns_of(table: str = "") -> str:
     """
     prefix = f"{table}." if table else ""
     return ", ".join(
-        f"extract(epoch from {prefix}{name})::float8 AS {name}"
+        OBSERVED_AT
+        if name == "observed_at"
+        else f"extract(epoch from {prefix}{name})::float8 AS {name}"
         if name in _TIME_COLUMNS
         else f"{prefix}{name} AS {name}"
         if prefix

@@ -43,8 +43,14 @@ COLUMN_NAMES = (
     "resolution_at",
     "resolution_note",
     "evidence",
+    "observed_at",
 )
-"""The columns both stores select, in the order `row_to_operation` reads them."""
+"""The columns both stores select, in the order `row_to_operation` reads them.
+
+`observed_at` is not a column of the table but the store's clock at the
+moment of the read or write (see `Operation.observed_at`): each store puts
+its own clock expression there.
+"""
 
 _FIELD_COUNT = len(COLUMN_NAMES)
 _STATES = {state.value: state for state in State}
@@ -76,15 +82,16 @@ def seal_body(body: bytes | None, operation_id: str, cipher: BodyCipher | None) 
     return cipher.seal(body, operation_id)
 
 
-def is_forgotten(operation: Operation, now: float) -> bool:
+def is_forgotten(operation: Operation) -> bool:
+    """Past its tombstone, on the store's clock: the key starts over."""
     return (
         operation.state in (State.COMPLETED, State.RELEASED)
         and operation.forgotten_at is not None
-        and operation.forgotten_at <= now
+        and operation.forgotten_at <= operation.observed_at
     )
 
 
-def claim_changes(current: Operation, fingerprint: str, now: float) -> bool:
+def claim_changes(current: Operation, fingerprint: str) -> bool:
     """Whether a claim of `current`'s key changes its record, rather than report it.
 
     It does for a forgotten record (the key starts over), a released one with
@@ -92,15 +99,11 @@ def claim_changes(current: Operation, fingerprint: str, now: float) -> bool:
     run out (it turns unknown). Any other record is reported as it stands, so
     a store may answer such a claim from a plain read, without a lock.
     """
-    if is_forgotten(current, now):
+    if is_forgotten(current):
         return True
     if current.state is State.RELEASED:
         return current.fingerprint == fingerprint
-    return (
-        current.state is State.IN_FLIGHT
-        and current.lease_expires_at is not None
-        and current.lease_expires_at <= now
-    )
+    return current.lease_expired()
 
 
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
@@ -180,9 +183,13 @@ def row_to_operation(
         resolution_at,
         resolution_note,
         evidence,
+        observed_at,
     ) = tuple(row)[:_FIELD_COUNT]
     response = stored
-    if response is None and response_status is not None:
+    # A kept receipt whose body column is empty (NULL) had its body swept at
+    # expiry: it reads as no response, never as an empty one to replay.
+    swept = response_body is None and body_retained
+    if response is None and response_status is not None and not swept:
         response = StoredResponse(
             status=response_status,
             headers=decode_headers(response_headers),
@@ -219,4 +226,5 @@ def row_to_operation(
             if evidence and evidence != "[]"
             else ()
         ),
+        observed_at=observed_at,
     )

@@ -2,9 +2,13 @@
 
 WAL with `synchronous=FULL`: a claim is on disk before the request goes
 upstream. All statements run on one writer thread that groups concurrent work
-into shared commits (`gateway.store.sqlite_thread`). A lock file enforces one
+into shared commits (`gateway.store.sqlite_thread`). A lock on the database
+file itself (`gateway.store.sqlite_lock`, by any path or link) enforces one
 gateway process per database; therefore, at start, every `in_flight` record
 left behind belongs to a dead process and becomes `unknown` at once.
+
+The store's clock is the gateway host's (`clock`, registered in SQL as
+`gateway_now()`): every time a record holds is written and compared on it.
 
 Reads by key or id (`get`, `get_by_id`, `peek_completed`) go through a second,
 read-only connection on the event loop: in WAL mode it sees exactly what is
@@ -19,11 +23,11 @@ import json
 import logging
 import secrets
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.crypto import BodyCipher
 from gateway.errors import StoreUnavailable
 from gateway.ids import new_operation_id
@@ -49,7 +53,7 @@ from gateway.store.rows import (
     row_to_operation,
     seal_body,
 )
-from gateway.store.sqlite_schema import COLUMNS, migrate
+from gateway.store.sqlite_schema import CLOCK_FUNCTION, COLUMNS, migrate
 from gateway.store.sqlite_thread import SqliteWriterThread
 
 T = TypeVar("T")
@@ -58,6 +62,10 @@ Decode = Callable[[Any], Operation]
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
 _RETURNING = f"RETURNING {', '.join(COLUMNS)}"
+_OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
+"""Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its
+token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
+still records what it learned; a resolution or a new attempt bumps the token."""
 
 
 class SqliteStore:
@@ -75,8 +83,10 @@ class SqliteStore:
         max_batch: int = 256,
         on_batch: Callable[[int], None] | None = None,
         cipher: BodyCipher | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.path = path
+        self._clock = clock
         self._cipher = cipher
         self._busy_timeout = busy_timeout
         self._writer = SqliteWriterThread(
@@ -120,21 +130,32 @@ class SqliteStore:
         self._release_process_lock()
 
     def _take_process_lock(self) -> None:
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        handle = open(lock_path, "ab")  # noqa: SIM115 - held for the process's lifetime
+        """Lock the database file itself, so the lock holds by any path or link to it.
+
+        See `gateway.store.sqlite_lock`: the descriptor stays open until
+        `_release_process_lock`, after the SQLite connections are closed.
+        """
+        from gateway.store.sqlite_lock import DatabaseFileInUse, lock_database_file
+
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            handle.close()
+            self._lock_file = lock_database_file(self.path)
+        except DatabaseFileInUse as exc:
             raise StoreUnavailable(
-                f"{self.path} is in use by another gateway process (lock {lock_path}); "
+                f"{self.path} is in use by another gateway process (the database file "
+                f"{self.path.resolve()} is locked); "
                 "SQLite serves one gateway process: use PostgreSQL for replicas"
             ) from exc
-        self._lock_file = handle
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open the SQLite database {self.path}: {exc}") from exc
 
     def _release_process_lock(self) -> None:
+        # Only once the SQLite connections are closed: closing this descriptor
+        # drops every POSIX lock this process holds on the file, theirs too.
         if self._lock_file is not None:
+            from gateway.store.sqlite_lock import forget_database_file
+
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            forget_database_file(self._lock_file)
             self._lock_file.close()
             self._lock_file = None
 
@@ -146,6 +167,7 @@ class SqliteStore:
         connection.execute("PRAGMA synchronous=FULL")
         connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         connection.execute("PRAGMA foreign_keys=ON")
+        connection.create_function(CLOCK_FUNCTION, 0, self._clock.time)
         return connection
 
     def _open_reader(self) -> sqlite3.Connection:
@@ -154,6 +176,7 @@ class SqliteStore:
             reader.execute("PRAGMA query_only=1")
             # Never wait on the loop: a busy reader hands its read to the writer instead.
             reader.execute("PRAGMA busy_timeout=0")
+            reader.create_function(CLOCK_FUNCTION, 0, self._clock.time)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open the SQLite database for reading: {exc}") from exc
         return reader
@@ -188,7 +211,7 @@ class SqliteStore:
         await self._writer.run(lambda c: c.execute("SELECT version FROM schema_version").fetchone())
 
     async def now(self) -> float:
-        return time.time()
+        return self._clock.time()
 
     async def scope_secret(self) -> bytes:
         if self._secret is None:
@@ -198,7 +221,7 @@ class SqliteStore:
     # -- the state machine's verbs ------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
-        return await self._writer.run(lambda c: _claim(c, request, self._decode))
+        return await self._writer.run(lambda c: _claim(c, request, self._decode, self._clock))
 
     async def complete(
         self,
@@ -215,14 +238,14 @@ class SqliteStore:
         body = seal_body(response.body if body_retained else None, operation_id, self._cipher)
 
         def job(c: sqlite3.Connection) -> Operation | None:
-            now = time.time()
+            now = self._clock.time()
             row = c.execute(
                 "UPDATE operations SET state = 'completed', response_status = ?, "
                 "response_headers = ?, response_body = ?, body_retained = ?, "
                 "expires_at = ?, forgotten_at = ?, resolution_by = ?, resolution_at = ?, "
-                "resolution_note = ?, lease_owner = NULL, lease_expires_at = NULL, "
+                "resolution_note = ?, lease_owner = NULL, "
                 "updated_at = ?, version = version + 1 "
-                f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
+                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_RETURNING}",
                 (
                     response.status,
                     headers,
@@ -249,10 +272,10 @@ class SqliteStore:
         def job(c: sqlite3.Connection) -> Operation | None:
             row = c.execute(
                 "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-                "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+                "updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
-                (time.time(), json.dumps(evidence.as_json()), operation_id, token),
+                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_RETURNING}",
+                (self._clock.time(), json.dumps(evidence.as_json()), operation_id, token),
             ).fetchone()
             return None if row is None else self._decode(row)
 
@@ -267,12 +290,12 @@ class SqliteStore:
         tombstone_seconds: float,
     ) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
-            now = time.time()
+            now = self._clock.time()
             row = c.execute(
                 "UPDATE operations SET state = 'released', lease_owner = NULL, "
-                "lease_expires_at = NULL, forgotten_at = ?, updated_at = ?, "
+                "forgotten_at = ?, updated_at = ?, "
                 "version = version + 1, evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE id = ? AND token = ? AND state = 'in_flight' {_RETURNING}",
+                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_RETURNING}",
                 (
                     now + tombstone_seconds,
                     now,
@@ -289,7 +312,7 @@ class SqliteStore:
         items = list(leases.items())
 
         def job(c: sqlite3.Connection) -> set[str]:
-            now = time.time()
+            now = self._clock.time()
             renewed = set()
             for op_id, token in items:
                 # An expired lease is not renewed: someone may already have seen it
@@ -328,7 +351,7 @@ class SqliteStore:
         if not rows:
             return None
         operation = self._decode(rows[0])
-        return None if is_forgotten(operation, time.time()) else operation
+        return None if is_forgotten(operation) else operation
 
     async def get_by_id(self, operation_id: str) -> Operation | None:
         rows = await self._read(f"{_SELECT} WHERE id = ?", (operation_id,))
@@ -338,6 +361,7 @@ class SqliteStore:
         self,
         operation_id: str,
         *,
+        token: int,
         expected_version: int | None,
         state: State,
         response: StoredResponse | None,
@@ -346,14 +370,14 @@ class SqliteStore:
         tombstone_seconds: float,
     ) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
-            now = time.time()
+            now = self._clock.time()
             retained = response is not None
             row = c.execute(
                 "UPDATE operations SET state = ?, response_status = ?, response_headers = ?, "
                 "response_body = ?, body_retained = ?, expires_at = ?, forgotten_at = ?, "
                 "resolution_by = ?, resolution_at = ?, resolution_note = ?, "
                 "token = token + 1, updated_at = ?, version = version + 1 "
-                "WHERE id = ? AND state = 'unknown' AND (? IS NULL OR version = ?) "
+                "WHERE id = ? AND state = 'unknown' AND token = ? AND (? IS NULL OR version = ?) "
                 f"{_RETURNING}",
                 (
                     state.value,
@@ -368,6 +392,7 @@ class SqliteStore:
                     resolution.note,
                     now,
                     operation_id,
+                    token,
                     expected_version,
                     expected_version,
                 ),
@@ -400,7 +425,7 @@ class SqliteStore:
 
     async def expire_orphans(self, *, owner: str | None, everything: bool = False) -> int:
         def job(c: sqlite3.Connection) -> int:
-            now = time.time()
+            now = self._clock.time()
             params: tuple[object, ...]
             if everything:
                 detail = "the gateway process holding the lease died"
@@ -414,7 +439,7 @@ class SqliteStore:
             evidence = json.dumps(Evidence(at=now, source="lease", detail=detail).as_json())
             cursor = c.execute(
                 "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-                "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+                "updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
                 f"WHERE {where}",
                 (now, evidence, *params),
@@ -425,7 +450,7 @@ class SqliteStore:
 
     async def sweep(self, *, batch: int) -> SweepReport:
         def job(c: sqlite3.Connection) -> SweepReport:
-            now = time.time()
+            now = self._clock.time()
             expired = c.execute(
                 "UPDATE operations SET response_body = NULL, response_headers = NULL, "
                 "version = version + 1 WHERE seq IN (SELECT seq FROM operations "
@@ -460,7 +485,7 @@ class SqliteStore:
                 "body_retained = 0, updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
                 f"WHERE id = ? AND state = 'completed' {_RETURNING}",
-                (time.time(), json.dumps(evidence.as_json()), operation_id),
+                (self._clock.time(), json.dumps(evidence.as_json()), operation_id),
             ).fetchone()
             return None if row is None else self._decode(row)
 
@@ -479,19 +504,21 @@ class SqliteStore:
 # -- statements run on the writer thread -------------------------------------
 
 
-def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> ClaimResult:
+def _claim(
+    c: sqlite3.Connection, request: ClaimRequest, decode: Decode, clock: Clock
+) -> ClaimResult:
     """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
     replay, if we inserted first) costs a built row and a constraint check (profiled)."""
-    now = time.time()
+    now = clock.time()
     row = c.execute(
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is None:
         return NewAttempt(_insert_claim(c, request, now))
     current = decode(row)
-    if not claim_changes(current, request.fingerprint, now):
+    if not claim_changes(current, request.fingerprint):
         return Existing(current)
-    if is_forgotten(current, now):
+    if is_forgotten(current):
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
         return NewAttempt(_insert_claim(c, request, now))
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
@@ -509,7 +536,7 @@ def _claim(c: sqlite3.Connection, request: ClaimRequest, decode: Decode) -> Clai
     )
     expired = c.execute(
         "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-        "lease_expires_at = NULL, updated_at = ?, version = version + 1, "
+        "updated_at = ?, version = version + 1, "
         "evidence = json_insert(evidence, '$[#]', json(?)) "
         f"WHERE id = ? {_RETURNING}",
         (now, json.dumps(evidence.as_json()), current.id),
@@ -537,6 +564,7 @@ def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> O
         lease_owner=request.owner,
         lease_expires_at=now + request.lease_seconds,
         sent_at=now,
+        observed_at=now,
     )
     c.execute(
         "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "

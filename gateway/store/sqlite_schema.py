@@ -13,7 +13,16 @@ from gateway.store.rows import COLUMN_NAMES
 
 SCHEMA_VERSION = 2
 
-COLUMNS = COLUMN_NAMES
+CLOCK_FUNCTION = "gateway_now"
+"""An SQL function every connection of the store registers: the store's clock (the
+gateway host's), so reads report when they saw a row (`Operation.observed_at`)."""
+
+STORED_COLUMNS = tuple(name for name in COLUMN_NAMES if name != "observed_at")
+"""The table's own columns among them, for writers that insert whole rows."""
+
+COLUMNS = tuple(
+    f"{CLOCK_FUNCTION}() AS observed_at" if name == "observed_at" else name for name in COLUMN_NAMES
+)
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (

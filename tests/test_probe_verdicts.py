@@ -1,0 +1,115 @@
+"""A probe's verdict is about one attempt (issue: "never twice, proven", defect 1).
+
+A slow probe asked about attempt 1 must not settle attempt 2, which was sent
+after the probe left: its "not applied" says nothing about a request it never
+saw. These tests run the gateway as production does (a subprocess on SQLite)
+in front of a real upstream whose probe answers are decided when they arrive
+and held back, as a slow upstream would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from harness import GatewayProcess, spawn
+from upstream import CountingUpstream
+
+KEY = "pay-42"
+PROBE = {
+    "method": "GET",
+    "path": "/effects/{operation_id}",
+    "applied_statuses": [200],
+    "not_applied_statuses": [404],
+    "not_applied_after": "1s",
+}
+ROUTE = {"forward_key": "operation_id", "probe": PROBE, "timeout": "5s"}
+IDEMPOTENCY = {"lease": "1s", "sweep_interval": "60s"}  # no background probes: the test drives
+
+
+async def post(session: aiohttp.ClientSession, gateway: GatewayProcess) -> tuple[int, Any]:
+    async with session.post(
+        f"{gateway.url}/tickets/v1/issues",
+        data=json.dumps({"amount": 42}).encode(),
+        headers={"Idempotency-Key": KEY, "Content-Type": "application/json"},
+    ) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def lookup(session: aiohttp.ClientSession, gateway: GatewayProcess) -> dict[str, Any]:
+    async with session.get(f"{gateway.url}/operations/{KEY}") as response:
+        assert response.status == 200, await response.text()
+        document: dict[str, Any] = await response.json()
+        return document
+
+
+async def unknown_first_attempt(
+    session: aiohttp.ClientSession, gateway: GatewayProcess, upstream: CountingUpstream
+) -> None:
+    """Attempt 1 is dropped before the upstream applies it (the gateway cannot tell): unknown.
+    Attempt 2, sent later, is applied and then dropped: unknown too."""
+    upstream.script[:] = [{"drop": "before_effect"}, {"drop": "after_effect"}]
+    status, problem = await post(session, gateway)
+    assert (status, problem["state"]) == (502, "unknown"), problem
+    await asyncio.sleep(2.2)  # past the lease (1 s) and not_applied_after (1 s): probes may judge
+
+
+async def test_a_slow_probe_about_attempt_1_does_not_release_attempt_2(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A probe that left before attempt 2 was sent answers "not applied" after it: the answer
+    is kept as evidence, attempt 2 stays unknown, and a retry is not sent a third time."""
+    gateway = spawn(processes, tmp_path, upstream.url, route=ROUTE, idempotency=IDEMPOTENCY)
+    async with aiohttp.ClientSession() as session:
+        await unknown_first_attempt(session, gateway, upstream)
+        upstream.probe_delays[:] = [3.0]  # P1: decided now (404), answered 3 s later
+        slow_lookup = asyncio.create_task(lookup(session, gateway))
+        await asyncio.sleep(1.2)  # the prober's backoff for this operation (1 s) runs out
+
+        # The retry probes again (P2, fast: 404), releases attempt 1, sends attempt 2.
+        status, problem = await post(session, gateway)
+        assert (status, problem["state"]) == (502, "unknown"), problem
+        assert upstream.count == 1
+
+        await slow_lookup  # P1's "not applied" arrives now, about attempt 1
+        operation = await lookup(session, gateway)
+        assert operation["attempts"] == 2
+        assert operation["state"] in ("unknown", "completed"), operation  # never released
+        assert any("no longer current" in item["detail"] for item in operation["evidence"])
+
+        status, _ = await post(session, gateway)
+        assert status != 502
+    assert upstream.count == 1, [effect.number for effect in upstream.effects]
+
+
+async def test_a_slow_probe_does_not_undo_an_operator_resolution_and_the_next_attempt(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """An operator says not_applied while a probe is out; the retry sends attempt 2; the
+    probe's late "not applied" (about attempt 1) changes nothing."""
+    gateway = spawn(processes, tmp_path, upstream.url, route=ROUTE, idempotency=IDEMPOTENCY)
+    async with aiohttp.ClientSession() as session:
+        await unknown_first_attempt(session, gateway, upstream)
+        upstream.probe_delays[:] = [3.0]
+        slow_lookup = asyncio.create_task(lookup(session, gateway))
+        await asyncio.sleep(0.3)  # P1 has left
+
+        async with session.post(
+            f"{gateway.url}/operations/{KEY}/resolve",
+            json={"outcome": "not_applied", "note": "not in the ledger"},
+        ) as resolved:
+            assert resolved.status == 200, await resolved.text()
+        status, problem = await post(session, gateway)  # attempt 2: applied, then dropped
+        assert (status, problem["state"]) == (502, "unknown"), problem
+
+        await slow_lookup
+        operation = await lookup(session, gateway)
+        assert operation["attempts"] == 2
+        assert operation["state"] in ("unknown", "completed"), operation
+
+        status, _ = await post(session, gateway)
+        assert status != 502
+    assert upstream.count == 1, [effect.number for effect in upstream.effects]
