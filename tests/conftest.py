@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 from harness import GatewayProcess, RunningGateway, settings_for, start_gateway, stop_gateway
+from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 if TYPE_CHECKING:
@@ -75,3 +76,18 @@ def processes() -> Iterator[list[GatewayProcess]]:
     yield started
     for process in started:
         process.stop()
+
+
+@pytest_asyncio.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL schema for this test only, dropped afterwards.
+
+    Request it before `processes`: fixtures are torn down in reverse, so the
+    gateways on the schema stop before it is dropped.
+    """
+    require_postgres()
+    schema = await fresh_schema()
+    try:
+        yield url_for(schema)
+    finally:
+        await drop_schema(schema)

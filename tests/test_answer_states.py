@@ -11,29 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from harness import GatewayProcess, spawn, wait_until_stopped
-from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 PATH = "/tickets/v1/issues"
-
-
-@pytest_asyncio.fixture
-async def store_url() -> AsyncIterator[str]:
-    """A fresh PostgreSQL schema for this test only, dropped afterwards."""
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
 
 
 async def post(
@@ -97,13 +83,13 @@ async def test_a_late_refusal_after_a_resolution_carries_the_records_state(
 
 @pytest.mark.postgres
 async def test_lease_lost_reports_the_state_the_other_replica_left(
-    store_url: str, processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+    postgres_url: str, processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
 ) -> None:
     """A replica paused between claim and send wakes after another replica settled the key
     and sent attempt 2: it sends nothing and answers lease-lost with the record's state
     (`completed`), never `released`."""
     options: dict[str, Any] = {
-        "store_url": store_url,
+        "store_url": postgres_url,
         "idempotency": {"lease": "1s", "sweep_interval": "60s"},
     }
     a = spawn(processes, tmp_path, upstream.url, name="a", fault="pause_after_claim", **options)

@@ -11,35 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from harness import GatewayProcess, skewed_clock, spawn
-from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 PATH = "/tickets/v1/issues"
 Start = Callable[..., GatewayProcess]
 
 
-@pytest_asyncio.fixture
-async def store_url() -> AsyncIterator[str]:
-    """A fresh PostgreSQL schema for this test only, dropped afterwards."""
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
-
-
 @pytest.fixture
 def start_replica(
-    store_url: str, processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+    postgres_url: str, processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
 ) -> Start:
     """Start a replica on the test's PostgreSQL schema, its wall clock `skew` seconds off."""
 
@@ -49,7 +36,7 @@ def start_replica(
             tmp_path,
             upstream.url,
             name=name,
-            store_url=store_url,
+            store_url=postgres_url,
             env=skewed_clock(skew) if skew else None,
             **options,
         )

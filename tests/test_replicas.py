@@ -25,7 +25,6 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from harness import GatewayProcess, spawn
-from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -36,20 +35,9 @@ TIMEOUT = aiohttp.ClientTimeout(total=20)
 Start = Callable[..., GatewayProcess]
 
 
-@pytest_asyncio.fixture
-async def store_url() -> AsyncIterator[str]:
-    """A fresh PostgreSQL schema for this test only, dropped afterwards."""
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
-
-
 @pytest.fixture
 def start(
-    store_url: str,
+    postgres_url: str,
     processes: list[GatewayProcess],
     tmp_path: Path,
     upstream: CountingUpstream,
@@ -62,7 +50,7 @@ def start(
             tmp_path,
             upstream.url,
             name=name,
-            store_url=store_url,
+            store_url=postgres_url,
             idempotency=idempotency,
         )
 
