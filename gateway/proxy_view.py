@@ -166,21 +166,15 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
     try:
         await response.prepare(request)
         async for chunk in reply.stream:
-            try:
-                await response.write(chunk)
-            except ConnectionError:
-                # The caller left; the upstream answer still runs to its end so the
-                # outcome is recorded (an answer too large to keep is recorded with
-                # its last byte) and the retry finds it.
-                await _drain(reply.stream)
-                return response
+            await response.write(chunk)
         await response.write_eof()
+    except ConnectionError:
+        # The caller left (before or during the body). The upstream answer still
+        # runs to its end, from where it stopped, so the outcome is recorded (an
+        # answer too large to keep is recorded with its last byte) for the retry.
+        await _drain(reply.stream)
     except UpstreamError:
-        # The status line went out with the first bytes: no problem response can
-        # follow. The caller sees the body end early, as the upstream's did, and
-        # the lookup tells it the rest (the engine recorded the key `unknown`).
-        if request.transport is not None:
-            request.transport.close()
+        _cut_short(request)
     finally:
         if reply.close is not None:
             reply.close()
@@ -188,8 +182,19 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
 
 
 async def _drain(stream: AsyncIterator[bytes]) -> None:
-    async for _ in stream:
-        pass
+    try:
+        async for _ in stream:
+            pass
+    except UpstreamError:
+        pass  # recorded by the engine; nobody is listening any more
+
+
+def _cut_short(request: web.Request) -> None:
+    """The upstream's body broke off after the status line went out with the first bytes:
+    no problem response can follow. The caller sees the body end early, as the upstream's
+    did, and its lookup says the rest (the engine recorded the key `unknown`)."""
+    if request.transport is not None:
+        request.transport.close()
 
 
 async def _pass_through(
