@@ -102,7 +102,7 @@ def test_route_defaults() -> None:
 
 
 def test_example_file_loads() -> None:
-    """The config/gateway.toml that `make run` serves is valid and says what DESIGN.md says."""
+    """The config/gateway.toml that `make run` serves is valid and says what docs/contract.md says."""
     settings = load_settings(EXAMPLE, environ={})
     assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
     assert settings.store.url == "sqlite:///./data/gateway.db"
@@ -397,7 +397,7 @@ def test_prefixes_overlap_only_at_segment_boundaries(load: Any, prefix: str) -> 
 
 
 def test_gateway_paths_constant() -> None:
-    """GATEWAY_PATHS lists exactly the gateway's own paths from DESIGN.md."""
+    """GATEWAY_PATHS lists exactly the gateway's own paths in docs/contract.md."""
     assert set(GATEWAY_PATHS) == {
         "/operations",
         "/admin",

@@ -3,7 +3,7 @@
 Every case sends a protected request (`POST` with a fresh, valid key) whose
 only fault is its framing or its header bytes, so that forwarding it would be
 the gateway's mistake and not the test's. The gateway may answer 4xx (the
-HTTP parser's plain 400 counts, as DESIGN.md allows) or close the connection;
+HTTP parser's plain 400 counts, as the contract allows) or close the connection;
 afterwards it must answer /healthz, the upstream must have seen nothing and
 the key must have no record. Every socket read is bounded (`rawhttp`).
 """
@@ -268,7 +268,7 @@ async def test_invalid_compressed_body_is_not_an_internal_error(
 
 # Fixed (same cause): a valid gzip body is forwarded inflated but still labelled
 # `Content-Encoding: gzip`, so the upstream gets bytes that contradict their header
-# (the counting upstream fails to decode them and answers 500). DESIGN.md: the
+# (the counting upstream fails to decode them and answers 500). The contract: the
 # gateway never decompresses bodies.
 async def test_compressed_body_is_forwarded_as_sent(
     small: RunningGateway, upstream: CountingUpstream

@@ -125,7 +125,7 @@ class FuzzReport:
 
 def is_parser_refusal(response: requests.Response) -> bool:
     """aiohttp's HTTP parser refused the bytes before any gateway code ran (a negative case
-    can send e.g. `Content-Length: eL9`); DESIGN.md allows its plain 400 there."""
+    can send e.g. `Content-Length: eL9`); the contract allows its plain 400 there."""
     return response.status_code == 400 and response.headers.get("Content-Type", "").startswith(
         "text/plain"
     )
