@@ -57,6 +57,8 @@ class LeaseKeeper:
         self._lease = lease_seconds
         self._tombstone = tombstone_seconds
         self._held: dict[str, int] = {}
+        self._granted_at: dict[str, float] = {}
+        """Monotonic time at which the last grant or renewal of each held lease was asked."""
         self._unsent_claims: set[tuple[str, str]] = set()
         self._owed: dict[str, OwedWrite] = {}
         self._task: asyncio.Task[None] | None = None
@@ -68,17 +70,30 @@ class LeaseKeeper:
     def holds(self, operation_id: str) -> bool:
         return operation_id in self._held
 
-    def hold(self, operation_id: str, token: int, *, scope: str, key: str) -> None:
-        """This process was granted attempt `token` and may send it.
+    def hold(self, operation_id: str, token: int, *, scope: str, key: str, asked_at: float) -> None:
+        """This process was granted attempt `token` (the claim was asked at `asked_at`,
+        on this clock's monotonic time) and may send it.
 
         A granted claim also settles any debt for an earlier claim of the key
         whose commit failed: had that one landed, this one would have met it.
         """
         self._held[operation_id] = token
+        self._granted_at[operation_id] = asked_at
         self._unsent_claims.discard((scope, key))
+
+    def surely_holds(self, operation_id: str) -> bool:
+        """True while the lease cannot have run out yet, by this host's monotonic clock.
+
+        The store set the expiry after the grant (or renewal) was asked, so a
+        lease asked for less than its length ago still stands: nobody else can
+        have turned the record `unknown`. Past that, this process cannot tell.
+        """
+        asked_at = self._granted_at.get(operation_id)
+        return asked_at is not None and self._clock.monotonic() - asked_at < self._lease
 
     def drop(self, operation_id: str) -> None:
         self._held.pop(operation_id, None)
+        self._granted_at.pop(operation_id, None)
 
     def claim_failed(self, scope: str, key: str) -> None:
         """The claim's commit failed: its outcome is unknown, but it was surely never sent."""
@@ -114,9 +129,12 @@ class LeaseKeeper:
         public so a simulation can run rounds on its own schedule)."""
         try:
             if self._held:
-                await self._store.renew(
+                asked_at = self._clock.monotonic()
+                renewed = await self._store.renew(
                     dict(self._held), owner=self._owner, lease_seconds=self._lease
                 )
+                for operation_id in renewed & self._granted_at.keys():
+                    self._granted_at[operation_id] = asked_at
             if self.debts:
                 await self.settle_debts()
         except StoreUnavailable as exc:

@@ -195,7 +195,9 @@ class IdempotencyEngine:
                 extra={"event": "claim", "operation_id": operation.id, "key": request.key,
                        "attempt": operation.attempts, "token": operation.token},
             )  # fmt: skip
-        self._keeper.hold(operation.id, operation.token, scope=request.scope, key=request.key)
+        self._keeper.hold(
+            operation.id, operation.token, scope=request.scope, key=request.key, asked_at=claimed_at
+        )
         relayed = False
         try:
             self._inject_fault("after_claim")
@@ -392,8 +394,10 @@ class IdempotencyEngine:
 
         That state, not the one the write meant to set, is what the caller is
         told: a stale token leaves evidence and the record as another writer
-        left it; a store outage leaves a debt the keeper pays later, and the
-        record still `in_flight` under this attempt's lease meanwhile.
+        left it. A store outage leaves a debt the keeper pays later; the record
+        is then `in_flight` while this attempt's lease surely stands, and past
+        that nobody here can tell whether another replica found it expired:
+        `unknown`, the answer that never invites a blind retry.
         """
 
         async def settle() -> Operation | None:
@@ -410,7 +414,7 @@ class IdempotencyEngine:
         except StoreUnavailable as exc:
             log.error("%s for %s not recorded yet: %s", name, operation.id, exc.detail)
             self._keeper.owe(operation.id, settle)
-            return State.IN_FLIGHT
+            return State.IN_FLIGHT if self._keeper.surely_holds(operation.id) else State.UNKNOWN
         # Forgotten meanwhile: nothing stands for the key any more.
         return recorded.state if recorded is not None else State.RELEASED
 

@@ -78,7 +78,7 @@ _PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
     UpstreamConnectionLost,
     NoRoute,
 )
-"""What a proxied request can be refused with (the contract's table and more), for the description."""
+"""What a proxied request can be refused with (the contract's table and more)."""
 
 # The problem types each gateway operation can answer with. `not-found` and
 # `no-route` on key paths: a key that decodes to a line break matches no route

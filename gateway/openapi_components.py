@@ -42,7 +42,7 @@ def _operation_schema() -> dict[str, Any]:
     states = [state.value for state in State]
     return {
         "type": "object",
-        "description": "What the gateway knows about one key's effect (docs/contract.md, operation JSON).",
+        "description": "What the gateway knows about one key's effect (the operation JSON).",
         "required": [
             "id",
             "key",
