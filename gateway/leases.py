@@ -39,7 +39,11 @@ class LeaseKeeper:
     """Renews held leases and settles owed writes, in one background task.
 
     >>> # keeper = LeaseKeeper(store, owner="gw-1", lease_seconds=30.0)
-    >>> # await keeper.start(); keeper.hold(op.id, op.token); ...; keeper.drop(op.id)
+    >>> # await keeper.start(); keeper.hold(op.id, op.token, ...); ...; keeper.drop(op.id, op.token)
+
+    Holds and debts belong to one attempt (operation id and token): an attempt
+    that ends late, after the same process started a newer attempt of the key,
+    must not let go of the newer one's lease or overwrite its owed receipt.
     """
 
     def __init__(
@@ -60,7 +64,7 @@ class LeaseKeeper:
         self._granted_at: dict[str, float] = {}
         """Monotonic time at which the last grant or renewal of each held lease was asked."""
         self._unsent_claims: set[tuple[str, str]] = set()
-        self._owed: dict[str, OwedWrite] = {}
+        self._owed: dict[tuple[str, int], OwedWrite] = {}
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -91,7 +95,10 @@ class LeaseKeeper:
         asked_at = self._granted_at.get(operation_id)
         return asked_at is not None and self._clock.monotonic() - asked_at < self._lease
 
-    def drop(self, operation_id: str) -> None:
+    def drop(self, operation_id: str, token: int) -> None:
+        """Attempt `token` ended: let its lease go (a newer attempt's hold stays)."""
+        if self._held.get(operation_id) != token:
+            return
         self._held.pop(operation_id, None)
         self._granted_at.pop(operation_id, None)
 
@@ -99,9 +106,9 @@ class LeaseKeeper:
         """The claim's commit failed: its outcome is unknown, but it was surely never sent."""
         self._unsent_claims.add((scope, key))
 
-    def owe(self, operation_id: str, write: OwedWrite) -> None:
-        """Retry this outcome write once the store answers again."""
-        self._owed[operation_id] = write
+    def owe(self, operation_id: str, token: int, write: OwedWrite) -> None:
+        """Retry attempt `token`'s outcome write once the store answers again."""
+        self._owed[(operation_id, token)] = write
 
     @property
     def debts(self) -> int:
@@ -142,13 +149,13 @@ class LeaseKeeper:
 
     async def settle_debts(self) -> None:
         """Pay what can be paid now; keep the rest for the next round."""
-        for operation_id, write in list(self._owed.items()):
+        for attempt, write in list(self._owed.items()):
             try:
                 await write()
             except StoreUnavailable:
                 return
-            if self._owed.get(operation_id) is write:  # not replaced by a newer debt meanwhile
-                del self._owed[operation_id]
+            if self._owed.get(attempt) is write:  # not replaced by a newer debt meanwhile
+                del self._owed[attempt]
         for scope, key in list(self._unsent_claims):
             try:
                 await self._release_if_unsent(scope, key)
@@ -166,7 +173,7 @@ class LeaseKeeper:
             or operation.state is not State.IN_FLIGHT
             or operation.lease_owner != self._owner
             or operation.id in self._held  # an attempt of ours is live: it may be sent
-            or operation.id in self._owed  # an attempt of ours was sent: it owes its outcome
+            or (operation.id, operation.token) in self._owed  # sent: it owes its outcome
         ):
             return
         evidence = Evidence(

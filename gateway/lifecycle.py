@@ -215,11 +215,11 @@ class IdempotencyEngine:
             return reply
         finally:
             if not relayed:  # a relayed answer ends the attempt with its last byte
-                self._end_attempt(operation.id)
+                self._end_attempt(operation)
 
-    def _end_attempt(self, operation_id: str) -> None:
-        self._keeper.drop(operation_id)
-        self._notify(operation_id)
+    def _end_attempt(self, operation: Operation) -> None:
+        self._keeper.drop(operation.id, operation.token)
+        self._notify(operation.id)
 
     async def _send(self, request: ProxyRequest, operation: Operation) -> tuple[Reply, bool]:
         """Send once and record the outcome; True when the reply's stream carries the
@@ -311,13 +311,13 @@ class IdempotencyEngine:
                 await self._complete(request, operation, stored, retained=False)
             finally:
                 reply.close()
-                self._end_attempt(operation.id)
+                self._end_attempt(operation)
 
         return Reply(
             status=reply.status,
             headers=reply.headers,
             body=b"",
-            state=State.IN_FLIGHT,
+            state=self._own_state(operation),
             key=request.key,
             stream=body(),
         )
@@ -413,10 +413,18 @@ class IdempotencyEngine:
             recorded = await settle()
         except StoreUnavailable as exc:
             log.error("%s for %s not recorded yet: %s", name, operation.id, exc.detail)
-            self._keeper.owe(operation.id, settle)
-            return State.IN_FLIGHT if self._keeper.surely_holds(operation.id) else State.UNKNOWN
-        # Forgotten meanwhile: nothing stands for the key any more.
-        return recorded.state if recorded is not None else State.RELEASED
+            self._keeper.owe(operation.id, operation.token, settle)
+            return self._own_state(operation)
+        if recorded is None:  # forgotten meanwhile: the key may be bound anew
+            current = await self._store.get(request.scope, request.key)
+            return current.state if current is not None else State.RELEASED
+        return recorded.state
+
+    def _own_state(self, operation: Operation) -> State:
+        """The record's state while this process holds the attempt and has not written
+        its outcome: `in_flight` while the lease surely stands; past that another
+        replica may have found it expired, and `unknown` never invites a blind retry."""
+        return State.IN_FLIGHT if self._keeper.surely_holds(operation.id) else State.UNKNOWN
 
     # -- keys met by a request or a lookup ---------------------------------------
 

@@ -11,11 +11,11 @@ operation so a retry storm cannot turn into a probe storm.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.errors import GatewayError
 from gateway.forwarded_key import forwarded_key
 from gateway.headers import without
@@ -23,7 +23,7 @@ from gateway.models import Operation, StoredResponse
 
 if TYPE_CHECKING:
     from gateway.config import ProbeSettings, RouteSettings
-    from gateway.forwarder import Forwarder
+    from gateway.exchange import Upstream
 
 INITIAL_BACKOFF = 1.0
 MAX_BACKOFF = 300.0
@@ -56,7 +56,10 @@ def probe_url(route: RouteSettings, probe: ProbeSettings, operation: Operation) 
 class Prober:
     """Sends probes with bounded concurrency and per-operation backoff."""
 
-    def __init__(self, forwarder: Forwarder, *, concurrency: int = 8) -> None:
+    def __init__(
+        self, forwarder: Upstream, *, concurrency: int = 8, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self._clock = clock
         self._forwarder = forwarder
         self._slots = asyncio.Semaphore(concurrency)
         self._next_allowed: dict[str, tuple[float, float]] = {}
@@ -64,7 +67,7 @@ class Prober:
     def due(self, operation_id: str, now: float | None = None) -> bool:
         """False while this operation is backing off from its last probe."""
         entry = self._next_allowed.get(operation_id)
-        return entry is None or (now if now is not None else time.monotonic()) >= entry[0]
+        return entry is None or (now if now is not None else self._clock.monotonic()) >= entry[0]
 
     def forget(self, operation_id: str) -> None:
         self._next_allowed.pop(operation_id, None)
@@ -103,4 +106,4 @@ class Prober:
     def _back_off(self, operation_id: str) -> None:
         _, delay = self._next_allowed.get(operation_id, (0.0, INITIAL_BACKOFF / 2))
         delay = min(delay * 2, MAX_BACKOFF)
-        self._next_allowed[operation_id] = (time.monotonic() + delay, delay)
+        self._next_allowed[operation_id] = (self._clock.monotonic() + delay, delay)

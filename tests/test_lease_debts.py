@@ -180,3 +180,25 @@ async def test_a_failed_claim_that_landed_is_released_once_the_store_is_back(
     reply = await world.engine.execute(world.request)
     assert reply.status == 201
     assert upstream.count == 1
+
+
+def test_an_attempt_that_ends_late_keeps_the_newer_attempts_lease(world: World) -> None:
+    """Attempt 1 of a key ends (its late answer was refused) after the same process began
+    attempt 2 (same operation, newer token): only attempt 1's hold and debt go; attempt 2
+    is still held, so the keeper never takes it for an unsent orphan (found by the
+    simulation: the newer hold was dropped, and a later failed claim's debt released
+    attempt 2 after it was sent)."""
+    keeper = world.keeper
+    keeper.hold("op_1", 1, scope="s", key="k", asked_at=0.0)
+    keeper.hold("op_1", 3, scope="s", key="k", asked_at=1.0)  # a newer attempt of the key
+
+    async def owed() -> None:
+        return None
+
+    keeper.owe("op_1", 1, owed)
+    keeper.owe("op_1", 3, owed)
+    keeper.drop("op_1", 1)
+    assert keeper.holds("op_1")
+    assert keeper.debts == 2  # attempt 1's debt did not replace attempt 3's
+    keeper.drop("op_1", 3)
+    assert not keeper.holds("op_1")
