@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench soak fuzz clean
+.PHONY: run test lint typecheck bench soak fuzz simulate clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ soak: $(STAMP)
 # Hostile bytes against the request path for 60 s (atheris if installed, else hypothesis).
 fuzz: $(STAMP)
 	$(BIN)/python tests/fuzz_request_path.py --seconds 60
+
+# The deterministic simulation (tests/simulation) for SECONDS (default 600), seed after seed;
+# exits 1 at the first broken invariant, naming the seed to replay with --seed. TOLERATE
+# names answer-state classes still known open (see KNOWN_ENGINE_BUGS in tests/test_simulation.py).
+SECONDS ?= 600
+TOLERATE ?= other-operation
+simulate: $(STAMP)
+	$(BIN)/python -m tests.simulation --seconds $(SECONDS) $(foreach class,$(TOLERATE),--tolerate $(class))
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -102,7 +102,7 @@ def test_route_defaults() -> None:
 
 
 def test_example_file_loads() -> None:
-    """The config/gateway.toml that `make run` serves is valid and says what docs/contract.md says."""
+    """The config/gateway.toml that `make run` serves is valid and says what the contract says."""
     settings = load_settings(EXAMPLE, environ={})
     assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
     assert settings.store.url == "sqlite:///./data/gateway.db"

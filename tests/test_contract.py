@@ -1,4 +1,4 @@
-"""Each row of the contract's status table (docs/contract.md), against a real upstream that counts effects."""
+"""Each row of the contract's status table, against a real upstream that counts effects."""
 
 from __future__ import annotations
 

@@ -50,6 +50,11 @@ RESPONSE = StoredResponse(
 OTHER_RESPONSE = StoredResponse(status=500, headers=(("content-type", "text/plain"),), body=b"x")
 
 
+def same(operation: Operation | None) -> Operation | None:
+    """An operation without `observed_at` (when it was read), to compare two reads of it."""
+    return None if operation is None else operation._replace(observed_at=0.0)
+
+
 class _Opener:
     """Opens stores of one kind on one database; the open one is closed at the end."""
 
@@ -73,13 +78,22 @@ class _Opener:
 @pytest_asyncio.fixture(
     params=[
         pytest.param("sqlite", id="sqlite"),
+        pytest.param("memory", id="memory"),
         pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
     ]
 )
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """An open, empty store of each kind; closed (its schema dropped) after the test."""
-    if request.param == "sqlite":
-        opener = _Opener(lambda: SqliteStore(path=tmp_path / "s.db", busy_timeout=1.0))
+    if request.param in ("sqlite", "memory"):
+        # memory: the simulation's store (tests/simulation); reopened on the same data.
+        from tests.simulation.memory_store import MemoryDatabase, MemoryStore
+
+        database = MemoryDatabase(time.time)
+        opener = _Opener(
+            (lambda: SqliteStore(path=tmp_path / "s.db", busy_timeout=1.0))
+            if request.param == "sqlite"
+            else (lambda: MemoryStore(database))
+        )
         request.node.stash[_REOPEN] = opener.open
         try:
             yield await opener.open()
@@ -240,8 +254,8 @@ async def test_the_same_key_in_another_scope_is_another_operation(store: Store) 
 
     assert second.id != first.id
     assert (second.attempts, second.token) == (1, 1)
-    assert await store.get("s1", "k") == first
-    assert await store.get("s2", "k") == second
+    assert same(await store.get("s1", "k")) == same(first)
+    assert same(await store.get("s2", "k")) == same(second)
 
 
 async def test_concurrent_claims_of_one_key_make_one_new_attempt(store: Store) -> None:
@@ -302,7 +316,7 @@ async def test_complete_stores_the_receipt_byte_for_byte(store: Store) -> None:
     assert done.forgotten_at == pytest.approx(done.updated_at + 600, abs=0.5)
     assert done.resolution is not None
     assert (done.resolution.by, done.resolution.note) == ("upstream", "from upstream")
-    assert done.receipt_available(await store.now())
+    assert done.receipt_available()
     stored = await store.get("s1", "k")
     assert stored is not None
     assert stored.response == RESPONSE
@@ -323,7 +337,7 @@ async def test_a_receipt_is_never_overwritten(store: Store) -> None:
     )
 
     assert again is None
-    assert await store.get("s1", "k") == done
+    assert same(await store.get("s1", "k")) == same(done)
 
 
 async def test_complete_with_a_stale_token_is_refused(store: Store) -> None:
@@ -355,7 +369,7 @@ async def test_a_response_too_large_to_keep_is_not_replayable(store: Store) -> N
     assert not done.body_retained
     assert done.response is not None
     assert done.response.status == RESPONSE.status
-    assert not done.receipt_available(await store.now())
+    assert not done.receipt_available()
 
 
 # -- unknown and evidence -------------------------------------------------------------
@@ -377,11 +391,58 @@ async def test_mark_unknown_holds_the_key_and_keeps_the_evidence(store: Store) -
     assert again.operation.state is State.UNKNOWN
 
 
-async def test_no_outcome_is_written_over_unknown(store: Store) -> None:
-    """After mark_unknown, complete, release and mark_unknown with the old token return `None`."""
+async def test_the_holder_of_an_unknown_attempt_still_records_its_answer(store: Store) -> None:
+    """mark_unknown keeps the token: the attempt's holder, whose lease lapsed, still writes
+    the real answer it received (its lease expiry is kept as the last send bound)."""
     operation = await new_attempt(store, "k")
     marked = await store.mark_unknown(operation.id, operation.token, evidence())
     assert marked is not None
+    assert marked.token == operation.token
+    assert marked.lease_expires_at == operation.lease_expires_at
+
+    done = await store.complete(
+        operation.id,
+        operation.token,
+        RESPONSE,
+        body_retained=True,
+        retention_seconds=60,
+        tombstone_seconds=600,
+        resolution=upstream(),
+    )
+    assert done is not None
+    assert done.state is State.COMPLETED
+    assert done.response == RESPONSE
+
+
+async def test_the_holder_of_an_unknown_attempt_may_release_what_it_never_sent(
+    store: Store,
+) -> None:
+    """A release under the unknown attempt's own token lands (the holder proved nothing left)."""
+    operation = await new_attempt(store, "k")
+    assert await store.mark_unknown(operation.id, operation.token, evidence()) is not None
+
+    freed = await store.release(operation.id, operation.token, evidence(), tombstone_seconds=60)
+    assert freed is not None
+    assert freed.state is State.RELEASED
+
+
+async def test_no_outcome_is_written_after_a_resolution(store: Store) -> None:
+    """Once an unknown attempt is resolved (token bumped), its holder's late writes return
+    `None` and change nothing."""
+    operation = await new_attempt(store, "k")
+    marked = await store.mark_unknown(operation.id, operation.token, evidence())
+    assert marked is not None
+    resolved = await store.resolve(
+        marked.id,
+        token=marked.token,
+        expected_version=None,
+        state=State.RELEASED,
+        response=None,
+        resolution=Resolution(by="admin", at=time.time()),
+        retention_seconds=60,
+        tombstone_seconds=600,
+    )
+    assert resolved is not None
 
     assert (
         await store.complete(
@@ -399,7 +460,41 @@ async def test_no_outcome_is_written_over_unknown(store: Store) -> None:
         await store.release(operation.id, operation.token, evidence(), tombstone_seconds=60) is None
     )
     assert await store.mark_unknown(operation.id, operation.token, evidence()) is None
-    assert await store.get("s1", "k") == marked
+    assert same(await store.get("s1", "k")) == same(resolved)
+
+
+async def test_resolve_is_about_one_attempt(store: Store) -> None:
+    """A resolve naming an attempt's token is refused once a newer attempt exists, even if
+    that one is unknown too: a verdict about attempt 1 never settles attempt 2."""
+    first = await unknown(store, "k")
+    freed = await store.resolve(
+        first.id,
+        token=first.token,
+        expected_version=None,
+        state=State.RELEASED,
+        response=None,
+        resolution=Resolution(by="owner", at=time.time()),
+        retention_seconds=60,
+        tombstone_seconds=600,
+    )
+    assert freed is not None
+    second = await new_attempt(store, "k")
+    marked = await store.mark_unknown(second.id, second.token, evidence())
+    assert marked is not None
+
+    for stale in (first.token, freed.token):
+        late = await store.resolve(
+            first.id,
+            token=stale,
+            expected_version=None,
+            state=State.RELEASED,
+            response=None,
+            resolution=Resolution(by="probe", at=time.time()),
+            retention_seconds=60,
+            tombstone_seconds=600,
+        )
+        assert late is None
+    assert same(await store.get("s1", "k")) == same(marked)
 
 
 async def test_mark_unknown_with_a_stale_token_is_refused(store: Store) -> None:
@@ -524,6 +619,7 @@ async def test_resolve_applied_completes_an_unknown_operation(store: Store) -> N
 
     mismatch = await store.resolve(
         marked.id,
+        token=marked.token,
         expected_version=marked.version + 5,
         state=State.COMPLETED,
         response=RESPONSE,
@@ -535,6 +631,7 @@ async def test_resolve_applied_completes_an_unknown_operation(store: Store) -> N
 
     done = await store.resolve(
         marked.id,
+        token=marked.token,
         expected_version=marked.version,
         state=State.COMPLETED,
         response=RESPONSE,
@@ -550,13 +647,14 @@ async def test_resolve_applied_completes_an_unknown_operation(store: Store) -> N
     assert done.version > marked.version
     assert done.resolution is not None
     assert (done.resolution.by, done.resolution.note) == ("admin", "checked")
-    assert done.receipt_available(await store.now())
+    assert done.receipt_available()
     replay = await store.claim(claim_request("k"))
     assert isinstance(replay, Existing)
     assert replay.operation.response == RESPONSE
 
     again = await store.resolve(
         marked.id,
+        token=marked.token,
         expected_version=None,
         state=State.RELEASED,
         response=None,
@@ -565,7 +663,7 @@ async def test_resolve_applied_completes_an_unknown_operation(store: Store) -> N
         tombstone_seconds=600,
     )
     assert again is None
-    assert await store.get("s1", "k") == done
+    assert same(await store.get("s1", "k")) == same(done)
 
 
 async def test_resolve_not_applied_releases_an_unknown_operation(store: Store) -> None:
@@ -574,6 +672,7 @@ async def test_resolve_not_applied_releases_an_unknown_operation(store: Store) -
 
     done = await store.resolve(
         marked.id,
+        token=marked.token,
         expected_version=None,
         state=State.RELEASED,
         response=None,
@@ -605,6 +704,7 @@ async def test_resolve_touches_only_unknown_operations(store: Store) -> None:
     for operation in operations:
         result = await store.resolve(
             operation.id,
+            token=operation.token,
             expected_version=None,
             state=State.COMPLETED,
             response=OTHER_RESPONSE,
@@ -613,7 +713,7 @@ async def test_resolve_touches_only_unknown_operations(store: Store) -> None:
             tombstone_seconds=600,
         )
         assert result is None
-        assert await store.get_by_id(operation.id) == operation
+        assert same(await store.get_by_id(operation.id)) == same(operation)
 
 
 # -- lookups ------------------------------------------------------------------------------------
@@ -623,8 +723,8 @@ async def test_get_and_get_by_id_find_the_same_operation(store: Store) -> None:
     """get(scope, key) and get_by_id(id) return the same operation; unknown ones are `None`."""
     operation = await new_attempt(store, "k")
 
-    assert await store.get("s1", "k") == operation
-    assert await store.get_by_id(operation.id) == operation
+    assert same(await store.get("s1", "k")) == same(operation)
+    assert same(await store.get_by_id(operation.id)) == same(operation)
     assert await store.get("s1", "nope") is None
     assert await store.get("s2", "k") is None
     assert await store.get_by_id("op_00000000000000000000000000") is None
@@ -635,8 +735,8 @@ async def test_complete_returns_the_operation_as_a_read_returns_it(store: Store)
     kept = await completed(store, "kept")
     dropped = await completed(store, "dropped", body_retained=False)
 
-    assert kept == await store.get("s1", "kept")
-    assert dropped == await store.get("s1", "dropped")
+    assert same(kept) == same(await store.get("s1", "kept"))
+    assert same(dropped) == same(await store.get("s1", "dropped"))
     assert dropped.response is not None
     assert dropped.response.body == b""
 
@@ -654,12 +754,12 @@ async def test_peek_completed_answers_only_for_completed_keys(store: Store) -> N
     await asyncio.sleep(0.3)
 
     peeked = store.peek_completed("s1", "done")
-    assert peeked is None or peeked == done == await store.get("s1", "done")
+    assert peeked is None or same(peeked) == same(done) == same(await store.get("s1", "done"))
     for key in ("flying", "lost", "freed", "gone", "never-used"):
         assert store.peek_completed("s1", key) is None, key
     assert store.peek_completed("s2", "done") is None
     if isinstance(store, SqliteStore):
-        assert peeked == done
+        assert same(peeked) == same(done)
 
 
 async def test_list_operations_pages_by_state_in_creation_order(store: Store) -> None:
@@ -713,7 +813,11 @@ async def test_sweep_drops_bodies_then_tombstones_but_never_unknown(store: Store
     assert expired is not None
     assert expired.state is State.COMPLETED
     assert expired.body_retained
-    assert not expired.receipt_available(await store.now())
+    assert not expired.receipt_available()
+    # The record itself says the body is gone, whatever the reader's clock says: read
+    # by a clock stepped back before the expiry, it still replays nothing.
+    assert expired.response is None
+    assert not expired._replace(observed_at=done.observed_at).receipt_available()
     assert await store.get("s1", "freed") is not None
 
     await asyncio.sleep(0.2)
@@ -844,12 +948,12 @@ async def test_sqlite_reads_fall_back_to_the_writer_when_the_reader_fails(tmp_pa
         assert reader is not None
         reader.close()  # every statement on it now raises sqlite3.ProgrammingError
 
-        assert await store.get("s1", "k") == done
-        assert await store.get_by_id(done.id) == done
+        assert same(await store.get("s1", "k")) == same(done)
+        assert same(await store.get_by_id(done.id)) == same(done)
         assert store.peek_completed("s1", "k") is None  # "ask claim" instead
         again = await store.claim(claim_request("k"))
         assert isinstance(again, Existing)
-        assert again.operation == done
+        assert same(again.operation) == same(done)
     finally:
         await store.close()
 
@@ -887,7 +991,7 @@ async def test_sqlite_peek_sees_committed_writes_only(tmp_path: Path) -> None:
 
         release_commit.set()
         done = await writing
-        assert store.peek_completed("s1", "k") == done
+        assert same(store.peek_completed("s1", "k")) == same(done)
     finally:
         release_commit.set()
         await store.close()
@@ -899,7 +1003,7 @@ def test_claim_changes_only_forgotten_same_released_and_lapsed_records() -> None
     base = Operation(
         id="op_1", scope="s1", key="k", state=State.COMPLETED, route="r", method="POST",
         path="/p", fingerprint="sha256:aa", attempts=1, token=1, version=2,
-        created_at=now - 10, updated_at=now - 5, forgotten_at=now + 60,
+        created_at=now - 10, updated_at=now - 5, forgotten_at=now + 60, observed_at=now,
     )  # fmt: skip
     cases = [
         (base, "sha256:aa", False),  # a retry of a completed key: reported
@@ -912,4 +1016,4 @@ def test_claim_changes_only_forgotten_same_released_and_lapsed_records() -> None
         (base._replace(state=State.IN_FLIGHT, lease_expires_at=now), "sha256:aa", True),
     ]
     for operation, fingerprint, expected in cases:
-        assert claim_changes(operation, fingerprint, now) is expected, (operation, fingerprint)
+        assert claim_changes(operation, fingerprint) is expected, (operation, fingerprint)

@@ -1,0 +1,514 @@
+"""An in-memory `Store`: the protocol's semantics and nothing else, for the simulation.
+
+Pure asyncio and deterministic: no threads, no I/O, no randomness, and no
+await inside a verb, so each verb is one atomic step exactly like one
+database transaction. Latency, outages and lost commits are not this
+module's business: `tests.simulation.faults` wraps a store per replica.
+
+Several `MemoryStore`s may share one `MemoryDatabase` (the replicas of a
+simulation, or a store reopened in the conformance suite). The database keeps
+the history of every committed write, which is what the simulation's
+invariants are checked against: the truth as the database saw it, not as an
+engine believed it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import StoreUnavailable
+from gateway.models import (
+    ClaimRequest,
+    ClaimResult,
+    Evidence,
+    Existing,
+    NewAttempt,
+    Operation,
+    Resolution,
+    State,
+    StoredResponse,
+)
+from gateway.store.base import Page, SweepReport
+from gateway.store.rows import decode_cursor, encode_cursor
+
+__all__ = ["MemoryDatabase", "MemoryStore", "Transition"]
+
+_HAS_OBSERVED_AT = "observed_at" in Operation._fields
+_SETTLED = (State.COMPLETED, State.RELEASED)
+_OUTCOME_WRITABLE = (State.IN_FLIGHT, State.UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One committed write: the record before and after, who wrote it, and with what.
+
+    `token` is the fencing token the writer presented (None for verbs that
+    take none); `notes` is whatever `MemoryDatabase.annotate` attached (the
+    simulation records which replica wrote, and on which probe answer).
+    """
+
+    number: int
+    at: float
+    verb: str
+    operation_id: str
+    before: Operation | None
+    after: Operation | None
+    token: int | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class MemoryDatabase:
+    """The shared state: operations by id, the (scope, key) index, and the write history.
+
+    `clock` is the database's clock (the simulation's world time; wall time by
+    default, as the conformance suite expects). `unsafe_skip_token_check`
+    exists only to prove the simulation's invariants catch a store that
+    lets a stale writer through; nothing else may set it.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        secret: bytes = b"",
+        unsafe_skip_token_check: bool = False,
+    ) -> None:
+        self.clock = clock
+        self.secret = secret or hashlib.sha256(b"memory-store-scope-secret").digest()
+        self.unsafe_skip_token_check = unsafe_skip_token_check
+        self.rows: dict[str, Operation] = {}
+        self.by_key: dict[tuple[str, str], str] = {}
+        self.seq: dict[str, int] = {}
+        self.history: list[Transition] = []
+        self.annotate: Callable[[], dict[str, Any]] | None = None
+        self._next_seq = 0
+        self._next_id = 0
+
+    # -- reads the simulation makes without awaiting (never through a replica) ----
+
+    def current(self, scope: str, key: str) -> Operation | None:
+        """The key's record as `get` would return it now (None when forgotten)."""
+        op_id = self.by_key.get((scope, key))
+        if op_id is None:
+            return None
+        operation = self.rows[op_id]
+        return None if self.forgotten(operation, self.clock()) else operation
+
+    @staticmethod
+    def forgotten(operation: Operation, now: float) -> bool:
+        return (
+            operation.state in _SETTLED
+            and operation.forgotten_at is not None
+            and operation.forgotten_at <= now
+        )
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def new_id(self) -> str:
+        """Sortable, deterministic ids (the real ones are random past the timestamp)."""
+        self._next_id += 1
+        return f"op_{self._next_id:026d}"
+
+    def put(
+        self,
+        verb: str,
+        before: Operation | None,
+        after: Operation | None,
+        *,
+        token: int | None = None,
+    ) -> None:
+        """Commit one write and append it to the history."""
+        now = self.clock()
+        if after is not None:
+            if after.id not in self.seq:
+                self._next_seq += 1
+                self.seq[after.id] = self._next_seq
+            self.rows[after.id] = after
+            self.by_key[(after.scope, after.key)] = after.id
+        elif before is not None:
+            del self.rows[before.id]
+            del self.seq[before.id]
+            if self.by_key.get((before.scope, before.key)) == before.id:
+                del self.by_key[(before.scope, before.key)]
+        op_id = (after or before).id if (after or before) is not None else "?"
+        notes = self.annotate() if self.annotate is not None else {}
+        self.history.append(
+            Transition(len(self.history), now, verb, op_id, before, after, token, notes)
+        )
+
+    def token_ok(self, operation: Operation, token: int) -> bool:
+        return self.unsafe_skip_token_check or operation.token == token
+
+
+class MemoryStore:
+    """`gateway.store.base.Store` over a `MemoryDatabase`.
+
+    >>> # db = MemoryDatabase(world_clock); store = MemoryStore(db); await store.open()
+    """
+
+    def __init__(self, database: MemoryDatabase | None = None) -> None:
+        if database is None:
+            import time
+
+            database = MemoryDatabase(time.time)
+        self.db = database
+        self._open = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self._open = True
+
+    async def close(self) -> None:
+        self._open = False
+
+    async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
+        return False
+
+    async def watch(self, operation_id: str) -> None:
+        return None
+
+    async def ping(self) -> None:
+        self._check_open()
+
+    async def now(self) -> float:
+        self._check_open()
+        return self.db.clock()
+
+    async def scope_secret(self) -> bytes:
+        self._check_open()
+        return self.db.secret
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StoreUnavailable("the memory store is not open")
+
+    def _seen(self, operation: Operation, now: float) -> Operation:
+        """The record as a reader gets it: stamped with the store's clock."""
+        return operation._replace(observed_at=now) if _HAS_OBSERVED_AT else operation
+
+    # -- the state machine's verbs ------------------------------------------------------
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        self._check_open()
+        db, now = self.db, self.db.clock()
+        op_id = db.by_key.get((request.scope, request.key))
+        current = db.rows[op_id] if op_id is not None else None
+        if current is not None and db.forgotten(current, now):
+            db.put("forget", current, None)
+            current = None
+        if current is None:
+            fresh = Operation(
+                id=db.new_id(),
+                scope=request.scope,
+                key=request.key,
+                state=State.IN_FLIGHT,
+                route=request.route,
+                method=request.method,
+                path=request.path,
+                fingerprint=request.fingerprint,
+                attempts=1,
+                token=1,
+                version=1,
+                created_at=now,
+                updated_at=now,
+                lease_owner=request.owner,
+                lease_expires_at=now + request.lease_seconds,
+                sent_at=now,
+            )
+            db.put("claim", None, fresh)
+            return NewAttempt(self._seen(fresh, now))
+        if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+            again = current._replace(
+                state=State.IN_FLIGHT,
+                attempts=current.attempts + 1,
+                token=current.token + 1,
+                version=current.version + 1,
+                lease_owner=request.owner,
+                lease_expires_at=now + request.lease_seconds,
+                sent_at=now,
+                forgotten_at=None,
+                updated_at=now,
+            )
+            db.put("claim", current, again)
+            return NewAttempt(self._seen(again, now))
+        if self._lapsed(current, now):
+            expired = self._expire(current, now, "the lease expired before an outcome was recorded")
+            db.put("claim_expire", current, expired)
+            return Existing(self._seen(expired, now))
+        return Existing(self._seen(current, now))
+
+    @staticmethod
+    def _lapsed(operation: Operation, now: float) -> bool:
+        return (
+            operation.state is State.IN_FLIGHT
+            and operation.lease_expires_at is not None
+            and operation.lease_expires_at <= now
+        )
+
+    @staticmethod
+    def _expire(operation: Operation, now: float, detail: str) -> Operation:
+        """In flight to unknown: token and last lease expiry kept, the reason as evidence."""
+        return operation._replace(
+            state=State.UNKNOWN,
+            lease_owner=None,
+            version=operation.version + 1,
+            updated_at=now,
+            evidence=(*operation.evidence, Evidence(at=now, source="lease", detail=detail)),
+        )
+
+    def _writable(self, operation_id: str, token: int) -> Operation | None:
+        current = self.db.rows.get(operation_id)
+        if (
+            current is None
+            or current.state not in _OUTCOME_WRITABLE
+            or not self.db.token_ok(current, token)
+        ):
+            return None
+        return current
+
+    async def complete(
+        self,
+        operation_id: str,
+        token: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        resolution: Resolution,
+    ) -> Operation | None:
+        self._check_open()
+        now = self.db.clock()
+        current = self._writable(operation_id, token)
+        if current is None:
+            return None
+        done = current._replace(
+            state=State.COMPLETED,
+            response=response if body_retained else StoredResponse(response.status, (), b""),
+            body_retained=body_retained,
+            expires_at=now + retention_seconds,
+            forgotten_at=now + max(tombstone_seconds, retention_seconds),
+            resolution=resolution,
+            lease_owner=None,
+            updated_at=now,
+            version=current.version + 1,
+        )
+        self.db.put("complete", current, done, token=token)
+        return self._seen(done, now)
+
+    async def mark_unknown(
+        self, operation_id: str, token: int, evidence: Evidence
+    ) -> Operation | None:
+        self._check_open()
+        now = self.db.clock()
+        current = self._writable(operation_id, token)
+        if current is None:
+            return None
+        marked = current._replace(
+            state=State.UNKNOWN,
+            lease_owner=None,
+            updated_at=now,
+            version=current.version + 1,
+            evidence=(*current.evidence, evidence),
+        )
+        self.db.put("mark_unknown", current, marked, token=token)
+        return self._seen(marked, now)
+
+    async def release(
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        *,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        self._check_open()
+        now = self.db.clock()
+        current = self._writable(operation_id, token)
+        if current is None:
+            return None
+        freed = current._replace(
+            state=State.RELEASED,
+            lease_owner=None,
+            forgotten_at=now + tombstone_seconds,
+            updated_at=now,
+            version=current.version + 1,
+            evidence=(*current.evidence, evidence),
+        )
+        self.db.put("release", current, freed, token=token)
+        return self._seen(freed, now)
+
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+        self._check_open()
+        now = self.db.clock()
+        renewed: set[str] = set()
+        for op_id, token in leases.items():
+            current = self.db.rows.get(op_id)
+            # An expired lease is not renewed: someone may already have acted on it.
+            if (
+                current is None
+                or current.state is not State.IN_FLIGHT
+                or current.token != token
+                or current.lease_owner != owner
+                or current.lease_expires_at is None
+                or current.lease_expires_at <= now
+            ):
+                continue
+            longer = current._replace(
+                lease_expires_at=now + lease_seconds, version=current.version + 1
+            )
+            self.db.put("renew", current, longer, token=token)
+            renewed.add(op_id)
+        return renewed
+
+    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None:
+        self._check_open()
+        current = self.db.rows.get(operation_id)
+        if current is None:
+            return
+        noted = current._replace(
+            evidence=(*current.evidence, evidence), version=current.version + 1
+        )
+        self.db.put("add_evidence", current, noted)
+
+    async def get(self, scope: str, key: str) -> Operation | None:
+        self._check_open()
+        found = self.db.current(scope, key)
+        return None if found is None else self._seen(found, self.db.clock())
+
+    async def get_by_id(self, operation_id: str) -> Operation | None:
+        self._check_open()
+        found = self.db.rows.get(operation_id)
+        return None if found is None else self._seen(found, self.db.clock())
+
+    def peek_completed(self, scope: str, key: str) -> Operation | None:
+        if not self._open:
+            return None
+        found = self.db.current(scope, key)
+        if found is None or found.state is not State.COMPLETED:
+            return None
+        return self._seen(found, self.db.clock())
+
+    async def resolve(
+        self,
+        operation_id: str,
+        *,
+        token: int,
+        expected_version: int | None,
+        state: State,
+        response: StoredResponse | None,
+        resolution: Resolution,
+        retention_seconds: float,
+        tombstone_seconds: float,
+    ) -> Operation | None:
+        self._check_open()
+        now = self.db.clock()
+        current = self.db.rows.get(operation_id)
+        if (
+            current is None
+            or current.state is not State.UNKNOWN
+            or not self.db.token_ok(current, token)
+            or (expected_version is not None and current.version != expected_version)
+        ):
+            return None
+        settled = current._replace(
+            state=state,
+            response=response if state is State.COMPLETED else None,
+            body_retained=response is not None,
+            expires_at=now + retention_seconds if state is State.COMPLETED else None,
+            forgotten_at=now + max(tombstone_seconds, retention_seconds),
+            resolution=resolution,
+            token=current.token + 1,
+            updated_at=now,
+            version=current.version + 1,
+        )
+        self.db.put("resolve", current, settled, token=token)
+        return self._seen(settled, now)
+
+    async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
+        self._check_open()
+        after = decode_cursor(cursor)
+        now = self.db.clock()
+        matching = sorted(
+            (seq, op_id)
+            for op_id, seq in self.db.seq.items()
+            if seq > after and (state is None or self.db.rows[op_id].state is state)
+        )
+        page = matching[: limit + 1]
+        more = len(page) > limit
+        page = page[:limit]
+        items = tuple(self._seen(self.db.rows[op_id], now) for _, op_id in page)
+        return Page(items=items, next_cursor=encode_cursor(page[-1][0]) if more and page else None)
+
+    async def expire_orphans(self, *, owner: str | None) -> int:
+        self._check_open()
+        now = self.db.clock()
+        if owner is None:
+            detail = "the lease expired before an outcome was recorded"
+            chosen = [op for op in self.db.rows.values() if self._lapsed(op, now)]
+        else:
+            detail = f"lease holder {owner} is gone"
+            chosen = [
+                op
+                for op in self.db.rows.values()
+                if op.state is State.IN_FLIGHT and op.lease_owner == owner
+            ]
+        for operation in sorted(chosen, key=lambda op: self.db.seq[op.id]):
+            self.db.put("expire", operation, self._expire(operation, now, detail))
+        return len(chosen)
+
+    async def sweep(self, *, batch: int) -> SweepReport:
+        self._check_open()
+        now = self.db.clock()
+        in_order = sorted(self.db.rows.values(), key=lambda op: self.db.seq[op.id])
+        bodies = [
+            op
+            for op in in_order
+            if op.state is State.COMPLETED
+            and op.response is not None
+            and op.body_retained
+            and op.expires_at is not None
+            and op.expires_at <= now
+        ][:batch]
+        for operation in bodies:
+            dropped = operation._replace(response=None, version=operation.version + 1)
+            self.db.put("sweep_body", operation, dropped)
+        gone = [op for op in in_order if self.db.forgotten(self.db.rows[op.id], now)][:batch]
+        for operation in gone:
+            self.db.put("forget", self.db.rows[operation.id], None)
+        return SweepReport(receipts_expired=len(bodies), forgotten=len(gone))
+
+    async def count_by_state(self) -> dict[State, int]:
+        self._check_open()
+        counts = dict.fromkeys(State, 0)
+        for operation in self.db.rows.values():
+            counts[operation.state] += 1
+        return counts
+
+    async def count_for_scope(self, scope: str) -> int:
+        self._check_open()
+        return sum(1 for operation in self.db.rows.values() if operation.scope == scope)
+
+    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+        self._check_open()
+        now = self.db.clock()
+        current = self.db.rows.get(operation_id)
+        if current is None or current.state is not State.COMPLETED:
+            return None
+        erased = current._replace(
+            response=(
+                None
+                if current.response is None
+                else StoredResponse(current.response.status, (), b"")
+            ),
+            body_retained=False,
+            updated_at=now,
+            version=current.version + 1,
+            evidence=(*current.evidence, evidence),
+        )
+        self.db.put("redact", current, erased)
+        return self._seen(erased, now)

@@ -1,0 +1,108 @@
+"""One gateway replica in the simulated world: an engine with its own clock, store and upstream.
+
+Built exactly as `gateway.app` builds one, through the constructors' seams
+(store, forwarder, keeper, prober, clock), so the engine under test is the
+production engine. Nothing here runs on its own: the keeper's loop is never
+started (its rounds are simulator actions) and every engine call is a task
+the simulator starts, watches and, when the replica crashes, cancels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from gateway.config import QuotaSettings
+from gateway.leases import LeaseKeeper
+from gateway.lifecycle import IdempotencyEngine
+from gateway.probes import Prober
+from gateway.quotas import ScopeQuotas
+from tests.simulation.clock import ReplicaClock
+from tests.simulation.context import CALL, CallContext
+from tests.simulation.faults import FaultyStore
+from tests.simulation.upstream import ReplicaUpstream
+
+if TYPE_CHECKING:
+    from gateway.config import IdempotencySettings, RouteSettings
+    from tests.simulation.clock import WorldClock
+    from tests.simulation.memory_store import MemoryStore
+    from tests.simulation.upstream import ScriptedUpstream
+
+__all__ = ["Replica"]
+
+
+class Replica:
+    """A gateway process: alive until `crash()`, paused while its clock is."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        generation: int,
+        world: WorldClock,
+        store: MemoryStore,
+        upstream: ScriptedUpstream,
+        settings: IdempotencySettings,
+        route: RouteSettings,
+        skew: float,
+    ) -> None:
+        self.name = name
+        self.owner = f"gw-{name}-{generation}"
+        self.clock = ReplicaClock(world, skew=skew)
+        self.store = FaultyStore(store, replica=name, clock=self.clock)
+        assert route.probe is not None
+        self.upstream = ReplicaUpstream(
+            upstream, replica=name, clock=self.clock, probe_path=route.probe.path
+        )
+        self.keeper = LeaseKeeper(
+            self.store,
+            owner=self.owner,
+            lease_seconds=settings.lease,
+            tombstone_seconds=settings.tombstone_retention,
+            clock=self.clock,
+        )
+        self.prober = Prober(self.upstream, clock=self.clock)
+        self.engine = IdempotencyEngine(
+            store=self.store,
+            forwarder=self.upstream,
+            keeper=self.keeper,
+            prober=self.prober,
+            quotas=ScopeQuotas(QuotaSettings()),
+            settings=settings,
+            routes=(route,),
+            clock=self.clock,
+        )
+        self.alive = True
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def start(self, label: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> asyncio.Task[Any]:
+        """Run one engine call as its own task, with its own `CallContext`.
+
+        `work` makes the coroutine once the replica may run it (not paused), so
+        a task cancelled before it began leaves no coroutine un-awaited.
+        """
+        context = CallContext(label=label, replica=self.name)
+
+        async def run() -> Any:
+            CALL.set(context)
+            await self.clock.resumed()  # a paused process takes up nothing new
+            return await work()
+
+        task = asyncio.create_task(run(), name=f"{self.name}:{label}")
+        self.tasks.append(task)
+        return task
+
+    def crash(self) -> None:
+        """SIGKILL: every task is cancelled, the store link is gone for good."""
+        self.alive = False
+        self.store.kill()
+        self.clock.resume()  # a dead process is not paused; its tasks must unwind
+        for task in self.tasks:
+            task.cancel()
+
+    def reap(self) -> None:
+        self.tasks = [task for task in self.tasks if not task.done()]
+
+    def __repr__(self) -> str:
+        return f"Replica({self.name}, {self.owner}, {self.clock!r}, alive={self.alive})"

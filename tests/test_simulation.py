@@ -1,0 +1,191 @@
+"""The deterministic simulation (tests/simulation): a bounded run, replay, and proof it bites.
+
+The long hunt is `make simulate` (10 minutes of seeds); here a short,
+bounded run keeps every invariant in the normal suite, one seed is replayed
+to show a failure can be reproduced exactly, and deliberately broken stores
+show that each invariant catches the bug it claims to catch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+
+from gateway.models import Evidence, Operation, State, StoredResponse
+from gateway.store.base import SweepReport
+from tests.simulation import InvariantViolation, Scenario, Simulation
+from tests.simulation.memory_store import MemoryDatabase, MemoryStore
+from tests.simulation.simulator import StoreFactory
+
+KNOWN_ENGINE_BUGS = frozenset({"other-operation"})
+"""Answer-state mismatch classes the simulation found in the engine and that are not
+fixed yet; the bounded run counts them instead of failing. Remove a class once fixed.
+
+`other-operation`: a request outlives its key's tombstone (its probe or a parked store
+call returns after the record was forgotten and the key bound anew) and is answered
+from the forgotten record: a conservative `unknown` or a 422, never a second effect.
+It needs `tombstone_retention` shorter than one request's life (default 30 days)."""
+
+RUN_SECONDS = 20.0
+RUN_SEEDS = 800
+HUNT_SEEDS = 300
+HUNT_SECONDS = 10.0
+
+
+def simulate(seed: int, **options: Any) -> Simulation:
+    steps = options.pop("steps", None)
+    return Simulation(Scenario.draw(seed, steps=steps), **options)
+
+
+def hunt(store_factory: StoreFactory, **focus: Any) -> InvariantViolation:
+    """Run seeds against a broken store until one fails (bounded in seeds and time).
+
+    `focus` overrides the drawn scenario (fewer unrelated faults) for bugs that need a
+    rare interleaving.
+    """
+    deadline = time.monotonic() + HUNT_SECONDS
+    for seed in range(1, HUNT_SEEDS + 1):
+        scenario = dataclasses.replace(Scenario.draw(seed, steps=300), **focus)
+        simulation = Simulation(scenario, store_factory=store_factory, tolerate=KNOWN_ENGINE_BUGS)
+        try:
+            asyncio.run(simulation.run())
+        except InvariantViolation as violation:
+            return violation
+        if time.monotonic() > deadline:
+            break
+    pytest.fail(f"no seed up to {seed} noticed the broken store")
+
+
+def test_a_bounded_run_of_seeds_keeps_every_invariant() -> None:
+    """Seeds 1, 2, ... (bounded in count and time) keep every invariant after every step."""
+    deadline = time.monotonic() + RUN_SECONDS
+    steps = 0
+    for seed in range(1, RUN_SEEDS + 1):
+        report = asyncio.run(simulate(seed, tolerate=KNOWN_ENGINE_BUGS).run())
+        steps += report.steps
+        if time.monotonic() > deadline:
+            break
+    assert steps > 10_000
+
+
+def test_a_seed_replays_identically() -> None:
+    """The same seed makes the same trace, step for step, every time it runs."""
+    traces = []
+    for _ in range(2):
+        simulation = simulate(7, keep_trace=True, tolerate=KNOWN_ENGINE_BUGS)
+        report = asyncio.run(simulation.run())
+        traces.append((simulation.full_trace, report.trace_digest))
+    assert traces[0] == traces[1]
+    assert traces[0][0] is not None
+    assert len(traces[0][0]) > 200
+
+
+def test_a_violation_names_the_seed_the_step_and_the_trace() -> None:
+    """A failing run reports its seed, the replay command and the last steps of its trace."""
+    violation = hunt(TokenBlindStore)
+    message = str(violation)
+    assert f"seed {violation.seed}: invariant violated at step {violation.step}" in message
+    assert f"python -m tests.simulation --seed {violation.seed}" in message
+    assert len(violation.trace) > 10
+
+
+# -- deliberately broken stores: each invariant must notice its bug ------------------------------
+
+
+class TokenBlindStore(MemoryStore):
+    """Applies every fenced write whatever token the writer holds."""
+
+    def __init__(self, database: MemoryDatabase) -> None:
+        super().__init__(database)
+        database.unsafe_skip_token_check = True
+
+
+class StaleReleaseStore(MemoryStore):
+    """Lets a release through with a stale token (a writer whose attempt was superseded)."""
+
+    async def release(
+        self, operation_id: str, token: int, evidence: Evidence, *, tombstone_seconds: float
+    ) -> Operation | None:
+        current = self.db.rows.get(operation_id)
+        if current is not None and current.state in (State.IN_FLIGHT, State.UNKNOWN):
+            token = current.token
+        return await super().release(
+            operation_id, token, evidence, tombstone_seconds=tombstone_seconds
+        )
+
+
+class ForgetfulLeaseStore(MemoryStore):
+    """Drops the attempt's lease expiry once it ends (as the SQLite store once did), so a
+    probe's grace counts from the claim and forgets every renewal."""
+
+    def _forget(self, operation: Operation | None) -> Operation | None:
+        if operation is None or operation.state is State.IN_FLIGHT:
+            return operation
+        bare = operation._replace(lease_expires_at=None)
+        self.db.rows[bare.id] = bare
+        return bare
+
+    async def mark_unknown(
+        self, operation_id: str, token: int, evidence: Evidence
+    ) -> Operation | None:
+        return self._forget(await super().mark_unknown(operation_id, token, evidence))
+
+    async def expire_orphans(self, *, owner: str | None) -> int:
+        count = await super().expire_orphans(owner=owner)
+        for operation in list(self.db.rows.values()):
+            if operation.state is State.UNKNOWN:
+                self._forget(operation)
+        return count
+
+
+class EmptySweepStore(MemoryStore):
+    """Sweeps an expired receipt to an empty body that still looks replayable."""
+
+    async def sweep(self, *, batch: int) -> SweepReport:
+        now = self.db.clock()
+        for operation in list(self.db.rows.values()):
+            response = operation.response
+            expired = operation.expires_at is not None and operation.expires_at <= now
+            if operation.state is State.COMPLETED and response is not None and expired:
+                self.db.rows[operation.id] = operation._replace(
+                    response=StoredResponse(response.status, (), b""), expires_at=None
+                )
+        return await super().sweep(batch=batch)
+
+
+class LaggingReadStore(MemoryStore):
+    """Reads by id return the record as it was before its last write (a lagging replica)."""
+
+    async def get_by_id(self, operation_id: str) -> Operation | None:
+        for transition in reversed(self.db.history):
+            if transition.operation_id == operation_id and transition.before is not None:
+                return transition.before
+        return await super().get_by_id(operation_id)
+
+
+QUIET = {"store_faults": 0.0, "crashes": False, "pauses": False, "upstream_trouble": 0.6}
+"""Fewer unrelated faults, more slow and lost answers: long attempts that turn unknown."""
+
+
+@pytest.mark.parametrize(
+    ("store", "invariants", "focus"),
+    [
+        pytest.param(TokenBlindStore, None, {}, id="token-blind"),
+        pytest.param(StaleReleaseStore, {"unknown-exit", "sent-released"}, {}, id="stale-release"),
+        pytest.param(ForgetfulLeaseStore, {"sent-released"}, QUIET, id="grace-from-claim"),
+        pytest.param(EmptySweepStore, {"receipt-provenance"}, {}, id="empty-sweep"),
+        pytest.param(LaggingReadStore, None, {}, id="lagging-reads"),
+    ],
+)
+def test_a_broken_store_is_caught(
+    store: StoreFactory, invariants: set[str] | None, focus: dict[str, Any]
+) -> None:
+    """Each deliberately broken store makes some seed fail, on the invariant that guards it."""
+    violation = hunt(store, **focus)
+    broken = {problem.invariant for problem in violation.problems}
+    if invariants is not None:
+        assert broken & invariants, str(violation)
