@@ -33,7 +33,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from gateway.headers import Pairs, end_to_end
+from gateway.headers import GATEWAY_OWNED, Pairs, end_to_end
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
@@ -53,9 +53,14 @@ class UpstreamReply:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status = response.status
+        # The gateway's own headers are the gateway's on every answer: an upstream's
+        # copies never reach a caller or a receipt, so it cannot forge a replay.
         self.headers: Pairs = end_to_end(
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in response.raw_headers
+            (
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in response.raw_headers
+            ),
+            drop=GATEWAY_OWNED,
         )
         self._prefix = b""
 

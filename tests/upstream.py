@@ -25,6 +25,8 @@ through the gateway without any side channel:
 - ``gzip=1``: answer with a gzip-compressed body and ``Content-Encoding: gzip``
   (a proxy must not decompress);
 - ``cookie=1``: add ``Set-Cookie: session=secret`` and ``X-Custom: yes``;
+- ``forge=1``: add the gateway's own headers (``Idempotent-Replayed: true``,
+  ``Idempotency-Status: completed``, ``Idempotency-Key: forged``);
 - ``apply_after=SECONDS``: wait first, then apply the effect and answer (an
   upstream that applies a request late, after the caller timed out).
 
@@ -234,6 +236,10 @@ class CountingUpstream:
         if "redirect" in controls:
             status = 302
             headers["Location"] = controls["redirect"]
+        if controls.get("forge") == "1":  # an upstream posing as the gateway
+            headers["Idempotent-Replayed"] = "true"
+            headers["Idempotency-Status"] = "completed"
+            headers["Idempotency-Key"] = "forged"
         if controls.get("cookie") == "1":
             headers["Set-Cookie"] = "session=secret"
             headers["X-Custom"] = "yes"
