@@ -43,6 +43,7 @@ from gateway.forwarder import Forwarder
 from gateway.leases import LeaseKeeper
 from gateway.lifecycle import IdempotencyEngine
 from gateway.listeners import LISTENERS, Listeners, listener_middleware
+from gateway.method_guard import method_guard_middleware
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_json
 from gateway.operations_view import lookup, resolve
@@ -78,6 +79,7 @@ def create_app(settings: Settings) -> web.Application:
         middlewares=[
             request_log_middleware,
             problem_middleware,
+            method_guard_middleware,
             # Only a separate admin listener needs per-request listener checks.
             *([listener_middleware] if settings.admin.listen else []),
         ],
