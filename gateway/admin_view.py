@@ -21,6 +21,7 @@ from gateway.operation_json import operation_json
 from gateway.operations_view import expected_version, operation_response, read_operator_body
 from gateway.problems import operation_url
 from gateway.resolve_body import StorableText, parse_resolve_body
+from gateway.scopes import header_bytes
 
 log = logging.getLogger("gateway.admin")
 
@@ -34,7 +35,7 @@ def require_admin(request: web.Request) -> None:
         raise NotFound("the admin endpoints are disabled (no admin token is configured)")
     scheme, _, offered = request.headers.get("Authorization", "").strip().partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
-        offered.strip().encode(), token.encode()
+        header_bytes(offered.strip()), token.encode()
     ):
         raise Unauthorized("a valid 'Authorization: Bearer <admin token>' is required")
 

@@ -11,6 +11,10 @@ must hold, never from anything it can choose freely:
   the store, so the credential itself is never stored in clear. Rotating such
   a credential changes the scope; agents whose tokens rotate should use
   `[[clients]]`.
+
+Both read a credential as the exact bytes the caller sent (`header_bytes`):
+two different credentials never share a scope, whatever characters they hold,
+and one that is not UTF-8 is just another credential, never a server error.
 """
 
 from __future__ import annotations
@@ -41,6 +45,22 @@ class CallerScope:
 
     scope: str
     strips_authorization: bool
+
+
+def header_bytes(value: str) -> bytes:
+    """The bytes a header value arrived as.
+
+    aiohttp decodes header bytes as UTF-8 with `surrogateescape`, so this is
+    exact for every value, UTF-8 or not: no two different values give the
+    same bytes (a lossy encoding such as `latin-1, replace` would merge them).
+
+    >>> header_bytes("s3cr€T")
+    b's3cr\\xe2\\x82\\xacT'
+
+    (A byte 0xff that is not UTF-8 arrives as the lone surrogate U+DCFF and
+    comes back as 0xff.)
+    """
+    return value.encode("utf-8", "surrogateescape")
 
 
 def scope_hash(scope: str) -> str:
@@ -84,17 +104,19 @@ class ScopeResolver:
         scheme, _, token = values[0].strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("the Authorization header must be 'Bearer <client token>'")
-        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        digest = hashlib.sha256(header_bytes(token.strip())).hexdigest()
         name = self._client_by_digest.get(digest)
         if name is None:
             raise Unauthorized("unknown client token")
         return name
 
     def _header_scope(self, headers: HeaderSource) -> str:
+        # `name:value` items joined by NUL: a field value can hold no NUL, so the
+        # join is unambiguous, and an ASCII credential hashes exactly as before.
         material: list[bytes] = []
         for name in self._scope_headers:
             for value in headers.getall(name, []):
-                material.append(f"{name.lower()}:{value}".encode("latin-1", "replace"))
+                material.append(name.lower().encode("ascii") + b":" + header_bytes(value))
         if not material:
             return ANONYMOUS_SCOPE
         mac = hmac.new(self._secret, b"\x00".join(material), hashlib.sha256)
