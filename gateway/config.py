@@ -344,13 +344,23 @@ class QuotaSettings(BaseModel):
     """Records (receipts and tombstones) one scope may keep in the store."""
 
 
+MIN_ADMIN_TOKEN_LENGTH = 24
+"""The admin API reads and settles every scope's operations: no guessable token."""
+
+_PLACEHOLDER_TOKENS = frozenset(
+    {"change-me", "changeme", "change_me", "admin", "secret", "password", "token",
+     "default", "example", "test", "changeit", "letmein", "replace-me"}
+)  # fmt: skip
+"""Tokens copied from examples rather than generated (compared case-insensitively)."""
+
+
 class AdminSettings(BaseModel):
     """The operators' API; disabled (404) while the token is empty.
 
     `listen`, when set (`HOST:PORT`), serves the admin endpoints on their own
     address instead of the main one.
 
-    >>> AdminSettings().enabled, AdminSettings(token="s3cret").enabled
+    >>> AdminSettings().enabled, AdminSettings(token="Zq4-7hL2pW9xR1vT8mK3nB6c").enabled
     (False, True)
     """
 
@@ -363,8 +373,19 @@ class AdminSettings(BaseModel):
     @classmethod
     def _check_token(cls, token: SecretStr) -> SecretStr:
         value = token.get_secret_value()
-        if value and not re.fullmatch(r"[\x21-\x7e]+", value):
+        if not value:
+            return token  # the admin endpoints are disabled
+        if not re.fullmatch(r"[\x21-\x7e]+", value):
             raise ValueError("must be printable ASCII without spaces (it is a Bearer token)")
+        if value.lower() in _PLACEHOLDER_TOKENS:
+            raise ValueError(
+                "is a well-known placeholder: generate one, e.g. `openssl rand -base64 32`"
+            )
+        if len(value) < MIN_ADMIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"is {len(value)} characters long; an admin token needs at least "
+                f"{MIN_ADMIN_TOKEN_LENGTH} (e.g. `openssl rand -base64 32`)"
+            )
         return token
 
     @field_validator("listen")

@@ -19,7 +19,7 @@ from upstream import CountingUpstream
 
 from gateway.cli import main
 
-TOKEN = "adm1n"
+TOKEN = "adm1n-test-token-0123456789"
 DROP = "/tickets/v1/issues?drop=after_effect"
 
 

@@ -174,7 +174,7 @@ def test_env_beats_file_and_overrides_beat_env(load: Any) -> None:
 def test_env_values_are_coerced_and_json_parsed(load: Any) -> None:
     """Env strings are coerced by type; values that look like JSON are parsed as JSON."""
     env = {
-        "IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": "s3cret",
+        "IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": "s3cret-admin-token-0123456789",
         "IDEMPOTENCY_GATEWAY_IDEMPOTENCY__SCOPE_HEADERS": '["X-Api-Key", "X-Tenant"]',
         "IDEMPOTENCY_GATEWAY_IDEMPOTENCY__LEASE": "45s",
         "IDEMPOTENCY_GATEWAY_LOGGING__LEVEL": "DEBUG",
@@ -184,7 +184,7 @@ def test_env_values_are_coerced_and_json_parsed(load: Any) -> None:
         "UNRELATED": "ignored",
     }
     settings = load(ROUTE, environ=env)
-    assert settings.admin.token.get_secret_value() == "s3cret"
+    assert settings.admin.token.get_secret_value() == "s3cret-admin-token-0123456789"
     assert settings.admin.enabled
     assert settings.idempotency.scope_headers == ("X-Api-Key", "X-Tenant")
     assert settings.idempotency.lease == 45.0
@@ -643,7 +643,10 @@ def test_render_masks_secrets(load: Any) -> None:
     )
     settings = load(
         text,
-        environ={"TOKEN": "upstream-secret", "IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": "admin-secret"},
+        environ={
+            "TOKEN": "upstream-secret",
+            "IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": "admin-secret-0123456789abcdef",
+        },
         overrides={"store.url": "postgresql://gw:db-secret@db:5432/gw"},
     )
     rendered = render_effective(settings)

@@ -34,7 +34,7 @@ from gateway.keys import parse_idempotency_key
 from gateway.store.sqlite import SqliteStore
 
 PROBLEM = "application/problem+json"
-ADMIN_TOKEN = "adm1n"
+ADMIN_TOKEN = "adm1n-test-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 

@@ -10,7 +10,8 @@ from conftest import GatewayFactory
 from upstream import CountingUpstream
 
 PROBLEM = "application/problem+json"
-ADMIN = {"Authorization": "Bearer adm1n"}
+ADMIN_TOKEN = "adm1n-test-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def kind(document: dict[str, Any]) -> str:
@@ -95,7 +96,7 @@ async def test_redaction_erases_the_receipt_and_keeps_the_key_used(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
     """An operator erases a receipt's body; the key stays used and the audit entry remains."""
-    gateway = await gateway_factory(upstream.url, admin={"token": "adm1n"})
+    gateway = await gateway_factory(upstream.url, admin={"token": ADMIN_TOKEN})
     await gateway.post("/tickets/v1/issues", key="pii", json_body={"email": "a@example.com"})
     lookup = await (await gateway.get("/operations/pii")).json()
     url = f"{gateway.url}/admin/operations/{lookup['id']}/redact"
@@ -127,7 +128,9 @@ async def test_admin_endpoints_live_only_on_the_admin_listener(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
     """With admin.listen, /admin answers there and 404 on the main listener, and vice versa."""
-    gateway = await gateway_factory(upstream.url, admin={"token": "adm1n", "listen": "127.0.0.1:0"})
+    gateway = await gateway_factory(
+        upstream.url, admin={"token": ADMIN_TOKEN, "listen": "127.0.0.1:0"}
+    )
     assert gateway.admin_url is not None
     main = await gateway.get("/admin/operations", headers=ADMIN)
     assert main.status == 404

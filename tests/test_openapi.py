@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from upstream import CountingUpstream
 
 DOCS_COPY = ROOT / "docs" / "openapi.json"
-ADMIN = {"Authorization": "Bearer adm1n"}
+ADMIN_TOKEN = "adm1n-test-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CLIENT = {"Authorization": "Bearer t0k3n"}
 CLIENTS = [{"name": "agent-a", "token_sha256": [hashlib.sha256(b"t0k3n").hexdigest()]}]
 
@@ -197,7 +198,9 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_response(
     tmp_path: Path, upstream: CountingUpstream
 ) -> None:
     """Generated requests to every documented operation get only documented answers."""
-    gateway = await start_gateway(settings_for(tmp_path, upstream.url, admin={"token": "adm1n"}))
+    gateway = await start_gateway(
+        settings_for(tmp_path, upstream.url, admin={"token": ADMIN_TOKEN})
+    )
     try:
         seeded = await seed(gateway)
         report = await asyncio.to_thread(fuzz, gateway.url, seeded)
@@ -258,7 +261,7 @@ async def test_refusals_the_fuzz_cannot_reach_are_documented(
         await stop_gateway(with_clients)
     (tmp_path / "admin").mkdir()
     gateway = await start_gateway(
-        settings_for(tmp_path / "admin", upstream.url, admin={"token": "adm1n"})
+        settings_for(tmp_path / "admin", upstream.url, admin={"token": ADMIN_TOKEN})
     )
     try:
         missed += await asyncio.to_thread(
@@ -294,7 +297,9 @@ async def test_resolve_with_a_non_ascii_base64_body_is_refused_not_a_crash(
     """Regression (found by the schemathesis run): `body_encoding: base64` with a non-ASCII
     body is a 400 invalid-request, not a 500 (`base64.b64decode` raises ValueError for a
     str with non-ASCII characters, not `binascii.Error`)."""
-    gateway = await start_gateway(settings_for(tmp_path, upstream.url, admin={"token": "adm1n"}))
+    gateway = await start_gateway(
+        settings_for(tmp_path, upstream.url, admin={"token": ADMIN_TOKEN})
+    )
     try:
         lost = await gateway.post("/tickets/v1/issues?drop=after_effect", key="b64", json_body={})
         assert lost.status == 502

@@ -20,7 +20,8 @@ from gateway.appkeys import ENGINE, METRICS, STORE
 from gateway.sweeper import Sweeper
 
 PROBLEM = "application/problem+json"
-ADMIN = {"Authorization": "Bearer adm1n"}
+ADMIN_TOKEN = "adm1n-test-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 PROBE = {
     "path": "/effects/{key}",
     "applied_statuses": [200],
@@ -178,7 +179,7 @@ async def test_admin_lists_every_scope_with_cursor_pagination(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
     """Operators page through unknown operations of all scopes and settle one by id."""
-    gateway = await gateway_factory(upstream.url, admin={"token": "adm1n"})
+    gateway = await gateway_factory(upstream.url, admin={"token": ADMIN_TOKEN})
     for n in range(5):
         response = await gateway.post(
             "/tickets/v1/issues?drop=after_effect",

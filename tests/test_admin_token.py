@@ -1,0 +1,49 @@
+"""No admin token anybody could guess (security review, finding 2).
+
+The admin API lists every scope's receipts. A shipped compose file that fell
+back to `change-me` exposed it to any host on the network: the gateway now
+refuses a short or placeholder token at start, and no shipped file carries a
+default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.config import AdminSettings, load_settings
+from gateway.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "token", ["change-me", "CHANGEME", "admin", "secret", "password", "a" * 23, "adm1n"]
+)
+def test_a_short_or_placeholder_admin_token_is_refused(tmp_path: Path, token: str) -> None:
+    """The refusal names the key and says why; it never echoes the token."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[admin]\ntoken = "{token}"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, environ={})
+    message = str(refused.value)
+    assert "admin.token" in message
+    assert "24" in message or "placeholder" in message
+    assert f"'{token}'" not in message
+    assert f'"{token}"' not in message
+
+
+def test_a_long_random_admin_token_is_accepted() -> None:
+    """24 characters or more that are not a placeholder enable the admin API."""
+    assert AdminSettings(token="Zq4-7hL2pW9xR1vT8mK3nB6c").enabled
+    assert not AdminSettings(token="").enabled  # empty: admin endpoints disabled
+
+
+def test_the_compose_file_will_not_start_without_a_token() -> None:
+    """`${ADMIN_TOKEN:?...}`: compose itself refuses to start when it is unset."""
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    token = compose["x-gateway"]["environment"]["IDEMPOTENCY_GATEWAY_ADMIN__TOKEN"]
+    assert token.startswith("${ADMIN_TOKEN:?"), token
+    assert "change-me" not in (ROOT / "deploy" / "compose.yaml").read_text()
