@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Settings
+from gateway.exchange import RequestTrace
 from gateway.forwarder import Forwarder
 from gateway.lifecycle import IdempotencyEngine
 from gateway.metrics import GatewayMetrics
@@ -23,3 +24,6 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 ROUTES = web.AppKey("routes", RouteTable)
 SCOPES = web.AppKey("scopes", ScopeResolver)
 BACKGROUND = web.AppKey("background", set[asyncio.Task[Any]])
+
+TRACE = web.RequestKey("trace", RequestTrace)
+"""What one request's log line reports; set by the request-log middleware."""

@@ -68,9 +68,13 @@ class GatewayError(Exception):
         state: str | None = None,
         operation_id: str | None = None,
         retry_after: float | None = None,
+        internal: str | None = None,
     ) -> None:
         super().__init__(detail)
         self.detail = detail
+        self.internal = internal
+        """What only the operator may read (a host, an address, driver or SQL text):
+        logged with the request, never put in the caller's problem."""
         self.key = key
         self.state = state
         self.operation_id = operation_id
@@ -225,6 +229,10 @@ class QuotaExceeded(GatewayError):
     problem_type = "quota-exceeded"
     title = "This client is over one of its quotas; nothing was recorded"
     safe_to_retry = True
+
+
+STORE_DOWN = "the operation store did not answer; retry the same request later"
+"""The public detail of every store failure; the driver's own words go to the log."""
 
 
 class StoreUnavailable(GatewayError):

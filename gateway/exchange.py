@@ -77,6 +77,8 @@ class RequestTrace:
     outcome: str | None = None
     state: str | None = None
     upstream_seconds: float | None = None
+    error: str | None = None
+    """What went wrong inside (a host, driver text): for the log line only."""
 
 
 class ProxyRequest(NamedTuple):

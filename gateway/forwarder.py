@@ -190,7 +190,8 @@ class Forwarder:
             )
         except _NOT_SENT as exc:
             raise UpstreamUnreachable(
-                f"could not connect to the upstream of {route.name!r}: {exc}"
+                f"could not connect to the upstream of route {route.name!r}; nothing was sent",
+                internal=str(exc),
             ) from exc
         except BaseException as exc:
             raise _ambiguous(exc) from exc
@@ -215,7 +216,9 @@ def _ambiguous(exc: BaseException) -> BaseException:
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamTimeout("the upstream did not answer completely in time")
     if isinstance(exc, aiohttp.ClientError | OSError):
-        return UpstreamConnectionLost(f"the upstream connection failed: {exc}")
+        return UpstreamConnectionLost(
+            "the upstream connection failed before a complete answer", internal=str(exc)
+        )
     return exc
 
 

@@ -156,6 +156,11 @@ def components() -> dict[str, Any]:
             "status": {"type": "integer"},
             "detail": {"type": "string"},
             "instance": {"type": "string", "description": "The request's path."},
+            "request_id": {
+                "type": "string",
+                "description": "The request's `X-Request-Id`: finds its log line, which "
+                "holds what the problem does not say (hosts, driver errors).",
+            },
             "key": {"type": "string", "description": "The normalized key concerned."},
             "operation": {"type": "string", "description": "The key's lookup URL."},
             "state": {"type": "string", "description": "The operation's state."},

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from gateway.appkeys import TRACE
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
 from gateway.keys import format_key_header
@@ -30,8 +31,14 @@ def operation_url(key: str) -> str:
     return "/operations/" + quote(key, safe="")
 
 
-def problem_response(error: GatewayError, *, instance: str | None = None) -> web.Response:
-    """The problem+json answer for one error, with the key headers when a key is concerned."""
+def problem_response(
+    error: GatewayError, *, instance: str | None = None, request_id: str | None = None
+) -> web.Response:
+    """The problem+json answer for one error, with the key headers when a key is concerned.
+
+    Only `detail` describes what went wrong; `error.internal` (hosts, driver
+    text) never goes into it. `request_id` finds the log line that has it.
+    """
     document: dict[str, object] = {
         "type": error.type_uri,
         "title": error.title,
@@ -40,6 +47,8 @@ def problem_response(error: GatewayError, *, instance: str | None = None) -> web
     }
     if instance:
         document["instance"] = instance
+    if request_id:
+        document["request_id"] = request_id
     if error.key is not None:
         document["key"] = error.key
         document["operation"] = operation_url(error.key)
@@ -71,20 +80,34 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     try:
         return await handler(request)
     except GatewayError as error:
-        return problem_response(error, instance=request.path)
+        return _answer(request, error)
     except web.HTTPNotFound:
-        return problem_response(NotFound(f"nothing at {request.path}"), instance=request.path)
+        return _answer(request, NotFound(f"nothing at {request.path}"))
     except web.HTTPMethodNotAllowed as exc:
         refusal = MethodNotAllowed(
             f"{request.method} is not allowed on {request.path}",
             allow=", ".join(sorted(exc.allowed_methods)),
         )
-        return problem_response(refusal, instance=request.path)
+        return _answer(request, refusal)
     except web.HTTPException:
         raise
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
-        return problem_response(
-            GatewayError("the gateway hit an unexpected error; see its log"),
-            instance=request.path,
+        return _answer(request, GatewayError("the gateway hit an unexpected error; see its log"))
+
+
+def _answer(request: web.Request, error: GatewayError) -> web.Response:
+    trace = request.get(TRACE)
+    request_id = trace.request_id if trace is not None else None
+    if error.internal is not None:
+        if trace is not None:
+            trace.error = error.internal
+        log.warning(
+            "%s on %s %s: %s",
+            error.problem_type,
+            request.method,
+            request.path,
+            error.internal,
+            extra={"event": "problem", "request_id": request_id, "error": error.internal},
         )
+    return problem_response(error, instance=request.path, request_id=request_id)

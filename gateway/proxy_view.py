@@ -21,7 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
-from gateway.appkeys import BACKGROUND, ENGINE, FORWARDER, METRICS, ROUTES, SCOPES, SETTINGS
+from gateway.appkeys import BACKGROUND, ENGINE, FORWARDER, METRICS, ROUTES, SCOPES, SETTINGS, TRACE
 from gateway.config import GATEWAY_PATHS, RouteSettings
 from gateway.errors import (
     GatewayError,
@@ -52,7 +52,6 @@ from gateway.headers import (
 )
 from gateway.keys import format_key_header, parse_idempotency_key
 from gateway.request_body import read_limited
-from gateway.request_log import TRACE
 from gateway.routing import RouteMatch
 from gateway.scopes import CallerScope
 

@@ -15,14 +15,13 @@ import time
 
 from aiohttp import web
 
-from gateway.appkeys import METRICS
+from gateway.appkeys import METRICS, TRACE
 from gateway.exchange import RequestTrace
 from gateway.problems import Handler
 from gateway.scopes import scope_hash
 
 log = logging.getLogger("gateway.access")
 
-TRACE = web.RequestKey("trace", RequestTrace)
 _QUIET = frozenset({"/healthz", "/readyz", "/metrics"})
 REQUEST_ID = "X-Request-Id"
 _MAX_REQUEST_ID = 128
@@ -73,6 +72,7 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
                     "status": status,
                     "route": trace.route,
                     "outcome": trace.outcome,
+                    "error": trace.error,
                     "state": trace.state,
                     "key": trace.key,
                     "scope": scope_hash(trace.scope) if trace.scope else None,

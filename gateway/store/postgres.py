@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from gateway.crypto import BodyCipher
-from gateway.errors import StoreUnavailable
+from gateway.errors import STORE_DOWN, StoreUnavailable
 from gateway.ids import new_operation_id
 from gateway.models import (
     ClaimRequest,
@@ -97,7 +97,7 @@ async def _translated(action: str) -> AsyncIterator[None]:
         yield
     except _DRIVER_ERRORS as exc:
         log.warning("postgres %s failed: %s", action, exc)
-        raise StoreUnavailable(f"PostgreSQL {action} failed: {exc}") from exc
+        raise StoreUnavailable(STORE_DOWN, internal=f"PostgreSQL {action} failed: {exc}") from exc
 
 
 async def _session_unchanged(connection: asyncpg.Connection) -> None:

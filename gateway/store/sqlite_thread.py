@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from gateway.errors import StoreUnavailable
+from gateway.errors import STORE_DOWN, StoreUnavailable
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.store.sqlite")
@@ -304,7 +304,11 @@ def _run_jobs_isolated(connection: sqlite3.Connection, batch: list[_Pending[Any]
             done.append(_Done(item.future, result=result))
         except sqlite3.Error as exc:
             log.warning("sqlite statement failed: %s", exc)
-            done.append(_Done(item.future, error=StoreUnavailable(f"SQLite error: {exc}")))
+            done.append(
+                _Done(
+                    item.future, error=StoreUnavailable(STORE_DOWN, internal=f"SQLite error: {exc}")
+                )
+            )
         except Exception as exc:
             done.append(_Done(item.future, error=exc))
     return done
@@ -325,4 +329,4 @@ def _commit(connection: sqlite3.Connection, done: list[_Done]) -> list[_Done]:
 
 
 def _unavailable(what: str, exc: BaseException) -> StoreUnavailable:
-    return StoreUnavailable(f"{what}: {exc}")
+    return StoreUnavailable(STORE_DOWN, internal=f"{what}: {exc}")
