@@ -145,7 +145,7 @@ class LeaseKeeper:
             if self.debts:
                 await self.settle_debts()
         except StoreUnavailable as exc:
-            log.warning("store unavailable for lease upkeep: %s", exc.detail)
+            log.warning("store unavailable for lease upkeep: %s", exc.internal or exc.detail)
 
     async def settle_debts(self) -> None:
         """Pay what can be paid now; keep the rest for the next round."""

@@ -412,7 +412,9 @@ class IdempotencyEngine:
         try:
             recorded = await settle()
         except StoreUnavailable as exc:
-            log.error("%s for %s not recorded yet: %s", name, operation.id, exc.detail)
+            log.error(
+                "%s for %s not recorded yet: %s", name, operation.id, exc.internal or exc.detail
+            )
             self._keeper.owe(operation.id, operation.token, settle)
             return self._own_state(operation)
         if recorded is None:  # forgotten meanwhile: the key may be bound anew

@@ -123,7 +123,7 @@ def run(settings: Settings) -> int:
     try:
         asyncio.run(serve(settings))
     except GatewayError as exc:
-        print(f"idempotency-gateway: cannot start: {exc.detail}", file=sys.stderr)
+        print(f"idempotency-gateway: cannot start: {exc.internal or exc.detail}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"idempotency-gateway: cannot listen: {exc}", file=sys.stderr)

@@ -74,7 +74,7 @@ class Sweeper:
             try:
                 await self.run_once()
             except StoreUnavailable as exc:
-                log.warning("sweep skipped: %s", exc.detail)
+                log.warning("sweep skipped: %s", exc.internal or exc.detail)
             except Exception:
                 log.exception("sweep failed")
 
