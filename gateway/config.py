@@ -708,8 +708,14 @@ def _paths_overlap(a: str, b: str) -> bool:
 
 
 def _mask_url(url: str) -> str:
-    """Hide the password of a URL such as postgresql://user:password@host/db."""
-    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    """Hide every password in a URL: in its userinfo (`user:password@host`) and in
+    query parameters whose name holds "password" (`?password=`, `?sslpassword=`).
+
+    >>> _mask_url("postgresql://gw:pw@db/x?sslpassword=k&sslmode=require")
+    'postgresql://gw:***@db/x?sslpassword=***&sslmode=require'
+    """
+    masked = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    return re.sub(r"([?&][^=&#]*password[^=&#]*=)[^&#]*", r"\1***", masked, flags=re.IGNORECASE)
 
 
 def _dotted(loc: _Loc) -> str:

@@ -1,4 +1,4 @@
-"""No admin token anybody could guess (security review, finding 2).
+"""Secrets in the configuration: no guessable admin token, no password printed.
 
 The admin API lists every scope's receipts. A shipped compose file that fell
 back to `change-me` exposed it to any host on the network: the gateway now
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config import AdminSettings, load_settings
+from gateway.config import AdminSettings, load_settings, render_effective
 from gateway.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,3 +47,24 @@ def test_the_compose_file_will_not_start_without_a_token() -> None:
     token = compose["x-gateway"]["environment"]["IDEMPOTENCY_GATEWAY_ADMIN__TOKEN"]
     assert token.startswith("${ADMIN_TOKEN:?"), token
     assert "change-me" not in (ROOT / "deploy" / "compose.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("postgresql://gw:pw-in-userinfo@db:5432/db", "pw-in-userinfo"),
+        ("postgresql://gw@db:5432/db?password=pw-in-query&sslmode=require", "pw-in-query"),
+        ("postgresql://gw@db/db?sslpassword=key-pass&application_name=x", "key-pass"),
+        ("postgresql://gw@db/db?PASSWORD=upper-case", "upper-case"),
+    ],
+)
+def test_check_config_masks_every_password_in_the_store_url(
+    tmp_path: Path, url: str, secret: str
+) -> None:
+    """check-config prints the store URL without any password, in userinfo or query
+    (security review, finding 15)."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[store]\nurl = "{url}"\n')
+    rendered = render_effective(load_settings(path, environ={}))
+    assert secret not in rendered
+    assert "***" in rendered
