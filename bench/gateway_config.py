@@ -45,6 +45,7 @@ def write_gateway_config(
                 }
             ],
             "logging": {"level": log_level, "format": "json"},
+            "idempotency": {"shared_scope": True},  # the load generators send no credential
         }
     )
     path.write_text(render_effective(settings))

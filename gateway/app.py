@@ -140,6 +140,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     app[SCOPES] = ScopeResolver(
         clients=settings.clients,
         scope_headers=settings.idempotency.scope_headers,
+        shared_scope=settings.idempotency.shared_scope,
         secret=await store.scope_secret(),
     )
     try:

@@ -307,11 +307,26 @@ class IdempotencySettings(BaseModel):
     model_config = _SETTINGS_MODEL
 
     scope_headers: tuple[HeaderName, ...] = ("Authorization",)
+    shared_scope: bool = False
+    """Callers without any `scope_headers` share one scope (or, with `scope_headers = []`,
+    everyone does). Off: such a request is 401 `missing-credentials`."""
     retention: Duration = Field(default=24 * 3600.0, gt=0)
     tombstone_retention: Duration = Field(default=30 * 24 * 3600.0, gt=0)
     lease: Duration = Field(default=30.0, gt=0)
     max_wait: Duration = 30.0
     sweep_interval: Duration = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_shared_scope(self) -> Self:
+        if not self.scope_headers and not self.shared_scope:
+            raise _Problems(
+                (
+                    ("scope_headers",),
+                    "is empty, which puts every caller in one scope (each can read and "
+                    "replay the others' receipts); set shared_scope = true to mean it",
+                )
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_retentions(self) -> Self:

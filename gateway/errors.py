@@ -15,6 +15,7 @@ they occur.
     │   ├── InvalidRequest           400 invalid-request
     │   ├── PayloadTooLarge          413 payload-too-large
     │   └── RequestTimeout           408 request-timeout
+    ├── MissingCredentials           401 missing-credentials
     ├── Unauthorized                 401 unauthorized
     ├── NotFound
     │   ├── NoRoute                  404 no-route
@@ -141,6 +142,15 @@ class RequestTimeout(BadRequest):
     problem_type = "request-timeout"
     title = "The request body did not arrive in time; nothing was recorded"
     safe_to_retry = True
+
+
+class MissingCredentials(GatewayError):
+    """None of the scope headers came, and the config shares no anonymous scope."""
+
+    status = 401
+    problem_type = "missing-credentials"
+    title = "Credentials required"
+    safe_to_retry = False
 
 
 class Unauthorized(GatewayError):

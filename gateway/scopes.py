@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.errors import Unauthorized
+from gateway.errors import MissingCredentials, Unauthorized
 
 if TYPE_CHECKING:
     from gateway.config import ClientSettings
@@ -71,7 +71,9 @@ def scope_hash(scope: str) -> str:
 class ScopeResolver:
     """Derives scopes from request headers.
 
-    >>> resolver = ScopeResolver(clients=(), scope_headers=("Authorization",), secret=b"k" * 32)
+    >>> resolver = ScopeResolver(
+    ...     clients=(), scope_headers=("Authorization",), secret=b"k" * 32, shared_scope=True
+    ... )
     >>> resolver.resolve(_Headers({})).scope
     'anonymous'
     """
@@ -82,12 +84,14 @@ class ScopeResolver:
         clients: Sequence[ClientSettings],
         scope_headers: Sequence[str],
         secret: bytes,
+        shared_scope: bool = False,
     ) -> None:
         self._client_by_digest = {
             digest.lower(): client.name for client in clients for digest in client.token_sha256
         }
         self._uses_clients = bool(clients)
         self._scope_headers = tuple(scope_headers)
+        self._shared_scope = shared_scope
         self._secret = secret
 
     def resolve(self, headers: HeaderSource) -> CallerScope:
@@ -118,6 +122,12 @@ class ScopeResolver:
             for value in headers.getall(name, []):
                 material.append(name.lower().encode("ascii") + b":" + header_bytes(value))
         if not material:
+            if not self._shared_scope:
+                names = ", ".join(self._scope_headers)
+                raise MissingCredentials(
+                    f"send a credential ({names}): without one, this gateway has no scope "
+                    "to keep your keys in"
+                )
             return ANONYMOUS_SCOPE
         mac = hmac.new(self._secret, b"\x00".join(material), hashlib.sha256)
         return "hmac:" + mac.hexdigest()

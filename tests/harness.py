@@ -61,6 +61,9 @@ def settings_for(
         "store": {"url": store_url or f"sqlite:///{tmp_path / 'gateway.db'}"},
         "routes": [base_route, *(extra_routes or [])],
         "logging": {"level": "warning", "format": "text"},
+        # Most tests call without credentials, as one agent would: they share one scope
+        # on purpose. tests/test_shared_scope.py covers the default (401).
+        "idempotency": {"shared_scope": True},
     }
     if clients is not None:
         document["clients"] = clients
