@@ -27,6 +27,8 @@ from gateway.errors import (
     InvalidRequest,
     KeyMismatch,
     LeaseLost,
+    MethodNotAllowed,
+    MissingCredentials,
     MissingKey,
     NoRoute,
     NotFound,
@@ -58,10 +60,14 @@ __all__ = ["openapi_document", "openapi_json", "render"]
 JSON = "application/json"
 
 _PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
+    MethodNotAllowed,
+    MissingCredentials,
     MissingKey,
     InvalidKey,
     InvalidRequest,
     Unauthorized,
+    MissingCredentials,
+    MethodNotAllowed,
     RequestTimeout,
     PayloadTooLarge,
     QuotaExceeded,
@@ -87,6 +93,7 @@ _LOOKUP = (
     InvalidKey,
     InvalidRequest,
     Unauthorized,
+    MissingCredentials,
     UnknownKey,
     NotFound,
     NoRoute,
