@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from gateway.appkeys import ENGINE, SCOPES, STORE
+from gateway.appkeys import ENGINE, SCOPES, SETTINGS, STORE
 from gateway.errors import (
     InvalidKey,
     NotFound,
@@ -25,7 +25,7 @@ from gateway.keys import MAX_KEY_LENGTH, format_key_header
 from gateway.models import Operation
 from gateway.operation_json import operation_json
 from gateway.problems import operation_url
-from gateway.request_body import read_limited
+from gateway.request_body import read_in_time, read_limited
 from gateway.resolve_body import parse_resolve_body
 
 _PREFIX = "/operations/"
@@ -95,8 +95,13 @@ def expected_version(request: web.Request, operation: Operation) -> int | None:
 
 
 async def read_operator_body(request: web.Request) -> bytes:
-    """The JSON body of a resolve or redact request (at most `MAX_RESOLVE_BODY`)."""
-    return await read_limited(request, MAX_RESOLVE_BODY)
+    """The JSON body of a resolve or redact request: at most `MAX_RESOLVE_BODY`, within
+    `client_timeout` (the same time limit as a proxied body)."""
+    return await read_in_time(
+        request,
+        lambda: read_limited(request, MAX_RESOLVE_BODY),
+        request.app[SETTINGS].server.client_timeout,
+    )
 
 
 async def lookup(request: web.Request) -> web.Response:

@@ -31,7 +31,6 @@ from gateway.errors import (
     MethodNotAllowed,
     MissingKey,
     OutcomeUnknown,
-    RequestTimeout,
     UnsupportedTransferCoding,
     UpstreamConnectionLost,
     UpstreamError,
@@ -51,7 +50,7 @@ from gateway.headers import (
     forwarded_for,
 )
 from gateway.keys import format_key_header, parse_idempotency_key
-from gateway.request_body import read_limited
+from gateway.request_body import read_in_time, read_limited
 from gateway.routing import RouteMatch
 from gateway.scopes import CallerScope
 
@@ -93,7 +92,9 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         raise MissingKey(
             f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
         )
-    body = await _read_body_in_time(request, route.max_body, app[SETTINGS].server.client_timeout)
+    body = await read_in_time(
+        request, lambda: _read_body(request, route.max_body), app[SETTINGS].server.client_timeout
+    )
     engine = app[ENGINE]
     metrics = app[METRICS]
 
@@ -228,21 +229,6 @@ def _preferred_wait(values: list[str], cap: float) -> float:
                 if seconds > 0:
                     return min(seconds, cap)
     return 0.0
-
-
-async def _read_body_in_time(request: web.Request, limit: int, within: float) -> bytes:
-    """The body, or `RequestTimeout` if it does not arrive within `within` seconds.
-
-    A body that has already arrived whole (most small POSTs come in the same
-    packets as their headers) cannot be late: it is read without a timer.
-    """
-    if request.content.is_eof():
-        return await _read_body(request, limit)
-    try:
-        async with asyncio.timeout(within):
-            return await _read_body(request, limit)
-    except TimeoutError as exc:
-        raise RequestTimeout(f"the request body did not arrive within {within:g}s") from exc
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:

@@ -1,0 +1,73 @@
+"""Request shapes that used to slip past the gateway's rules (security review, 11 and 16).
+
+- A resolve or redact body that never finishes arriving held a connection
+  open forever (reachable without authentication in HMAC mode): operator
+  bodies have the same time limit as proxied ones (`client_timeout`).
+- `GET` with `X-HTTP-Method-Override: POST` passed through unprotected, while
+  an upstream that honours the header performed a POST: a method override is
+  refused, never forwarded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import GatewayFactory
+from rawhttp import address_of, exchange, request
+from upstream import CountingUpstream
+
+TOKEN = "adm1n-test-token-0123456789"
+
+
+@pytest.mark.parametrize(
+    ("target", "headers"),
+    [
+        ("/operations/k1/resolve", []),
+        ("/admin/operations/op_1/redact", [("Authorization", f"Bearer {TOKEN}")]),
+    ],
+)
+async def test_an_operator_body_that_never_arrives_is_408(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    target: str,
+    headers: list[tuple[str, str]],
+) -> None:
+    """Headers announce 50 bytes, none follow: 408 request-timeout after client_timeout."""
+    gateway = await gateway_factory(
+        upstream.url, server={"client_timeout": "1s"}, admin={"token": TOKEN}
+    )
+    raw = request(
+        "POST",
+        target,
+        [*headers, ("Content-Type", "application/json"), ("Content-Length", "50")],
+        content_length=False,
+    )
+    started = time.monotonic()
+    answer = await exchange(address_of(gateway.url), raw, seconds=10)
+    assert answer.status == 408, (answer.status, answer.body[:200])
+    assert json.loads(answer.body)["type"].endswith("/request-timeout")
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("method", "override"),
+    [
+        ("GET", "X-HTTP-Method-Override"),
+        ("GET", "X-Method-Override"),
+        ("GET", "X-HTTP-Method"),
+        ("POST", "X-HTTP-Method-Override"),
+    ],
+)
+async def test_a_method_override_is_refused_and_never_forwarded(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, method: str, override: str
+) -> None:
+    """400 invalid-request: the gateway cannot protect a method it does not see."""
+    gateway = await gateway_factory(upstream.url)
+    headers = [(override, "DELETE" if method == "POST" else "POST"), ("Idempotency-Key", "k2")]
+    answer = await exchange(address_of(gateway.url), request(method, "/tickets/v1/x", headers))
+    assert answer.status == 400, (answer.status, answer.body[:200])
+    assert json.loads(answer.body)["type"].endswith("/invalid-request")
+    assert override in json.loads(answer.body)["detail"]
+    assert upstream.count == 0
