@@ -51,6 +51,7 @@ class _Pending(Generic[T]):
     job: Callable[[sqlite3.Connection], T]
     future: asyncio.Future[T]
     off_loop: bool = False
+    truncate_wal: bool = False
 
 
 @dataclass(slots=True)
@@ -102,17 +103,25 @@ class SqliteWriterThread:
         self._connection = connection
         self._idle.set()
 
-    async def run(self, job: Callable[[sqlite3.Connection], T], *, off_loop: bool = False) -> T:
+    async def run(
+        self,
+        job: Callable[[sqlite3.Connection], T],
+        *,
+        off_loop: bool = False,
+        truncate_wal: bool = False,
+    ) -> T:
         """Run `job` in the next batch; return once its batch is committed.
 
         `off_loop=True` is for statements whose cost grows with the table (sweeps,
         counts, migrations): their batch runs on the thread, so the loop never
-        waits on a scan.
+        waits on a scan. `truncate_wal=True`: after the commit, the WAL is copied
+        into the database file and emptied (a checkpoint cannot run inside the
+        batch's transaction), so overwritten bytes leave the WAL too.
         """
         if self._loop is None or self._connection is None:
             raise StoreUnavailable("the SQLite store is not open")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._queue.append(_Pending(job, future, off_loop))
+        self._queue.append(_Pending(job, future, off_loop, truncate_wal))
         if not self._committing:
             self._start_batch()
         return await future
@@ -163,7 +172,10 @@ class SqliteWriterThread:
                 connection.execute("ROLLBACK")
             self._finish_now(batch, _unavailable("the SQLite store failed mid-batch", exc))
             return
-        thread.submit(lambda: _commit(connection, done), self._delivered(batch))
+        thread.submit(
+            lambda: _commit(connection, done, truncate_wal=_truncates(batch)),
+            self._delivered(batch),
+        )
 
     def _delivered(
         self, batch: list[_Pending[Any]]
@@ -196,7 +208,7 @@ class SqliteWriterThread:
                 connection.execute("ROLLBACK")
             error = _unavailable("the SQLite store failed mid-batch", exc)
             return [_Done(item.future, error=error) for item in batch]
-        return _commit(connection, done)
+        return _commit(connection, done, truncate_wal=_truncates(batch))
 
     def _finish_now(self, batch: list[_Pending[Any]], error: BaseException) -> None:
         self._deliver(batch, [_Done(item.future, error=error) for item in batch])
@@ -314,7 +326,13 @@ def _run_jobs_isolated(connection: sqlite3.Connection, batch: list[_Pending[Any]
     return done
 
 
-def _commit(connection: sqlite3.Connection, done: list[_Done]) -> list[_Done]:
+def _truncates(batch: list[_Pending[Any]]) -> bool:
+    return any(item.truncate_wal for item in batch)
+
+
+def _commit(
+    connection: sqlite3.Connection, done: list[_Done], *, truncate_wal: bool = False
+) -> list[_Done]:
     """COMMIT (the fsync) on the thread; on failure every job of the batch fails."""
     try:
         connection.execute("COMMIT")
@@ -325,6 +343,14 @@ def _commit(connection: sqlite3.Connection, done: list[_Done]) -> list[_Done]:
             connection.execute("ROLLBACK")
         error = _unavailable("the SQLite commit failed", exc)
         return [_Done(d.future, error=d.error or error) for d in done]
+    if truncate_wal:
+        try:
+            busy, _, _ = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            busy = 1
+            log.warning("sqlite checkpoint after a redaction failed: %s", exc)
+        if busy:  # a reader held the WAL: the bytes stay until the next checkpoint
+            log.warning("the WAL could not be truncated after a redaction; it will be later")
     return done
 
 
