@@ -667,10 +667,25 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _check_across(self) -> Self:
-        problems = [*self._client_problems(), *self._route_problems()]
+        problems = [
+            *self._client_problems(),
+            *self._route_problems(),
+            *self._listener_problems(),
+        ]
         if problems:
             raise _Problems(*problems)
         return self
+
+    def _listener_problems(self) -> Iterator[tuple[_Loc, str]]:
+        if self.admin.listen is None:
+            return
+        port = int(self.admin.listen.rpartition(":")[2])
+        if port != 0 and port == self.server.port:
+            yield (
+                ("admin", "listen"),
+                f"uses the main listener's port {port}; the admin API needs a port of its "
+                "own, so that no path to it runs through the main listener",
+            )
 
     def _client_problems(self) -> Iterator[tuple[_Loc, str]]:
         names: dict[str, int] = {}

@@ -22,7 +22,9 @@ _SHARED = frozenset({"/healthz", "/readyz", "/metrics"})
 class Listeners:
     """Filled in once the sites listen (port 0 is only known then)."""
 
-    admin_port: int | None = None
+    admin_address: tuple[str, int] | None = None
+    """The admin site's (host, port) as it listens: told apart by both, never the port
+    alone (the same port on another address is another listener)."""
 
 
 LISTENERS = web.AppKey("listeners", Listeners)
@@ -32,12 +34,23 @@ def _is_admin_path(path: str) -> bool:
     return path == "/admin" or path.startswith("/admin/")
 
 
+_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _is_admin_listener(sockname: tuple[object, ...], admin: tuple[str, int]) -> bool:
+    """The local address a request arrived on is the admin site's: the same port, and the
+    same address unless the admin site listens on every address (the config refuses an
+    admin port equal to the main one, so the port then tells them apart)."""
+    host, port = admin
+    return sockname[1] == port and (host in _WILDCARDS or sockname[0] == host)
+
+
 @web.middleware
 async def listener_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    admin_port = request.app[LISTENERS].admin_port
-    if admin_port is not None and request.path not in _SHARED:
+    admin_address = request.app[LISTENERS].admin_address
+    if admin_address is not None and request.path not in _SHARED:
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
-        on_admin_listener = sockname is not None and sockname[1] == admin_port
+        on_admin_listener = sockname is not None and _is_admin_listener(sockname, admin_address)
         if _is_admin_path(request.path) != on_admin_listener:
             raise NotFound(f"nothing at {request.path} on this listener")
     return await handler(request)

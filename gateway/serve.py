@@ -87,7 +87,7 @@ async def start_sites(runner: web.AppRunner, settings: Settings) -> list[str]:
         admin = web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True)
         await admin.start()
         address = runner.addresses[-1]
-        runner.app[LISTENERS].admin_port = int(address[1])
+        runner.app[LISTENERS].admin_address = (str(address[0]), int(address[1]))
         urls.append(_url(address))
     return urls
 

@@ -68,3 +68,17 @@ def test_check_config_masks_every_password_in_the_store_url(
     rendered = render_effective(load_settings(path, environ={}))
     assert secret not in rendered
     assert "***" in rendered
+
+
+def test_an_admin_listener_on_the_main_port_is_refused(tmp_path: Path) -> None:
+    """Listeners are told apart by address and port: one port for both is refused, even on
+    another address (security review, finding 8)."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        '[server]\nhost = "127.0.0.1"\nport = 8080\n[admin]\nlisten = "127.0.0.2:8080"\n'
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, environ={})
+    assert "admin.listen" in str(refused.value)
+    path.write_text('[server]\nport = 0\n[admin]\nlisten = "127.0.0.1:0"\n')
+    assert load_settings(path, environ={}).admin.listen == "127.0.0.1:0"
