@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import aiohttp
+from yarl import URL
 
 from gateway.errors import (
     RouteSaturated,
@@ -182,7 +183,8 @@ class Forwarder:
         try:
             response = await session.request(
                 method,
-                url,
+                # Exactly the bytes gateway.routing judged: no re-encoding of the path.
+                URL(url, encoded=True),
                 headers=_with_route_headers(headers, route.upstream_headers),
                 data=body if body or method not in ("GET", "HEAD") else None,
                 allow_redirects=False,

@@ -7,7 +7,10 @@ only its path, which is routed like any other). Paths with dot segments
 (plain, percent-encoded or with `;` parameters), empty segments, backslashes,
 encoded slashes, invalid escapes or encoded NULs are refused before matching,
 so a remainder can never climb out of the route's base path on an upstream,
-whatever that upstream's own path rules are.
+whatever that upstream's own path rules are. Dot segments are judged on each
+segment decoded, its `;` parameters cut off (`%2e%2e%3B` is `..;`, which
+Tomcat, Jetty and Spring read as `..`), and the forwarder sends exactly the
+bytes judged here: nothing re-encodes them afterwards.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 from gateway.errors import InvalidRequest, NoRoute
 
@@ -25,7 +29,6 @@ if TYPE_CHECKING:
 _DOT_SEGMENT = re.compile(r"(^|/)(\.|%2e){1,2}(/|$)", re.IGNORECASE)
 _ENCODED_SLASH = re.compile(r"%2f|%5c", re.IGNORECASE)
 _BAD_ESCAPE = re.compile(r"%(?![0-9a-f]{2})|%00", re.IGNORECASE)
-_DOT_PARAM_SEGMENT = re.compile(r"(^|/)\.{1,2};", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +69,16 @@ def check_path(raw_path: str) -> None:
         raise InvalidRequest("the request target must be an origin-form path starting with '/'")
     if _DOT_SEGMENT.search(raw_path):
         raise InvalidRequest("the path may not contain '.' or '..' segments")
+    if any(_is_dot_segment(segment) for segment in raw_path.split("/")):
+        raise InvalidRequest("the path may not contain '.;' or '..;' segments (in any spelling)")
     if "//" in raw_path:
         raise InvalidRequest("the path may not contain empty segments ('//')")
     if "\\" in raw_path or _ENCODED_SLASH.search(raw_path):
         raise InvalidRequest("the path may not contain backslashes or encoded slashes")
     if _BAD_ESCAPE.search(raw_path):
         raise InvalidRequest("the path has an invalid percent-escape (or an encoded NUL)")
-    if _DOT_PARAM_SEGMENT.search(raw_path):
-        raise InvalidRequest("the path may not contain '.;' or '..;' segments")
+
+
+def _is_dot_segment(raw_segment: str) -> bool:
+    """`.` or `..` once decoded and stripped of `;` parameters, however it is spelled."""
+    return unquote(raw_segment).split(";", 1)[0] in (".", "..")

@@ -87,6 +87,8 @@ class Effect:
     headers: dict[str, str]
     body: bytes
     key: str | None
+    raw_path: str = ""
+    """The path exactly as it arrived, percent-escapes and all."""
 
 
 class CountingUpstream:
@@ -275,6 +277,7 @@ class CountingUpstream:
             headers=headers,
             body=body,
             key=request.headers.get("Idempotency-Key"),
+            raw_path=request.raw_path.split("?", 1)[0],
         )
         self.effects.append(effect)
         if request.transport is not None:
