@@ -357,6 +357,9 @@ class QuotaSettings(BaseModel):
     """New keys one scope may start per minute (this process)."""
     max_operations: int = Field(default=0, ge=0)
     """Records (receipts and tombstones) one scope may keep in the store."""
+    route_new_keys_per_minute: int = Field(default=0, ge=0)
+    """New keys all scopes together may start on one route per minute (this process):
+    the cap that a fresh credential per request cannot escape."""
 
 
 MIN_ADMIN_TOKEN_LENGTH = 24

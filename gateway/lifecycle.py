@@ -168,7 +168,9 @@ class IdempotencyEngine:
         """With key quotas on, a new key is charged before it is claimed (one extra read)."""
         if await self._timed("get", self._store.get(request.scope, request.key)) is None:
             await self._quotas.admit_new_key(
-                request.scope, lambda: self._store.count_for_scope(request.scope)
+                request.scope,
+                request.route.name,
+                lambda: self._store.count_for_scope(request.scope),
             )
 
     def _claim_of(self, request: ProxyRequest) -> ClaimRequest:

@@ -6,20 +6,28 @@ Three limits from `[quotas]`, each off at 0:
 - `new_keys_per_minute`: keys one scope may start in a sliding minute;
 - `max_operations`: records (receipts and tombstones) one scope may keep.
 
+A fourth, `route_new_keys_per_minute`, counts every scope of a route together:
+a caller that presents a fresh credential per request gets a fresh scope each
+time and escapes the per-scope limits, never this one.
+
 They are checked before the claim, so a refused request (429
-`quota-exceeded`, safe to retry later) has recorded nothing. The first two
-are counted in this process (each replica enforces its own share); the
-record count comes from the store, cached for a few seconds per scope so the
-hot path does not count rows on every request.
+`quota-exceeded`, safe to retry later) has recorded nothing. The rates are
+counted in this process (each replica enforces its own share); the record
+count comes from the store, cached for a few seconds per scope so the hot path
+does not count rows on every request.
+
+The per-scope tables are bounded (`MAX_TRACKED_SCOPES`, least recently seen
+dropped first) whatever the number of credentials that arrive: a dropped
+scope starts afresh, which the route-wide cap still bounds.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from gateway.errors import QuotaExceeded
 
@@ -28,6 +36,8 @@ if TYPE_CHECKING:
 
 COUNT_CACHE_SECONDS = 5.0
 WINDOW_SECONDS = 60.0
+MAX_TRACKED_SCOPES = 10_000
+"""Per-scope windows and counts kept at most; memory stays flat under credential churn."""
 
 
 class ScopeQuotas:
@@ -39,13 +49,23 @@ class ScopeQuotas:
     def __init__(self, settings: QuotaSettings) -> None:
         self._settings = settings
         self._in_flight: dict[str, int] = {}
-        self._new_keys: dict[str, deque[float]] = {}
-        self._counts: dict[str, tuple[float, int]] = {}
+        self._new_keys: OrderedDict[str, deque[float]] = OrderedDict()
+        self._route_new_keys: dict[str, deque[float]] = {}
+        self._counts: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
     @property
     def limits_new_keys(self) -> bool:
         """Whether a request must first learn if its key is new (costs one read)."""
-        return bool(self._settings.new_keys_per_minute or self._settings.max_operations)
+        settings = self._settings
+        return bool(
+            settings.new_keys_per_minute
+            or settings.max_operations
+            or settings.route_new_keys_per_minute
+        )
+
+    def tracked_scopes(self) -> int:
+        """How many scopes the largest per-scope table holds (for tests and metrics)."""
+        return max(len(self._new_keys), len(self._counts))
 
     @contextmanager
     def in_flight(self, scope: str) -> Iterator[None]:
@@ -66,22 +86,24 @@ class ScopeQuotas:
             else:
                 del self._in_flight[scope]
 
-    async def admit_new_key(self, scope: str, count: Callable[[], Awaitable[int]]) -> None:
-        """Charge one new key to the scope, or raise `QuotaExceeded`."""
+    async def admit_new_key(
+        self, scope: str, route: str, count: Callable[[], Awaitable[int]]
+    ) -> None:
+        """Charge one new key to the scope and the route, or raise `QuotaExceeded`."""
         now = time.monotonic()
+        route_rate = self._settings.route_new_keys_per_minute
+        route_window = self._route_new_keys.setdefault(route, deque()) if route_rate else None
+        if route_window is not None:
+            _check_rate(
+                route_window, route_rate, now, f"route {route!r} started {route_rate} new keys"
+            )
         rate = self._settings.new_keys_per_minute
-        if rate:
-            window = self._new_keys.setdefault(scope, deque())
-            while window and now - window[0] >= WINDOW_SECONDS:
-                window.popleft()
-            if len(window) >= rate:
-                raise QuotaExceeded(
-                    f"this client started {rate} new keys in the last minute (the limit)",
-                    retry_after=max(1.0, WINDOW_SECONDS - (now - window[0])),
-                )
+        window = _touch(self._new_keys, scope, deque) if rate else None
+        if window is not None:
+            _check_rate(window, rate, now, f"this client started {rate} new keys")
         limit = self._settings.max_operations
         if limit:
-            counted_at, stored = self._counts.get(scope, (0.0, -1))
+            counted_at, stored = _touch(self._counts, scope, lambda: (0.0, -1))
             if stored < 0 or now - counted_at >= COUNT_CACHE_SECONDS:
                 stored, counted_at = await count(), now
             if stored >= limit:
@@ -91,5 +113,33 @@ class ScopeQuotas:
                     "forgotten after tombstone_retention"
                 )
             self._counts[scope] = (counted_at, stored + 1)
-        if rate:
-            self._new_keys[scope].append(now)
+        if window is not None:
+            window.append(now)
+        if route_window is not None:
+            route_window.append(now)
+
+
+def _check_rate(window: deque[float], rate: int, now: float, what: str) -> None:
+    while window and now - window[0] >= WINDOW_SECONDS:
+        window.popleft()
+    if len(window) >= rate:
+        raise QuotaExceeded(
+            f"{what} in the last minute (the limit)",
+            retry_after=max(1.0, WINDOW_SECONDS - (now - window[0])),
+        )
+
+
+_V = TypeVar("_V")
+
+
+def _touch(table: OrderedDict[str, _V], scope: str, make: Callable[[], _V]) -> _V:
+    """The scope's entry, made if missing and marked most recently seen; the least
+    recently seen scopes are dropped beyond `MAX_TRACKED_SCOPES`."""
+    entry = table.get(scope)
+    if entry is None:
+        entry = table[scope] = make()
+        while len(table) > MAX_TRACKED_SCOPES:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(scope)
+    return entry
