@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 import pytest
 from conftest import GatewayFactory
 from pg import drop_schema, fresh_schema, require_postgres, url_for
@@ -42,8 +43,6 @@ async def test_a_failing_store_is_not_described_to_the_caller(
     schema = await fresh_schema()
     try:
         gateway = await gateway_factory(upstream.url, store_url=url_for(schema))
-        import asyncpg  # noqa: PLC0415 - only this test needs the driver directly
-
         connection = await asyncpg.connect(url_for(schema))
         try:
             await connection.execute("ALTER TABLE operations RENAME TO operations_gone")
