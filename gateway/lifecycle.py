@@ -122,7 +122,10 @@ class IdempotencyEngine:
             if self._quotas.limits_new_keys:
                 await self._admit_if_new(request)
             self._inject_fault("before_claim")
-            for _ in range(2):  # a probe may release the key: then one fresh claim
+            # A probe may release the key, or its record be forgotten (past its
+            # tombstone) while this request waited: then the key starts over.
+            operation: Operation | None = None
+            for _ in range(3):
                 with self._forwarder.gate(request.route):
                     claimed_at = self._clock.monotonic()
                     try:
@@ -135,15 +138,28 @@ class IdempotencyEngine:
                     if not isinstance(claim, Existing):
                         return await self._attempt(request, claim.operation, claimed_at)
                 operation = await self._refresh(claim.operation)
-                if request.trace is not None:
+                if operation is not None and request.trace is not None:
                     request.trace.operation_id = operation.id
-                if request.wait_seconds > 0 and operation.state is State.IN_FLIGHT:
+                if (
+                    operation is not None
+                    and request.wait_seconds > 0
+                    and operation.state is State.IN_FLIGHT
+                ):
                     operation = await self._wait(operation, request.wait_seconds)
+                if operation is None:
+                    continue
                 if operation.state is not State.RELEASED or (
                     operation.fingerprint != request.fingerprint
                 ):
                     return answer_existing(operation, request.fingerprint)
-            return answer_existing(operation, request.fingerprint)
+            if operation is not None:
+                return answer_existing(operation, request.fingerprint)
+            raise InProgress(
+                "the key's record changed hands while this request waited; send it again",
+                key=request.key,
+                state=State.RELEASED.value,
+                retry_after=1,
+            )
 
     def answer_from_receipt(self, request: ProxyRequest) -> Reply | None:
         """A retry of a completed operation, answered from the committed record at once.
@@ -437,16 +453,22 @@ class IdempotencyEngine:
         operation = await self._timed("get", self._store.get(scope, key))
         return None if operation is None else await self._refresh(operation)
 
-    async def _refresh(self, operation: Operation) -> Operation:
+    async def _refresh(self, operation: Operation) -> Operation | None:
+        """The record brought up to date (expired lease, due probe); `None` once it is
+        forgotten (past its tombstone): nothing may be answered from a record the key
+        no longer has."""
         if operation.lease_expired() and not self._keeper.holds(operation.id):
             expired = await self._store.expire_orphans(owner=None)
             self._observer.lease_expired(expired)
-            operation = await self._store.get_by_id(operation.id) or operation
+            current = await self._store.get_by_id(operation.id)
+            if current is None:
+                return None
+            operation = current
         if operation.state is State.UNKNOWN:
-            operation = await self.probe(operation)
+            return await self.probe(operation)
         return operation
 
-    async def _wait(self, operation: Operation, seconds: float) -> Operation:
+    async def _wait(self, operation: Operation, seconds: float) -> Operation | None:
         """Prefer: wait=N: the outcome once known, or the in-flight record when N runs out.
 
         Woken by the outcome write itself (in this process, or another replica's
@@ -482,9 +504,11 @@ class IdempotencyEngine:
                 await asyncio.sleep(min(poll, remaining))
                 poll = min(poll * 2, CROSS_PROCESS_POLL[1])
             current = await self._store.get_by_id(operation.id)
-            if current is None:
-                break
-            operation = await self._refresh(current)
+            refreshed = None if current is None else await self._refresh(current)
+            if refreshed is None:  # forgotten meanwhile
+                self._settled.pop(operation.id, None)
+                return None
+            operation = refreshed
         if not self._keeper.holds(operation.id):
             self._settled.pop(operation.id, None)
         return operation
@@ -570,7 +594,7 @@ class IdempotencyEngine:
         )  # fmt: skip
         return resolved
 
-    async def probe(self, operation: Operation) -> Operation:
+    async def probe(self, operation: Operation) -> Operation | None:
         """Ask the route's probe about an unknown operation and act on the answer.
 
         A verdict is about one attempt: the one current when the probe was
@@ -587,7 +611,7 @@ class IdempotencyEngine:
             return operation
         asked = await self._store.get_by_id(operation.id)
         if asked is None or asked.state is not State.UNKNOWN:
-            return asked or operation
+            return asked  # settled meanwhile, or forgotten (None)
         answer = await self._prober.ask(route, asked)
         response = answer.response
         if response is None:
@@ -627,7 +651,7 @@ class IdempotencyEngine:
         asked: Operation,
         outcome: Outcome,
         response: StoredResponse | None,
-    ) -> Operation:
+    ) -> Operation | None:
         try:
             settled = await self.resolve(
                 asked, outcome=outcome, by="probe", response=response, note="settled by probe"
@@ -652,7 +676,7 @@ class IdempotencyEngine:
         detail: str,
         *,
         status: int | None = None,
-    ) -> Operation:
+    ) -> Operation | None:
         self._observer.probe_result(route.name, result)
         log.info(
             "probe",
@@ -661,7 +685,7 @@ class IdempotencyEngine:
         )  # fmt: skip
         evidence = Evidence(at=self._clock.time(), source="probe", detail=detail, status=status)
         await self._store.add_evidence(operation.id, evidence)
-        return await self._store.get_by_id(operation.id) or operation
+        return await self._store.get_by_id(operation.id)
 
     async def reconcile_unknown(self, *, batch: int = 100) -> int:
         """Probe every due unknown operation once (background sweep); count the settled."""
@@ -675,7 +699,8 @@ class IdempotencyEngine:
                 route = self._routes.get(operation.route)
                 if route is None or route.probe is None or not self._prober.due(operation.id):
                     continue
-                if (await self.probe(operation)).state is not State.UNKNOWN:
+                probed = await self.probe(operation)
+                if probed is not None and probed.state is not State.UNKNOWN:
                     settled += 1
             if page.next_cursor is None:
                 return settled
