@@ -144,6 +144,7 @@ def _rows(first: int, end: int, total: int) -> Iterator[tuple[object, ...]]:
             completed,  # resolution_at
             None,  # resolution_note
             "[]",  # evidence
+            "plain",  # storage
         )
 
 

@@ -5,8 +5,10 @@ database file or backup should not hand them over. With `[store]
 encryption_keys` set, every stored body is sealed with the first key; any
 listed key opens it, so keys rotate without a migration: put the new key
 first, keep the old ones until every receipt sealed with them has expired
-(`retention`), then drop them. Bodies stored before encryption was turned on
-(no magic prefix) are read as they are.
+(`retention`), then drop them. Stored response headers are sealed the same
+way. Whether a row's receipt is sealed is said by the row itself (its
+`storage` column), never guessed from the first bytes: an upstream body that
+happens to start like a sealed one is plain bytes and replays as it came.
 
 The operation id is bound as associated data, so a sealed body cannot be
 moved to another operation's row unnoticed.
@@ -58,8 +60,9 @@ class BodyCipher:
         return MAGIC + self._current + nonce + sealed
 
     def open(self, stored: bytes, operation_id: str) -> bytes:
+        """Open what `seal` returned (the row says it is sealed); `CipherError` otherwise."""
         if not stored.startswith(MAGIC):
-            return stored  # written before encryption was turned on
+            raise CipherError(f"the stored receipt of {operation_id} is not a sealed envelope")
         header = len(MAGIC)
         key_id = stored[header : header + _KEY_ID_BYTES]
         nonce = stored[header + _KEY_ID_BYTES : header + _KEY_ID_BYTES + _NONCE_BYTES]

@@ -25,6 +25,8 @@ through the gateway without any side channel:
 - ``gzip=1``: answer with a gzip-compressed body and ``Content-Encoding: gzip``
   (a proxy must not decompress);
 - ``cookie=1``: add ``Set-Cookie: session=secret`` and ``X-Custom: yes``;
+- ``echo=1``: answer with the request body, byte for byte;
+- ``token=1``: add ``X-Upstream-Token: tok-9f8e7d6c5b``;
 - ``forge=1``: add the gateway's own headers (``Idempotent-Replayed: true``,
   ``Idempotency-Status: completed``, ``Idempotency-Key: forged``);
 - ``apply_after=SECONDS``: wait first, then apply the effect and answer (an
@@ -252,6 +254,11 @@ class CountingUpstream:
         else:
             payload = _describe(effect).encode()
             headers["Content-Type"] = "application/json"
+        if controls.get("echo") == "1":  # the request body, byte for byte
+            payload = body
+            headers["Content-Type"] = "application/octet-stream"
+        if controls.get("token") == "1":  # a header worth keeping secret at rest
+            headers["X-Upstream-Token"] = "tok-9f8e7d6c5b"
         if controls.get("gzip") == "1":
             payload = gzip.compress(payload, mtime=0)
             headers["Content-Encoding"] = "gzip"

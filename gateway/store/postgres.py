@@ -55,10 +55,9 @@ from gateway.store.rows import (
     claim_changes,
     decode_cursor,
     encode_cursor,
-    encode_headers,
     is_forgotten,
     row_to_operation,
-    seal_body,
+    seal_receipt,
 )
 
 log = logging.getLogger("gateway.store.postgres")
@@ -328,12 +327,16 @@ class PostgresStore:
         tombstone_seconds: float,
         resolution: Resolution,
     ) -> Operation | None:
+        sealed = seal_receipt(
+            response, response.body if body_retained else None, operation_id, self._cipher
+        )
         receipt = _Receipt(
             operation_id=operation_id,
             token=token,
             stored=as_stored(response, body_retained=body_retained),
-            headers=encode_headers(response.headers),
-            body=seal_body(response.body if body_retained else None, operation_id, self._cipher),
+            headers=sealed.headers,
+            body=sealed.body,
+            storage=sealed.storage,
             body_retained=body_retained,
             retention_seconds=retention_seconds,
             tombstone_seconds=max(tombstone_seconds, retention_seconds),
@@ -356,6 +359,7 @@ class PostgresStore:
             [receipt.tombstone_seconds for receipt in receipts],
             [receipt.resolution.by for receipt in receipts],
             [receipt.resolution.note for receipt in receipts],
+            [receipt.storage for receipt in receipts],
         )
         written = {row["id"]: row for row in rows}
         results: list[Operation | None] = []
@@ -461,10 +465,13 @@ class PostgresStore:
         retention_seconds: float,
         tombstone_seconds: float,
     ) -> Operation | None:
+        sealed = seal_receipt(
+            response, response.body if response else None, operation_id, self._cipher
+        )
         row = await self._fetchrow(
             "resolve",
             "UPDATE operations SET state = $2, response_status = $3, response_headers = $4, "
-            "response_body = $5, body_retained = $6, "
+            "response_body = $5, body_retained = $6, storage = $13, "
             f"expires_at = CASE WHEN $2 = 'completed' THEN {NOW} + {SECONDS.format('$7')} END, "
             f"forgotten_at = {NOW} + {SECONDS.format('$8')}, "
             f"resolution_by = $9, resolution_at = {NOW}, resolution_note = $10, "
@@ -475,8 +482,8 @@ class PostgresStore:
             operation_id,
             state.value,
             response.status if response else None,
-            encode_headers(response.headers) if response else None,
-            seal_body(response.body if response else None, operation_id, self._cipher),
+            sealed.headers,
+            sealed.body,
             response is not None,
             retention_seconds,
             max(tombstone_seconds, retention_seconds),
@@ -484,6 +491,7 @@ class PostgresStore:
             resolution.note,
             expected_version,
             token,
+            sealed.storage,
         )
         return None if row is None else self._decode(row)
 
@@ -499,7 +507,7 @@ class PostgresStore:
         )
         more = len(rows) > limit
         rows = rows[:limit]
-        items = tuple(self._decode(tuple(row)[1:]) for row in rows)
+        items = tuple(row_to_operation(tuple(row)[1:], self._cipher, lenient=True) for row in rows)
         next_cursor = encode_cursor(rows[-1]["seq"]) if more and rows else None
         return Page(items=items, next_cursor=next_cursor)
 
@@ -618,15 +626,17 @@ claim at 20k rows, measured, until an ANALYZE replaced the plan.
 
 _COMPLETES = (
     "UPDATE operations o SET state = 'completed', response_status = v.status, "
-    "response_headers = v.headers, response_body = v.body, body_retained = v.retained, "
+    "response_headers = v.headers, response_body = v.body, storage = v.storage, "
+    "body_retained = v.retained, "
     f"expires_at = {NOW} + {SECONDS.format('v.retention')}, "
     f"forgotten_at = {NOW} + {SECONDS.format('v.tombstone')}, "
     f"resolution_by = v.resolved_by, resolution_at = {NOW}, resolution_note = v.note, "
     f"lease_owner = NULL, updated_at = {NOW}, "
     "version = o.version + 1 "
     "FROM unnest($1::text[], $2::int8[], $3::int4[], $4::text[], $5::bytea[], $6::bool[], "
-    "$7::float8[], $8::float8[], $9::text[], $10::text[]) "
-    "AS v(id, token, status, headers, body, retained, retention, tombstone, resolved_by, note) "
+    "$7::float8[], $8::float8[], $9::text[], $10::text[], $11::text[]) "
+    "AS v(id, token, status, headers, body, retained, retention, tombstone, resolved_by, note, "
+    "storage) "
     "WHERE o.id = v.id AND o.token = v.token AND o.state IN ('in_flight', 'unknown') "
     f"RETURNING {columns_of('o')}, "
     f"CASE WHEN o.watched THEN pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified"
@@ -641,8 +651,9 @@ class _Receipt(NamedTuple):
     operation_id: str
     token: int
     stored: StoredResponse
-    headers: str
+    headers: str | None
     body: bytes | None
+    storage: str
     body_retained: bool
     retention_seconds: float
     tombstone_seconds: float

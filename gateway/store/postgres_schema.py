@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -118,6 +118,14 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     # Outcome writes NOTIFY only rows a waiting replica asked about (a constant
     # default: no table rewrite).
     3: ("ALTER TABLE operations ADD COLUMN watched boolean NOT NULL DEFAULT false",),
+    # How each receipt is kept, said by the row (gateway.store.rows.seal_receipt). Rows
+    # from before carry no marker: those whose body starts with the envelope's magic
+    # were sealed by the old code, the one time bytes decide.
+    4: (
+        "ALTER TABLE operations ADD COLUMN storage text NOT NULL DEFAULT 'plain'",
+        "UPDATE operations SET storage = 'sealed' "
+        "WHERE substring(response_body from 1 for 4) = '\\x49474531'::bytea",
+    ),
 }
 
 

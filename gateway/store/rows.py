@@ -11,9 +11,10 @@ import base64
 import dataclasses
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from gateway.crypto import MAGIC, BodyCipher, CipherError
+from gateway.crypto import BodyCipher, CipherError
+from gateway.errors import StoreUnavailable
 from gateway.models import Evidence, Operation, Resolution, State, StoredResponse
 
 COLUMN_NAMES = (
@@ -43,6 +44,7 @@ COLUMN_NAMES = (
     "resolution_at",
     "resolution_note",
     "evidence",
+    "storage",
     "observed_at",
 )
 """The columns both stores select, in the order `row_to_operation` reads them.
@@ -57,29 +59,64 @@ _STATES = {state.value: state for state in State}
 """A dict lookup: `State(value)` goes through the enum machinery, once per decoded row."""
 
 
-def _open_body(stored: bytes | None, operation_id: str, cipher: BodyCipher | None) -> bytes:
-    if stored is None:
-        return b""
-    body = bytes(stored)
-    if cipher is not None:
-        return cipher.open(body, operation_id)
-    if body.startswith(MAGIC):
+PLAIN = "plain"
+SEALED = "sealed"
+"""How a row keeps its receipt (`storage`): as it came, or sealed with `[store]
+encryption_keys` (body and headers). Said explicitly, never sniffed from bytes."""
+
+
+class SealedReceipt(NamedTuple):
+    """A receipt's columns as a store writes them."""
+
+    headers: str | None
+    body: bytes | None
+    storage: str
+
+
+def seal_receipt(
+    response: StoredResponse | None,
+    body: bytes | None,
+    operation_id: str,
+    cipher: BodyCipher | None,
+) -> SealedReceipt:
+    """The headers and body columns of a receipt (`body` is `None` when not kept), sealed
+    when encryption keys are configured, with the marker that says so."""
+    headers = None if response is None else encode_headers(response.headers)
+    if cipher is None:
+        return SealedReceipt(headers, body, PLAIN)
+    sealed_headers = (
+        None
+        if headers is None
+        else base64.b64encode(cipher.seal(headers.encode(), operation_id + "/headers")).decode()
+    )
+    sealed_body = None if body is None else cipher.seal(body, operation_id)
+    return SealedReceipt(sealed_headers, sealed_body, SEALED)
+
+
+def _open_receipt(
+    headers: str | None,
+    body: bytes | None,
+    storage: str,
+    operation_id: str,
+    cipher: BodyCipher | None,
+) -> tuple[tuple[tuple[str, str], ...], bytes]:
+    if storage != SEALED:
+        return decode_headers(headers), b"" if body is None else bytes(body)
+    if cipher is None:
         raise CipherError(
-            f"the body of {operation_id} is encrypted but [store] encryption_keys is empty"
+            f"the receipt of {operation_id} is sealed but [store] encryption_keys is empty"
         )
-    return body
+    opened = (
+        None
+        if headers is None
+        else cipher.open(base64.b64decode(headers), operation_id + "/headers").decode()
+    )
+    return decode_headers(opened), b"" if body is None else cipher.open(bytes(body), operation_id)
 
 
 def as_stored(response: StoredResponse, *, body_retained: bool) -> StoredResponse:
     """The receipt as a read of it returns it: without its body when the body was not kept."""
     return response if body_retained else dataclasses.replace(response, body=b"")
-
-
-def seal_body(body: bytes | None, operation_id: str, cipher: BodyCipher | None) -> bytes | None:
-    """What a store writes for a body: sealed when encryption keys are configured."""
-    if body is None or cipher is None:
-        return body
-    return cipher.seal(body, operation_id)
 
 
 def is_forgotten(operation: Operation) -> bool:
@@ -146,6 +183,7 @@ def row_to_operation(
     cipher: BodyCipher | None = None,
     *,
     stored: StoredResponse | None = None,
+    lenient: bool = False,
 ) -> Operation:
     """The operation in a row whose first columns are the stores' shared column list.
 
@@ -183,6 +221,7 @@ def row_to_operation(
         resolution_at,
         resolution_note,
         evidence,
+        storage,
         observed_at,
     ) = tuple(row)[:_FIELD_COUNT]
     response = stored
@@ -190,11 +229,17 @@ def row_to_operation(
     # expiry: it reads as no response, never as an empty one to replay.
     swept = response_body is None and body_retained
     if response is None and response_status is not None and not swept:
-        response = StoredResponse(
-            status=response_status,
-            headers=decode_headers(response_headers),
-            body=_open_body(response_body, op_id, cipher),
-        )
+        try:
+            headers, body = _open_receipt(response_headers, response_body, storage, op_id, cipher)
+        except CipherError as exc:
+            if not lenient:
+                raise StoreUnavailable(
+                    "a stored receipt cannot be opened with the configured keys",
+                    internal=str(exc),
+                ) from exc
+            # A listing shows the row without its receipt: one row never breaks a page.
+        else:
+            response = StoredResponse(status=response_status, headers=headers, body=body)
     return Operation(
         id=op_id,
         scope=scope,

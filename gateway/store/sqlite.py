@@ -48,10 +48,9 @@ from gateway.store.rows import (
     claim_changes,
     decode_cursor,
     encode_cursor,
-    encode_headers,
     is_forgotten,
     row_to_operation,
-    seal_body,
+    seal_receipt,
 )
 from gateway.store.sqlite_schema import CLOCK_FUNCTION, COLUMNS, migrate
 from gateway.store.sqlite_thread import SqliteWriterThread
@@ -237,22 +236,24 @@ class SqliteStore:
         tombstone_seconds: float,
         resolution: Resolution,
     ) -> Operation | None:
-        headers = encode_headers(response.headers)
-        body = seal_body(response.body if body_retained else None, operation_id, self._cipher)
+        receipt = seal_receipt(
+            response, response.body if body_retained else None, operation_id, self._cipher
+        )
 
         def job(c: sqlite3.Connection) -> Operation | None:
             now = self._clock.time()
             row = c.execute(
                 "UPDATE operations SET state = 'completed', response_status = ?, "
-                "response_headers = ?, response_body = ?, body_retained = ?, "
+                "response_headers = ?, response_body = ?, storage = ?, body_retained = ?, "
                 "expires_at = ?, forgotten_at = ?, resolution_by = ?, resolution_at = ?, "
                 "resolution_note = ?, lease_owner = NULL, "
                 "updated_at = ?, version = version + 1 "
                 f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_RETURNING}",
                 (
                     response.status,
-                    headers,
-                    body,
+                    receipt.headers,
+                    receipt.body,
+                    receipt.storage,
                     int(body_retained),
                     now + retention_seconds,
                     now + max(tombstone_seconds, retention_seconds),
@@ -372,12 +373,17 @@ class SqliteStore:
         retention_seconds: float,
         tombstone_seconds: float,
     ) -> Operation | None:
+        receipt = seal_receipt(
+            response, response.body if response else None, operation_id, self._cipher
+        )
+
         def job(c: sqlite3.Connection) -> Operation | None:
             now = self._clock.time()
             retained = response is not None
             row = c.execute(
                 "UPDATE operations SET state = ?, response_status = ?, response_headers = ?, "
-                "response_body = ?, body_retained = ?, expires_at = ?, forgotten_at = ?, "
+                "response_body = ?, storage = ?, body_retained = ?, expires_at = ?, "
+                "forgotten_at = ?, "
                 "resolution_by = ?, resolution_at = ?, resolution_note = ?, "
                 "token = token + 1, updated_at = ?, version = version + 1 "
                 "WHERE id = ? AND state = 'unknown' AND token = ? AND (? IS NULL OR version = ?) "
@@ -385,8 +391,9 @@ class SqliteStore:
                 (
                     state.value,
                     response.status if response else None,
-                    encode_headers(response.headers) if response else None,
-                    seal_body(response.body if response else None, operation_id, self._cipher),
+                    receipt.headers,
+                    receipt.body,
+                    receipt.storage,
                     int(retained),
                     now + retention_seconds if state is State.COMPLETED else None,
                     now + max(tombstone_seconds, retention_seconds),
@@ -420,7 +427,7 @@ class SqliteStore:
             ).fetchall()
             more = len(rows) > limit
             rows = rows[:limit]
-            items = tuple(self._decode(row[1:]) for row in rows)
+            items = tuple(row_to_operation(row[1:], self._cipher, lenient=True) for row in rows)
             next_cursor = encode_cursor(rows[-1][0]) if more and rows else None
             return Page(items=items, next_cursor=next_cursor)
 

@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 CLOCK_FUNCTION = "gateway_now"
 """An SQL function every connection of the store registers: the store's clock (the
@@ -73,6 +73,13 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (
         "CREATE INDEX operations_by_body_expiry ON operations (expires_at) "
         "WHERE response_body IS NOT NULL",
+    ),
+    # How each receipt is kept, said by the row (gateway.store.rows.seal_receipt). Rows
+    # from before carry no marker: those whose body starts with the envelope's magic
+    # were sealed by the old code, the one time bytes decide.
+    3: (
+        "ALTER TABLE operations ADD COLUMN storage TEXT NOT NULL DEFAULT 'plain'",
+        "UPDATE operations SET storage = 'sealed' WHERE substr(response_body, 1, 4) = X'49474531'",
     ),
 }
 
