@@ -215,6 +215,19 @@ def spawn(
     return process
 
 
+async def post_keyed(
+    session: aiohttp.ClientSession, gateway: GatewayProcess, key: str, *, query: str = ""
+) -> tuple[int, dict[str, str], bytes]:
+    """POST a small JSON body to the route "tickets" of a subprocess gateway, with `key`;
+    the answer read whole as (status, headers, body)."""
+    async with session.post(
+        f"{gateway.url}/tickets/v1/issues{query}",
+        data=json.dumps({"key": key}).encode(),
+        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+    ) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
 def is_stopped(process: GatewayProcess) -> bool:
     """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
     assert process.process is not None

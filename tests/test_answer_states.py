@@ -16,21 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from harness import GatewayProcess, spawn, wait_until_stopped
+from harness import GatewayProcess, post_keyed, spawn, wait_until_stopped
 from upstream import CountingUpstream
-
-PATH = "/tickets/v1/issues"
-
-
-async def post(
-    session: aiohttp.ClientSession, gateway: GatewayProcess, key: str, *, query: str = ""
-) -> tuple[int, dict[str, str], bytes]:
-    async with session.post(
-        f"{gateway.url}{PATH}{query}",
-        data=json.dumps({"key": key}).encode(),
-        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
-    ) as response:
-        return response.status, dict(response.headers), await response.read()
 
 
 async def state_of(session: aiohttp.ClientSession, gateway: GatewayProcess, key: str) -> str:
@@ -63,7 +50,9 @@ async def test_a_late_refusal_after_a_resolution_carries_the_records_state(
         idempotency={"lease": "1s", "sweep_interval": "200ms"},
     )
     async with aiohttp.ClientSession() as session:
-        first = asyncio.create_task(post(session, gateway, "late-429", query="?status=429&delay=4"))
+        first = asyncio.create_task(
+            post_keyed(session, gateway, "late-429", query="?status=429&delay=4")
+        )
         await upstream.wait_for_count(1, seconds=5.0)
         gateway.kill(signal.SIGSTOP)
         await asyncio.sleep(1.5)  # past the 1 s lease: the sweeper turns it unknown on resume
@@ -95,14 +84,14 @@ async def test_lease_lost_reports_the_state_the_other_replica_left(
     a = spawn(processes, tmp_path, upstream.url, name="a", fault="pause_after_claim", **options)
     b = spawn(processes, tmp_path, upstream.url, name="b", **options)
     async with aiohttp.ClientSession() as session:
-        paused = asyncio.create_task(post(session, a, "paused-2"))
+        paused = asyncio.create_task(post_keyed(session, a, "paused-2"))
         await wait_until_stopped(a)
         await asyncio.sleep(1.2)  # A's lease runs out while it is frozen
 
-        status, _, body = await post(session, b, "paused-2")
+        status, _, body = await post_keyed(session, b, "paused-2")
         assert (status, json.loads(body)["state"]) == (409, "unknown"), body
         await resolve(session, b, "paused-2", "not_applied")
-        status, _, _ = await post(session, b, "paused-2")
+        status, _, _ = await post_keyed(session, b, "paused-2")
         assert status == 201  # attempt 2, sent by B
         a.kill(signal.SIGCONT)
 

@@ -17,10 +17,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from harness import GatewayProcess, skewed_clock, spawn
+from harness import GatewayProcess, post_keyed, skewed_clock, spawn
 from upstream import CountingUpstream
 
-PATH = "/tickets/v1/issues"
 Start = Callable[..., GatewayProcess]
 
 
@@ -42,17 +41,6 @@ def start_replica(
         )
 
     return start
-
-
-async def post(
-    session: aiohttp.ClientSession, gateway: GatewayProcess, key: str, *, query: str = ""
-) -> tuple[int, dict[str, str], bytes]:
-    async with session.post(
-        f"{gateway.url}{PATH}{query}",
-        data=json.dumps({"key": key}).encode(),
-        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
-    ) as response:
-        return response.status, dict(response.headers), await response.read()
 
 
 async def lookup(
@@ -80,11 +68,11 @@ async def test_a_replica_behind_the_database_never_replays_a_swept_body(
     a = start_replica("a", idempotency=fast)
     b = start_replica("b", skew=-30.0, idempotency=fast)
     async with aiohttp.ClientSession() as session:
-        status, _, _ = await post(session, a, "receipt-1")
+        status, _, _ = await post_keyed(session, a, "receipt-1")
         assert status == 201
         await asyncio.sleep(3.0)  # past retention on the database clock; A's sweeper ran
 
-        assert_receipt_expired(*await post(session, b, "receipt-1"))
+        assert_receipt_expired(*await post_keyed(session, b, "receipt-1"))
         operation = await lookup(session, b, "receipt-1")
         assert operation["state"] == "completed"
         assert operation["response"] is None
@@ -100,7 +88,7 @@ async def test_a_host_clock_stepped_back_never_replays_a_swept_body(
     fast = {"retention": "2s", "sweep_interval": "200ms"}
     first = spawn(processes, tmp_path, upstream.url, idempotency=fast)
     async with aiohttp.ClientSession() as session:
-        status, _, _ = await post(session, first, "receipt-2")
+        status, _, _ = await post_keyed(session, first, "receipt-2")
         assert status == 201
         await asyncio.sleep(3.0)  # the sweeper dropped the body
         first.stop()
@@ -109,7 +97,7 @@ async def test_a_host_clock_stepped_back_never_replays_a_swept_body(
             processes, tmp_path, upstream.url, name="stepped", env=skewed_clock(-30.0),
             idempotency=fast,
         )  # fmt: skip
-        assert_receipt_expired(*await post(session, stepped, "receipt-2"))
+        assert_receipt_expired(*await post_keyed(session, stepped, "receipt-2"))
         operation = await lookup(session, stepped, "receipt-2")
         assert operation["response"] is None
         assert operation["safe_to_retry"] is False
@@ -139,12 +127,12 @@ async def test_a_replica_ahead_of_the_database_does_not_release_by_probe_too_soo
     b = start_replica("b", skew=20.0, **settings)
     async with aiohttp.ClientSession() as session:
         # The upstream applies the request 3 s after receiving it; the gateway gives up at 1 s.
-        status, _, body = await post(session, a, "late-1", query="?apply_after=3")
+        status, _, body = await post_keyed(session, a, "late-1", query="?apply_after=3")
         assert status == 504, body
 
         operation = await lookup(session, b, "late-1")  # probes: 404, the effect is not there yet
         assert operation["state"] == "unknown", operation
-        status, _, body = await post(session, b, "late-1", query="?apply_after=3")
+        status, _, body = await post_keyed(session, b, "late-1", query="?apply_after=3")
         assert status == 409, body
         assert json.loads(body)["type"].endswith("/outcome-unknown")
 
