@@ -152,6 +152,8 @@ class IdempotencyEngine:
                     operation.fingerprint != request.fingerprint
                 ):
                     return answer_existing(operation, request.fingerprint)
+            if operation is None:  # still changing hands: answer from what stands now
+                operation = await self._timed("get", self._store.get(request.scope, request.key))
             if operation is not None:
                 return answer_existing(operation, request.fingerprint)
             raise InProgress(
