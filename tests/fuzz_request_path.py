@@ -99,6 +99,22 @@ class Case:
     method: str
     data: bytes
     key: str | None = None
+    refused: bool = False
+    """The gateway must answer 400 and do nothing (a shape it refuses by rule)."""
+
+
+DOT_SPELLINGS = (b"..;", b"%2e%2e;", b".%2e;", b"..%3b", b"%2e%2e%3B", b"%2E;a=1", b".;")
+"""`..;` and `.;` in the spellings Tomcat, Jetty and Spring read as dot segments."""
+
+METHOD_OVERRIDES = (b"X-HTTP-Method-Override", b"X-Method-Override", b"X-HTTP-Method")
+
+CREDENTIAL_SHAPES = (
+    "s3cr€T".encode(),  # UTF-8 outside latin-1
+    "s3cr™T".encode(),
+    b"\xff\xfe",  # not UTF-8 at all
+    b"\xc3\x28",  # an invalid UTF-8 sequence
+    "tok-é".encode("latin-1"),  # latin-1, not UTF-8
+)
 
 
 def _line_safe(raw: bytes) -> bytes:
@@ -119,7 +135,19 @@ def decode(data: bytes, serial: int) -> Case:
     """Turn fuzzer bytes into one complete request (`serial` makes fresh keys fresh)."""
     reader = ByteReader(data)
     kind = reader.choice(
-        ("well-formed", "key", "path", "target", "method", "headers", "body", "operations")
+        (
+            "well-formed",
+            "key",
+            "path",
+            "target",
+            "method",
+            "headers",
+            "body",
+            "operations",
+            "dots",
+            "override",
+            "credential",
+        )
     )
     fresh = f"fz{serial}-{reader.token(1, 12)}".encode()
     key_header = (b"Idempotency-Key", fresh)
@@ -154,6 +182,27 @@ def decode(data: bytes, serial: int) -> Case:
             if name.strip().lower().decode("latin-1") in NOT_FUZZED_HEADERS:
                 continue
             headers.append((name, _line_safe(reader.take(200))))
+        return Case(kind, "POST", _message(b"POST", issues, headers, b"{}"))
+    if kind == "dots":  # a dot segment hidden by encoding or `;` parameters
+        target = (
+            b"/tickets/"
+            + _line_safe(reader.take(20)).replace(b"/", b"")
+            + b"/"
+            + reader.choice(DOT_SPELLINGS)
+            + b"/"
+            + _line_safe(reader.take(20)).replace(b"/", b"")
+        )
+        method = reader.choice(METHODS)
+        message = _message(method.encode(), target, [key_header, json], b"{}")
+        return Case(kind, method, message, refused=True)
+    if kind == "override":  # a method the gateway would not see
+        method = reader.choice(METHODS)
+        override = (reader.choice(METHOD_OVERRIDES), reader.choice(METHODS).encode())
+        message = _message(method.encode(), issues, [key_header, json, override], b"{}")
+        return Case(kind, method, message, refused=True)
+    if kind == "credential":  # scope material outside latin-1 or UTF-8
+        credential = b"Bearer " + reader.choice(CREDENTIAL_SHAPES) + _line_safe(reader.take(20))
+        headers = [key_header, json, (b"Authorization", credential.replace(b"\r", b""))]
         return Case(kind, "POST", _message(b"POST", issues, headers, b"{}"))
     if kind == "body":
         body = b"x" * reader.below(3 * MAX_BODY)
@@ -247,6 +296,8 @@ class FuzzTarget:
         status = response.status
         seen = f"{case.kind} {case.data[:300]!r} -> {status} {response.body[:300]!r}"
         assert status is None or status < 500, f"5xx: {seen}"
+        if case.refused:
+            assert status in (None, 400), f"a shape refused by rule was not: {seen}"
         if case.key is not None:
             assert status in (200, 201), f"well-formed request refused: {seen}"
             assert (new_effects, new_records) == (1, 1), (new_effects, new_records, seen)
