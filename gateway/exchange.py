@@ -12,6 +12,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from gateway.headers import without
+from gateway.models import StoredResponse
+
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.headers import Pairs
@@ -161,6 +164,17 @@ class LifecycleObserver(Protocol):
     def resolved(self, by: str, outcome: str) -> None: ...
 
 
+def receipt_of(route: RouteSettings, answer: UpstreamAnswer, body: bytes) -> StoredResponse:
+    """What a receipt keeps of an upstream answer: its status, its headers minus the
+    route's redactions (`Set-Cookie` always), and `body`. One rule for the answers the
+    engine records and the probe answers it adopts."""
+    return StoredResponse(
+        status=answer.status,
+        headers=without(answer.headers, frozenset(route.redact_response_headers)),
+        body=body,
+    )
+
+
 class NoObserver:
     """The observer for engines nobody watches (unit tests, tools)."""
 
@@ -197,4 +211,5 @@ __all__ = [
     "RequestTrace",
     "Upstream",
     "UpstreamAnswer",
+    "receipt_of",
 ]

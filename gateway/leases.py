@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.errors import StoreUnavailable
@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.leases")
 
 OwedWrite = Callable[[], Awaitable[object]]
+
+
+class _Hold(NamedTuple):
+    """A lease this process holds: its attempt's token, and the monotonic time at which
+    its last grant or renewal was asked (the lease stands at least that long after)."""
+
+    token: int
+    granted_at: float
 
 
 class LeaseKeeper:
@@ -60,9 +68,7 @@ class LeaseKeeper:
         self._owner = owner
         self._lease = lease_seconds
         self._tombstone = tombstone_seconds
-        self._held: dict[str, int] = {}
-        self._granted_at: dict[str, float] = {}
-        """Monotonic time at which the last grant or renewal of each held lease was asked."""
+        self._held: dict[str, _Hold] = {}
         self._unsent_claims: set[tuple[str, str]] = set()
         self._owed: dict[tuple[str, int], OwedWrite] = {}
         self._task: asyncio.Task[None] | None = None
@@ -81,8 +87,7 @@ class LeaseKeeper:
         A granted claim also settles any debt for an earlier claim of the key
         whose commit failed: had that one landed, this one would have met it.
         """
-        self._held[operation_id] = token
-        self._granted_at[operation_id] = asked_at
+        self._held[operation_id] = _Hold(token, asked_at)
         self._unsent_claims.discard((scope, key))
 
     def surely_holds(self, operation_id: str) -> bool:
@@ -92,15 +97,14 @@ class LeaseKeeper:
         lease asked for less than its length ago still stands: nobody else can
         have turned the record `unknown`. Past that, this process cannot tell.
         """
-        asked_at = self._granted_at.get(operation_id)
-        return asked_at is not None and self._clock.monotonic() - asked_at < self._lease
+        hold = self._held.get(operation_id)
+        return hold is not None and self._clock.monotonic() - hold.granted_at < self._lease
 
     def drop(self, operation_id: str, token: int) -> None:
         """Attempt `token` ended: let its lease go (a newer attempt's hold stays)."""
-        if self._held.get(operation_id) != token:
-            return
-        self._held.pop(operation_id, None)
-        self._granted_at.pop(operation_id, None)
+        hold = self._held.get(operation_id)
+        if hold is not None and hold.token == token:
+            del self._held[operation_id]
 
     def claim_failed(self, scope: str, key: str) -> None:
         """The claim's commit failed: its outcome is unknown, but it was surely never sent."""
@@ -138,10 +142,14 @@ class LeaseKeeper:
             if self._held:
                 asked_at = self._clock.monotonic()
                 renewed = await self._store.renew(
-                    dict(self._held), owner=self._owner, lease_seconds=self._lease
+                    {op_id: hold.token for op_id, hold in self._held.items()},
+                    owner=self._owner,
+                    lease_seconds=self._lease,
                 )
-                for operation_id in renewed & self._granted_at.keys():
-                    self._granted_at[operation_id] = asked_at
+                for operation_id in renewed:
+                    hold = self._held.get(operation_id)
+                    if hold is not None:
+                        self._held[operation_id] = hold._replace(granted_at=asked_at)
             if self.debts:
                 await self.settle_debts()
         except StoreUnavailable as exc:

@@ -39,9 +39,16 @@ from gateway.errors import (
     UpstreamError,
     UpstreamUnreachable,
 )
-from gateway.exchange import LifecycleObserver, NoObserver, ProxyRequest, Reply, UpstreamAnswer
+from gateway.exchange import (
+    LifecycleObserver,
+    NoObserver,
+    ProxyRequest,
+    Reply,
+    UpstreamAnswer,
+    receipt_of,
+)
 from gateway.forwarded_key import forwarded_key
-from gateway.headers import IDEMPOTENCY_KEY, Pairs, without
+from gateway.headers import IDEMPOTENCY_KEY, Pairs
 from gateway.models import (
     ClaimRequest,
     Evidence,
@@ -293,10 +300,9 @@ class IdempotencyEngine:
             )
             return Reply.from_upstream(reply, body, state=state, key=request.key)
         assert body is not None  # an answer too large to keep is relayed instead
-        stored = StoredResponse(
-            status=reply.status, headers=without(reply.headers, _redactions(route)), body=body
+        state = await self._complete(
+            request, operation, receipt_of(route, reply, body), retained=True
         )
-        state = await self._complete(request, operation, stored, retained=True)
         self._inject_fault("after_receipt")
         return Reply.from_upstream(reply, body, state=state, key=request.key)
 
@@ -323,11 +329,7 @@ class IdempotencyEngine:
                     await self._mark_unknown(request, operation, exc)
                     raise
                 self._upstream_done(request, started)
-                stored = StoredResponse(
-                    status=reply.status,
-                    headers=without(reply.headers, _redactions(route)),
-                    body=b"",
-                )
+                stored = receipt_of(route, reply, b"")
                 await self._complete(request, operation, stored, retained=False)
             finally:
                 reply.close()
@@ -800,7 +802,3 @@ async def _read_or_close(reply: UpstreamAnswer, limit: int) -> bytes | None:
 def _with_forwarded_key(request: ProxyRequest, operation: Operation) -> Pairs:
     value = forwarded_key(request.route, operation)
     return request.headers if value is None else (*request.headers, (IDEMPOTENCY_KEY, value))
-
-
-def _redactions(route: RouteSettings) -> frozenset[str]:
-    return frozenset(name.lower() for name in route.redact_response_headers)

@@ -17,8 +17,8 @@ from urllib.parse import quote
 
 from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.errors import GatewayError
+from gateway.exchange import receipt_of
 from gateway.forwarded_key import forwarded_key
-from gateway.headers import without
 from gateway.models import Operation, StoredResponse
 
 if TYPE_CHECKING:
@@ -93,15 +93,7 @@ class Prober:
                 return ProbeAnswer(error=exc.detail)
         if body is None:
             return ProbeAnswer(error="the probe's answer was larger than max_stored_response")
-        return ProbeAnswer(
-            response=StoredResponse(
-                status=reply.status,
-                headers=without(
-                    reply.headers, frozenset(h.lower() for h in route.redact_response_headers)
-                ),
-                body=body,
-            )
-        )
+        return ProbeAnswer(response=receipt_of(route, reply, body))
 
     def _back_off(self, operation_id: str) -> None:
         _, delay = self._next_allowed.get(operation_id, (0.0, INITIAL_BACKOFF / 2))
