@@ -30,6 +30,9 @@ from gateway.serve import make_runner, start_sites
 
 ROOT = Path(__file__).resolve().parent.parent
 
+ADMIN_TOKEN = "adm1n-test-token-0123456789"
+"""The admin token tests configure (long enough for the start-up check, no placeholder)."""
+
 FAULT_ENV = "IDEMPOTENCY_GATEWAY_TESTING__FAULT"
 """Test-only fault injection (`crash_<window>`, `pause_<window>`): settable only by env."""
 

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from harness import RunningGateway, settings_for, start_gateway, stop_gateway
+from harness import ADMIN_TOKEN, RunningGateway, settings_for, start_gateway, stop_gateway
 from upstream import CountingUpstream
 
 from gateway.cli import main
 
-TOKEN = "adm1n-test-token-0123456789"
 DROP = "/tickets/v1/issues?drop=after_effect"
 
 
@@ -31,7 +30,7 @@ async def cli(argv: Sequence[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 1
 
 
-def admin(gateway: RunningGateway, *argv: str, token: str = TOKEN) -> list[str]:
+def admin(gateway: RunningGateway, *argv: str, token: str = ADMIN_TOKEN) -> list[str]:
     """`operations ...` argv aimed at `gateway` with an admin token."""
     return ["operations", *argv, "--url", gateway.url, "--token", token]
 
@@ -41,7 +40,9 @@ async def admin_gateway(
     tmp_path: Path, upstream: CountingUpstream
 ) -> AsyncIterator[RunningGateway]:
     """A gateway in front of the counting upstream, with the admin token set."""
-    started = await start_gateway(settings_for(tmp_path, upstream.url, admin={"token": TOKEN}))
+    started = await start_gateway(
+        settings_for(tmp_path, upstream.url, admin={"token": ADMIN_TOKEN})
+    )
     yield started
     await stop_gateway(started)
 
@@ -82,14 +83,14 @@ async def test_check_config_masks_admin_token(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`check-config` prints the effective TOML with the admin token masked."""
-    config = write_config(tmp_path / "gateway.toml", host="127.0.0.1", port=8123, token=TOKEN)
+    config = write_config(tmp_path / "gateway.toml", host="127.0.0.1", port=8123, token=ADMIN_TOKEN)
 
     assert await cli(["check-config", "--config", str(config)]) == 0
 
     out = capsys.readouterr().out
     assert "port = 8123" in out
     assert 'token = "***"' in out
-    assert TOKEN not in out
+    assert ADMIN_TOKEN not in out
 
 
 async def test_list_unknown_shows_only_unknown_operations(
@@ -336,7 +337,7 @@ async def test_unreachable_gateway_exits_2(capsys: pytest.CaptureFixture[str]) -
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
 
-    assert await cli(["operations", "list", "--url", url, "--token", TOKEN]) == 2
+    assert await cli(["operations", "list", "--url", url, "--token", ADMIN_TOKEN]) == 2
 
     err = capsys.readouterr().err
     assert f"cannot reach the gateway at {url}" in err
@@ -382,7 +383,7 @@ async def test_defaults_come_from_config_and_environment(
     """Without --url/--token the config's address (0.0.0.0 → 127.0.0.1) and env token are used."""
     port = int(admin_gateway.url.rsplit(":", 1)[1])
     config = write_config(tmp_path / "ops.toml", host="0.0.0.0", port=port, token=None)
-    monkeypatch.setenv("IDEMPOTENCY_GATEWAY_ADMIN__TOKEN", TOKEN)
+    monkeypatch.setenv("IDEMPOTENCY_GATEWAY_ADMIN__TOKEN", ADMIN_TOKEN)
     await make_unknown(admin_gateway, "lost-defaults")
     op_id = await operation_id(admin_gateway, "lost-defaults")
     capsys.readouterr()

@@ -24,7 +24,15 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from conftest import GatewayFactory
-from harness import ROOT, GatewayProcess, RunningGateway, settings_for, spawn, write_config
+from harness import (
+    ADMIN_TOKEN,
+    ROOT,
+    GatewayProcess,
+    RunningGateway,
+    settings_for,
+    spawn,
+    write_config,
+)
 from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
@@ -34,7 +42,6 @@ from gateway.keys import parse_idempotency_key
 from gateway.store.sqlite import SqliteStore
 
 PROBLEM = "application/problem+json"
-ADMIN_TOKEN = "adm1n-test-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 

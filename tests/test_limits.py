@@ -7,10 +7,10 @@ from typing import Any
 
 import aiohttp
 from conftest import GatewayFactory
+from harness import ADMIN_TOKEN
 from upstream import CountingUpstream
 
 PROBLEM = "application/problem+json"
-ADMIN_TOKEN = "adm1n-test-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 

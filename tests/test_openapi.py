@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 import schemathesis
-from harness import ROOT, RunningGateway, settings_for, start_gateway, stop_gateway
+from harness import ADMIN_TOKEN, ROOT, RunningGateway, settings_for, start_gateway, stop_gateway
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from openapi_spec_validator import validate
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from upstream import CountingUpstream
 
 DOCS_COPY = ROOT / "docs" / "openapi.json"
-ADMIN_TOKEN = "adm1n-test-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CLIENT = {"Authorization": "Bearer t0k3n"}
 CLIENTS = [{"name": "agent-a", "token_sha256": [hashlib.sha256(b"t0k3n").hexdigest()]}]

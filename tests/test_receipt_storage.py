@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from conftest import GatewayFactory
+from harness import ADMIN_TOKEN
 from upstream import CountingUpstream
 
-TOKEN = "adm1n-test-token-0123456789"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 LOOKALIKE = b"IGE1" + bytes(range(256)) + b"not sealed at all"
 
 
@@ -32,7 +32,7 @@ async def test_a_body_that_looks_sealed_replays_byte_for_byte(
 ) -> None:
     """Replay, lookup, admin listing and redaction all work on an `IGE1...` body."""
     store = {"encryption_keys": [base64.b64encode(os.urandom(32)).decode()]} if encrypted else {}
-    gateway = await gateway_factory(upstream.url, admin={"token": TOKEN}, store=store)
+    gateway = await gateway_factory(upstream.url, admin={"token": ADMIN_TOKEN}, store=store)
     path = "/tickets/v1/issues?echo=1"
     first = await gateway.post(path, key="look-1", data=LOOKALIKE)
     assert (first.status, await first.read()) == (201, LOOKALIKE)

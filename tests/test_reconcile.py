@@ -13,14 +13,13 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import GatewayFactory
-from harness import RunningGateway
+from harness import ADMIN_TOKEN, RunningGateway
 from upstream import CountingUpstream
 
 from gateway.appkeys import ENGINE, METRICS, STORE
 from gateway.sweeper import Sweeper
 
 PROBLEM = "application/problem+json"
-ADMIN_TOKEN = "adm1n-test-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 PROBE = {
     "path": "/effects/{key}",

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import GatewayFactory
+from harness import ADMIN_TOKEN
 from upstream import CountingUpstream
 
-TOKEN = "adm1n-test-token-0123456789"
 MARKER = b"patient-record-7f3a9c"
 
 
@@ -27,7 +27,7 @@ async def test_a_redacted_body_is_gone_from_the_database_file_and_its_wal(
     gateway_factory: GatewayFactory, upstream: CountingUpstream, tmp_path: Path
 ) -> None:
     """The marker the upstream echoed is on disk before the redact and nowhere after."""
-    gateway = await gateway_factory(upstream.url, admin={"token": TOKEN})
+    gateway = await gateway_factory(upstream.url, admin={"token": ADMIN_TOKEN})
     answer = await gateway.post(
         "/tickets/v1/issues", key="r1", data=MARKER * 200, headers={"Content-Type": "text/plain"}
     )
@@ -39,7 +39,7 @@ async def test_a_redacted_body_is_gone_from_the_database_file_and_its_wal(
     redacted = await gateway.session.post(
         f"{gateway.url}/admin/operations/{operation['id']}/redact",
         json={"reason": "data subject request"},
-        headers={"Authorization": f"Bearer {TOKEN}"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
     )
     assert redacted.status == 200, await redacted.text()
     assert MARKER not in files_of(tmp_path)

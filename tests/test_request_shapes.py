@@ -15,17 +15,16 @@ import time
 
 import pytest
 from conftest import GatewayFactory
+from harness import ADMIN_TOKEN
 from rawhttp import address_of, exchange, request
 from upstream import CountingUpstream
-
-TOKEN = "adm1n-test-token-0123456789"
 
 
 @pytest.mark.parametrize(
     ("target", "headers"),
     [
         ("/operations/k1/resolve", []),
-        ("/admin/operations/op_1/redact", [("Authorization", f"Bearer {TOKEN}")]),
+        ("/admin/operations/op_1/redact", [("Authorization", f"Bearer {ADMIN_TOKEN}")]),
     ],
 )
 async def test_an_operator_body_that_never_arrives_is_408(
@@ -36,7 +35,7 @@ async def test_an_operator_body_that_never_arrives_is_408(
 ) -> None:
     """Headers announce 50 bytes, none follow: 408 request-timeout after client_timeout."""
     gateway = await gateway_factory(
-        upstream.url, server={"client_timeout": "1s"}, admin={"token": TOKEN}
+        upstream.url, server={"client_timeout": "1s"}, admin={"token": ADMIN_TOKEN}
     )
     raw = request(
         "POST",
