@@ -6,10 +6,11 @@ a retry from a new request. It keeps its state in memory, so a restart forgets
 everything; that is enough for demos and for end-to-end tests.
 
 One concession makes it reconcilable through a gateway probe: a ticket records
-the ``client_ref`` it was created with, taken from the body or, when the body
-has none, from the ``Idempotency-Key`` header the gateway forwards. A route
-whose probe is ``GET /v1/issues?client_ref={key}`` can then ask whether an
-effect exists.
+the ``Idempotency-Key`` header it arrived with (the gateway's forwarded key:
+by default the operation id, different for every caller's scope) as
+``idempotency_key``. A route whose probe is
+``GET /v1/issues?idempotency_key={forwarded_key}`` can then ask whether an
+effect exists. It does not dedupe on it: a retry is still a second ticket.
 
 Run it with::
 
@@ -39,7 +40,7 @@ __all__ = ["create_app", "main"]
 class Issue:
     id: str
     title: str
-    client_ref: str | None
+    idempotency_key: str | None
 
 
 @dataclass(frozen=True)
@@ -90,24 +91,23 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
 async def _create_issue(request: web.Request) -> web.Response:
     body = await _json_object(request)
     title = _string(body, "title")
-    client_ref = body.get("client_ref")
-    if client_ref is not None and not isinstance(client_ref, str):
-        raise BadRequest("client_ref must be a string or null")
-    if client_ref is None:
-        client_ref = request.headers.get("Idempotency-Key")
     state = request.app[STATE]
-    issue = Issue(id=f"T-{len(state.issues) + 1}", title=title, client_ref=client_ref)
+    issue = Issue(
+        id=f"T-{len(state.issues) + 1}",
+        title=title,
+        idempotency_key=request.headers.get("Idempotency-Key"),
+    )
     state.issues.append(issue)
     return web.json_response(asdict(issue), status=201)
 
 
 async def _list_issues(request: web.Request) -> web.Response:
     issues = request.app[STATE].issues
-    if "client_ref" not in request.query:
+    if "idempotency_key" not in request.query:
         return web.json_response({"items": [asdict(issue) for issue in issues]})
-    wanted = request.query["client_ref"]
+    wanted = request.query["idempotency_key"]
     for issue in issues:
-        if issue.client_ref == wanted:
+        if issue.idempotency_key == wanted:
             return web.json_response(asdict(issue))
     return web.json_response({"error": "not found"}, status=404)
 

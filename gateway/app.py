@@ -39,6 +39,7 @@ from gateway.appkeys import (
 )
 from gateway.config import Settings
 from gateway.errors import StoreUnavailable
+from gateway.forwarded_key import ForwardedKeys
 from gateway.forwarder import Forwarder
 from gateway.leases import LeaseKeeper
 from gateway.lifecycle import IdempotencyEngine
@@ -80,8 +81,8 @@ def create_app(settings: Settings) -> web.Application:
             request_log_middleware,
             problem_middleware,
             method_guard_middleware,
-            # Only a separate admin listener needs per-request listener checks.
-            *([listener_middleware] if settings.admin.listen else []),
+            # Only an enabled admin API has a listener of its own to keep apart.
+            *([listener_middleware] if settings.admin.enabled else []),
         ],
         client_max_size=1024**4,
     )
@@ -120,11 +121,13 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         tombstone_seconds=settings.idempotency.tombstone_retention,
     )
     await keeper.start()
+    scope_secret = await store.scope_secret()
     engine = IdempotencyEngine(
         store=store,
         forwarder=forwarder,
         keeper=keeper,
         prober=Prober(forwarder),
+        forwarded_keys=ForwardedKeys(scope_secret),
         quotas=ScopeQuotas(settings.quotas),
         settings=settings.idempotency,
         routes=settings.routes,
@@ -141,7 +144,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         clients=settings.clients,
         scope_headers=settings.idempotency.scope_headers,
         shared_scope=settings.idempotency.shared_scope,
-        secret=await store.scope_secret(),
+        secret=scope_secret,
     )
     try:
         yield

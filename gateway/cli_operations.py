@@ -4,7 +4,7 @@ The commands talk to the gateway's admin API over HTTP instead of opening the
 store themselves. So they work the same with SQLite and PostgreSQL. They also
 never open a database file that a gateway holds: a second process writing to
 it would go around the state machine and its leases. The config file is read
-only for defaults: where the gateway listens, and the admin token.
+only for defaults: where the admin listener is, and the admin token.
 
     idempotency-gateway operations list --state unknown
     idempotency-gateway operations show op_01J...
@@ -77,7 +77,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     common.add_argument("--config", help="TOML config file, read only for --url/--token defaults")
     common.add_argument(
         "--url",
-        help="the gateway's base URL (default: http://HOST:PORT from the config's [server])",
+        help="the admin listener's base URL (default: http://HOST:PORT from the config's "
+        "[admin] host and port)",
     )
     common.add_argument(
         "--token",
@@ -328,7 +329,7 @@ def _target(args: argparse.Namespace) -> AdminTarget:
     if url is None or token is None:
         settings = _load_settings(args.config)
         if url is None:
-            url = _default_url(settings.server.host, settings.server.port)
+            url = _default_url(settings.admin.host, settings.admin.port)
         if token is None:
             token = settings.admin.token.get_secret_value()
     if not token:
@@ -346,14 +347,14 @@ def _load_settings(path: str | None) -> Settings:
 
 
 def _default_url(host: str, port: int) -> str:
-    """The URL that reaches a gateway listening on `host:port`.
+    """The URL that reaches the admin listener on `host:port`.
 
     >>> _default_url("0.0.0.0", 8080), _default_url("::1", 8080)
     ('http://127.0.0.1:8080', 'http://[::1]:8080')
     """
     if port == 0:
         raise CommandFailed(
-            "the config's server.port is 0 (the OS picks one at start): pass --url", exit_code=2
+            "the config's admin.port is 0 (the OS picks one at start): pass --url", exit_code=2
         )
     if host in _WILDCARD_HOSTS:
         host = "127.0.0.1"

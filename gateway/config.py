@@ -38,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.scopes import ANONYMOUS_SCOPE
 from gateway.units import format_duration, parse_duration, parse_size
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 
 _SETTINGS_MODEL = ConfigDict(frozen=True, extra="forbid")
 _TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
@@ -142,7 +143,7 @@ def _method(value: str) -> str:
 def _name(value: str) -> str:
     if not _NAME_RE.fullmatch(value):
         raise ValueError(
-            f"invalid name {value!r}: use letters, digits, '_', '.' and '-', "
+            f"invalid name {value!r}: use up to 64 letters, digits, '_', '.' and '-', "
             "starting with a letter or digit"
         )
     return value
@@ -170,12 +171,21 @@ def _lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
 
+ForwardKey = Literal["operation_id", "scoped", "key", False]
+
+
 def _forward_key(value: object) -> object:
+    # `true` is the older spelling of "key" (forward the caller's key as it
+    # came): it gets the same one-scope check.
     if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if isinstance(value, bool) or value == "operation_id":
+        value = value.lower() == "true"
+    if value is True:
+        return "key"
+    if value is False or value in ("operation_id", "scoped", "key"):
         return value
-    raise ValueError(f'invalid forward_key {value!r}: expected true, false or "operation_id"')
+    raise ValueError(
+        f'invalid forward_key {value!r}: expected "operation_id", "scoped", "key" or false'
+    )
 
 
 HeaderName = Annotated[str, AfterValidator(_header_name)]
@@ -375,17 +385,36 @@ _PLACEHOLDER_TOKENS = frozenset(
 class AdminSettings(BaseModel):
     """The operators' API; disabled (404) while the token is empty.
 
-    `listen`, when set (`HOST:PORT`), serves the admin endpoints on their own
-    address instead of the main one.
+    With a token, the admin endpoints are served only on their own listener,
+    `host`:`port` (loopback by default), never on the main one: the main
+    listener answers 404 for `/admin`. `listen = "HOST:PORT"` is the older
+    spelling of the two keys.
 
     >>> AdminSettings().enabled, AdminSettings(token="Zq4-7hL2pW9xR1vT8mK3nB6c").enabled
     (False, True)
+    >>> AdminSettings(listen="127.0.0.1:9090").port
+    9090
     """
 
     model_config = _SETTINGS_MODEL
 
     token: SecretStr = SecretStr("")
-    listen: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8081, ge=0, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_listen(cls, data: object) -> object:
+        if not isinstance(data, dict) or "listen" not in data:
+            return data
+        data = dict(data)
+        listen = data.pop("listen")
+        if "host" in data or "port" in data:
+            raise _Problems((("listen",), "give host and port, or listen, not both"))
+        host, _, port = str(listen).rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise _Problems((("listen",), f"expected HOST:PORT, got {listen!r}"))
+        return {**data, "host": host.strip("[]"), "port": int(port)}
 
     @field_validator("token")
     @classmethod
@@ -405,15 +434,6 @@ class AdminSettings(BaseModel):
                 f"{MIN_ADMIN_TOKEN_LENGTH} (e.g. `openssl rand -base64 32`)"
             )
         return token
-
-    @field_validator("listen")
-    @classmethod
-    def _check_listen(cls, listen: str | None) -> str | None:
-        if listen is not None:
-            host, _, port = listen.rpartition(":")
-            if not host or not port.isdigit() or int(port) > 65535:
-                raise ValueError(f"expected HOST:PORT, got {listen!r}")
-        return listen
 
     @property
     def enabled(self) -> bool:
@@ -443,11 +463,11 @@ class ClientSettings(BaseModel):
 class ProbeSettings(BaseModel):
     """How to ask an upstream whether an `unknown` effect exists.
 
-    `{key}`, `{operation_id}` and `{forwarded_key}` (whichever of the two the
-    route forwards) in `path` are replaced (URL-encoded); the route checks that
-    the path names what it forwards.
+    `{forwarded_key}` in `path` is replaced (URL-encoded) by what the route
+    forwarded for the operation; `{key}` and `{operation_id}` are accepted where
+    they equal it. The route checks that the path names what it forwards.
 
-    >>> ProbeSettings(path="/v1/issues?client_ref={key}").not_applied_after
+    >>> ProbeSettings(path="/v1/issues?client_ref={forwarded_key}").not_applied_after
     300.0
     """
 
@@ -515,7 +535,9 @@ class RouteSettings(BaseModel):
     max_body: Size = 1 << 20
     max_stored_response: Size = 1 << 20
     max_concurrency: int = Field(default=256, ge=1)
-    forward_key: Annotated[bool | Literal["operation_id"], BeforeValidator(_forward_key)] = True
+    forward_key: Annotated[ForwardKey, BeforeValidator(_forward_key)] = "operation_id"
+    clients: tuple[Name, ...] | None = None
+    """Only these `[[clients]]` may use the route (others: 403); None: every caller."""
     # Only refusals: a 2xx or 3xx may mean the effect happened.
     release_statuses: tuple[Annotated[int, Field(ge=400, le=599)], ...] = (429,)
     redact_response_headers: tuple[HeaderName, ...] = ("set-cookie",)
@@ -595,20 +617,22 @@ class RouteSettings(BaseModel):
             return None
         route = f'route "{self.name}"'
         named = set(_PLACEHOLDER_RE.findall(self.probe.path))
-        if self.forward_key is False:
+        mode = self.forward_key
+        if mode is False:
             return (
                 f"{route} has forward_key = false: the upstream never sees the key nor the "
                 "operation id, so no probe can name the effect; forward one, or remove the probe"
             )
-        if self.forward_key is True and "operation_id" in named:
+        if "operation_id" in named and mode != "operation_id":
             return (
-                f'{{operation_id}} needs forward_key = "operation_id": {route} forwards the '
-                "key, so the upstream never sees the operation id (use {key} or {forwarded_key})"
+                f'{{operation_id}} needs forward_key = "operation_id": {route} forwards '
+                f"{_FORWARDED[mode]}, so the upstream never sees the operation id "
+                "(use {forwarded_key})"
             )
-        if self.forward_key == "operation_id" and "key" in named:
+        if "key" in named and mode != "key":
             return (
-                f"{{key}} needs forward_key = true: {route} forwards the operation id, so the "
-                "upstream never sees the key (use {operation_id} or {forwarded_key})"
+                f'{{key}} needs forward_key = "key": {route} forwards {_FORWARDED[mode]}, '
+                "so the upstream never sees the caller's key (use {forwarded_key})"
             )
         if not named & {"key", "operation_id", "forwarded_key"}:
             return (
@@ -616,6 +640,13 @@ class RouteSettings(BaseModel):
                 "operation; put {forwarded_key} (what the route forwards) in the path"
             )
         return None
+
+
+_FORWARDED = {
+    "operation_id": "the operation id",
+    "scoped": "the scoped key (<scope label>:<key>)",
+    "key": "the caller's key",
+}
 
 
 class LoggingSettings(BaseModel):
@@ -673,6 +704,8 @@ class Settings(BaseModel):
         problems = [
             *self._client_problems(),
             *self._route_problems(),
+            *self._route_client_problems(),
+            *self._bare_key_problems(),
             *self._listener_problems(),
         ]
         if problems:
@@ -680,13 +713,11 @@ class Settings(BaseModel):
         return self
 
     def _listener_problems(self) -> Iterator[tuple[_Loc, str]]:
-        if self.admin.listen is None:
-            return
-        port = int(self.admin.listen.rpartition(":")[2])
-        if port != 0 and port == self.server.port:
+        port = self.admin.port
+        if self.admin.enabled and port != 0 and port == self.server.port:
             yield (
-                ("admin", "listen"),
-                f"uses the main listener's port {port}; the admin API needs a port of its "
+                ("admin", "port"),
+                f"is the main listener's port {port}; the admin API needs a port of its "
                 "own, so that no path to it runs through the main listener",
             )
 
@@ -733,6 +764,65 @@ class Settings(BaseModel):
                         ("routes", i, "prefix"),
                         f"{route.prefix!r} overlaps the gateway's own path {own!r}",
                     )
+
+    def _route_client_problems(self) -> Iterator[tuple[_Loc, str]]:
+        known = {client.name for client in self.clients}
+        for i, route in enumerate(self.routes):
+            if route.clients is None:
+                continue
+            if not self.clients:
+                yield (
+                    ("routes", i, "clients"),
+                    "names clients, but no [[clients]] are configured: without them the "
+                    "gateway cannot tell callers apart by name",
+                )
+                continue
+            if not route.clients:
+                yield (("routes", i, "clients"), "is empty: no client could use the route")
+            for j, name in enumerate(route.clients):
+                if name not in known:
+                    yield (("routes", i, "clients", j), f"no [[clients]] entry is named {name!r}")
+
+    def _bare_key_problems(self) -> Iterator[tuple[_Loc, str]]:
+        """`forward_key = "key"` sends the caller's key as it came: two scopes that
+        both use `order-7` would be one effect to an upstream that dedupes or is
+        probed. Allowed only where one scope reaches every route to that origin."""
+        for i, route in enumerate(self.routes):
+            if route.forward_key != "key":
+                continue
+            origin = _origin(route.upstream)
+            siblings = [other for other in self.routes if _origin(other.upstream) == origin]
+            reach = {self._scopes_reaching(other) for other in siblings}
+            only = next(iter(reach)) if len(reach) == 1 else None
+            if only is not None and len(only) == 1:
+                continue
+            yield (
+                ("routes", i, "forward_key"),
+                f'"key" forwards the caller\'s key as it came, so two callers using one key '
+                f"would be one effect to {origin}; allowed only where a single client reaches "
+                "every route to that upstream (one [[clients]] entry, or route clients = "
+                '["<name>"] on each), else use "operation_id" or "scoped"',
+            )
+
+    def _scopes_reaching(self, route: RouteSettings) -> frozenset[str]:
+        """The scopes that can use a route; an open set (HMAC scopes) as the empty set."""
+        if self.clients:
+            names = route.clients if route.clients is not None else self.clients_names
+            return frozenset(names)
+        if not self.idempotency.scope_headers:
+            return frozenset({ANONYMOUS_SCOPE})  # shared_scope: everyone is one scope
+        return frozenset()
+
+    @property
+    def clients_names(self) -> tuple[str, ...]:
+        return tuple(client.name for client in self.clients)
+
+
+def _origin(url: str) -> str:
+    """`scheme://host:port`, the port made explicit: one upstream, however spelled."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
 def _paths_overlap(a: str, b: str) -> bool:

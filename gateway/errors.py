@@ -17,6 +17,7 @@ they occur.
     │   └── RequestTimeout           408 request-timeout
     ├── MissingCredentials           401 missing-credentials
     ├── Unauthorized                 401 unauthorized
+    ├── ClientNotAllowed             403 client-not-allowed
     ├── NotFound
     │   ├── NoRoute                  404 no-route
     │   └── UnknownKey               404 unknown-key
@@ -157,6 +158,15 @@ class Unauthorized(GatewayError):
     status = 401
     problem_type = "unauthorized"
     title = "Missing or invalid credentials"
+    safe_to_retry = False
+
+
+class ClientNotAllowed(GatewayError):
+    """The route's `clients` list does not name the caller's client."""
+
+    status = 403
+    problem_type = "client-not-allowed"
+    title = "This client may not use the route"
     safe_to_retry = False
 
 

@@ -47,7 +47,6 @@ from gateway.exchange import (
     UpstreamAnswer,
     receipt_of,
 )
-from gateway.forwarded_key import forwarded_key
 from gateway.headers import IDEMPOTENCY_KEY, Pairs
 from gateway.models import (
     ClaimRequest,
@@ -63,6 +62,7 @@ from gateway.models import (
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
     from gateway.exchange import Upstream
+    from gateway.forwarded_key import ForwardedKeys
     from gateway.leases import LeaseKeeper
     from gateway.probes import Prober
     from gateway.quotas import ScopeQuotas
@@ -95,6 +95,7 @@ class IdempotencyEngine:
         forwarder: Upstream,
         keeper: LeaseKeeper,
         prober: Prober,
+        forwarded_keys: ForwardedKeys,
         quotas: ScopeQuotas,
         settings: IdempotencySettings,
         routes: tuple[RouteSettings, ...],
@@ -107,6 +108,7 @@ class IdempotencyEngine:
         self._forwarder = forwarder
         self._keeper = keeper
         self._prober = prober
+        self._forwarded_keys = forwarded_keys
         self._quotas = quotas
         self._settings = settings
         self._routes = {route.name: route for route in routes}
@@ -248,6 +250,10 @@ class IdempotencyEngine:
         self._keeper.drop(operation.id, operation.token)
         self._notify(operation.id)
 
+    def _with_forwarded_key(self, request: ProxyRequest, operation: Operation) -> Pairs:
+        value = self._forwarded_keys.of(request.route, operation)
+        return request.headers if value is None else (*request.headers, (IDEMPOTENCY_KEY, value))
+
     async def _send(self, request: ProxyRequest, operation: Operation) -> tuple[Reply, bool]:
         """Send once and record the outcome; True when the reply's stream carries the
         rest of the attempt (an answer too large to keep, see `_relay`)."""
@@ -258,7 +264,7 @@ class IdempotencyEngine:
                 route,
                 request.method,
                 request.upstream_url,
-                _with_forwarded_key(request, operation),
+                self._with_forwarded_key(request, operation),
                 request.body,
             )
             self._inject_fault("after_send")
@@ -616,7 +622,10 @@ class IdempotencyEngine:
         asked = await self._store.get_by_id(operation.id)
         if asked is None or asked.state is not State.UNKNOWN:
             return asked  # settled meanwhile, or forgotten (None)
-        answer = await self._prober.ask(route, asked)
+        forwarded = self._forwarded_keys.of(route, asked)
+        if forwarded is None:  # the config refuses a probe on such a route
+            return asked
+        answer = await self._prober.ask(route, asked, forwarded)
         response = answer.response
         if response is None:
             return await self._probe_evidence(
@@ -797,8 +806,3 @@ async def _read_or_close(reply: UpstreamAnswer, limit: int) -> bytes | None:
     except BaseException:
         reply.close()
         raise
-
-
-def _with_forwarded_key(request: ProxyRequest, operation: Operation) -> Pairs:
-    value = forwarded_key(request.route, operation)
-    return request.headers if value is None else (*request.headers, (IDEMPOTENCY_KEY, value))

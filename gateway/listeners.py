@@ -1,9 +1,10 @@
 """Which listener a request came in on, and which paths each listener serves.
 
-With `[admin] listen` set, the admin endpoints are served only on that
-address (typically loopback or an operators' network) and the main listener
-answers 404 for them; the admin listener serves nothing but the admin API and
-the health endpoints. The sites are started by `gateway.serve.start_sites`.
+With the admin API enabled (`[admin] token`), its endpoints are served only
+on the admin listener (`[admin] host` and `port`: loopback by default, or an
+operators' network) and the main listener answers 404 for them; the admin
+listener serves nothing but the admin API and the health endpoints. The sites are
+started by `gateway.serve.start_sites`.
 """
 
 from __future__ import annotations
@@ -48,9 +49,14 @@ def _is_admin_listener(sockname: tuple[object, ...], admin: tuple[str, int]) -> 
 @web.middleware
 async def listener_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     admin_address = request.app[LISTENERS].admin_address
-    if admin_address is not None and request.path not in _SHARED:
+    if request.path not in _SHARED:
+        # No admin site listening (yet): no request can be on it.
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
-        on_admin_listener = sockname is not None and _is_admin_listener(sockname, admin_address)
+        on_admin_listener = (
+            admin_address is not None
+            and sockname is not None
+            and _is_admin_listener(sockname, admin_address)
+        )
         if _is_admin_path(request.path) != on_admin_listener:
             raise NotFound(f"nothing at {request.path} on this listener")
     return await handler(request)

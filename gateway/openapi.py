@@ -21,6 +21,7 @@ from gateway import __version__
 from gateway.admin_view import DEFAULT_LIMIT, MAX_LIMIT
 from gateway.errors import (
     PROBLEM_BASE_URI,
+    ClientNotAllowed,
     GatewayError,
     InProgress,
     InvalidKey,
@@ -60,13 +61,12 @@ __all__ = ["openapi_document", "openapi_json", "render"]
 JSON = "application/json"
 
 _PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
-    MethodNotAllowed,
-    MissingCredentials,
     MissingKey,
     InvalidKey,
     InvalidRequest,
     Unauthorized,
     MissingCredentials,
+    ClientNotAllowed,
     MethodNotAllowed,
     RequestTimeout,
     PayloadTooLarge,

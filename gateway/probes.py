@@ -18,7 +18,6 @@ from urllib.parse import quote
 from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.errors import GatewayError
 from gateway.exchange import receipt_of
-from gateway.forwarded_key import forwarded_key
 from gateway.models import Operation, StoredResponse
 
 if TYPE_CHECKING:
@@ -37,16 +36,17 @@ class ProbeAnswer:
     error: str | None = None
 
 
-def probe_url(route: RouteSettings, probe: ProbeSettings, operation: Operation) -> str:
+def probe_url(
+    route: RouteSettings, probe: ProbeSettings, operation: Operation, forwarded: str
+) -> str:
     """The probe's URL, with `{forwarded_key}`, `{key}` and `{operation_id}` URL-encoded
-    in place (the config admits only those the upstream saw).
+    in place (the config admits `{key}` and `{operation_id}` only where they equal
+    the forwarded key, the value the upstream saw).
 
-    >>> # probe_url(route, probe, op) -> 'http://127.0.0.1:9000/v1/issues?client_ref=op_01J...'
+    >>> # probe_url(route, probe, op, "op_01J...")
+    >>> # -> 'http://127.0.0.1:9000/v1/issues?client_ref=op_01J...'
     """
-    path = probe.path
-    forwarded = forwarded_key(route, operation)
-    if forwarded is not None:
-        path = path.replace("{forwarded_key}", quote(forwarded, safe=""))
+    path = probe.path.replace("{forwarded_key}", quote(forwarded, safe=""))
     path = path.replace("{key}", quote(operation.key, safe="")).replace(
         "{operation_id}", quote(operation.id, safe="")
     )
@@ -72,7 +72,8 @@ class Prober:
     def forget(self, operation_id: str) -> None:
         self._next_allowed.pop(operation_id, None)
 
-    async def ask(self, route: RouteSettings, operation: Operation) -> ProbeAnswer:
+    async def ask(self, route: RouteSettings, operation: Operation, forwarded: str) -> ProbeAnswer:
+        """Ask the upstream about the effect it knows as `forwarded`."""
         probe = route.probe
         assert probe is not None
         self._back_off(operation.id)
@@ -81,7 +82,7 @@ class Prober:
                 reply = await self._forwarder.send(
                     route,
                     probe.method,
-                    probe_url(route, probe, operation),
+                    probe_url(route, probe, operation, forwarded),
                     tuple(probe.headers.items()),
                     b"",
                 )

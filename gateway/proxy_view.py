@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from gateway.appkeys import BACKGROUND, ENGINE, FORWARDER, METRICS, ROUTES, SCOPES, SETTINGS, TRACE
 from gateway.config import GATEWAY_PATHS, RouteSettings
 from gateway.errors import (
+    ClientNotAllowed,
     GatewayError,
     InProgress,
     InvalidRequest,
@@ -85,6 +86,8 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     trace.route = route.name
     caller = app[SCOPES].resolve(request.headers)
     trace.scope = caller.scope
+    if route.clients is not None and caller.client not in route.clients:
+        raise ClientNotAllowed(f"route {route.name!r} is not open to this client")
     protected = request.method in route.methods
     key = parse_idempotency_key(request.headers.getall(IDEMPOTENCY_KEY, [])) if protected else None
     trace.key = key

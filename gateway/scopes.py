@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from gateway.config import ClientSettings
 
 ANONYMOUS_SCOPE = "anonymous"
+CLIENT_SCOPE_PREFIX = "client:"
+"""A `[[clients]]` scope is this prefix and the client's name."""
 
 
 class HeaderSource(Protocol):
@@ -45,6 +47,13 @@ class CallerScope:
 
     scope: str
     strips_authorization: bool
+
+    @property
+    def client(self) -> str | None:
+        """The `[[clients]]` name, when the scope is a client's."""
+        if self.scope.startswith(CLIENT_SCOPE_PREFIX):
+            return self.scope.removeprefix(CLIENT_SCOPE_PREFIX)
+        return None
 
 
 def header_bytes(value: str) -> bytes:
@@ -97,7 +106,7 @@ class ScopeResolver:
     def resolve(self, headers: HeaderSource) -> CallerScope:
         if self._uses_clients:
             return CallerScope(
-                scope="client:" + self._client_name(headers), strips_authorization=True
+                scope=CLIENT_SCOPE_PREFIX + self._client_name(headers), strips_authorization=True
             )
         return CallerScope(scope=self._header_scope(headers), strips_authorization=False)
 

@@ -78,13 +78,13 @@ def make_runner(
 
 
 async def start_sites(runner: web.AppRunner, settings: Settings) -> list[str]:
-    """Listen on the main address (and the admin one, if configured); return their URLs."""
+    """Listen on the main address (and the admin one, when the admin API is enabled);
+    return their URLs, the main one first."""
     main = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True)
     await main.start()
     urls = [_url(runner.addresses[-1])]
-    if settings.admin.listen:
-        host, _, port = settings.admin.listen.rpartition(":")
-        admin = web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True)
+    if settings.admin.enabled:
+        admin = web.TCPSite(runner, settings.admin.host, settings.admin.port, reuse_address=True)
         await admin.start()
         address = runner.addresses[-1]
         runner.app[LISTENERS].admin_address = (str(address[0]), int(address[1]))

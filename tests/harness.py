@@ -18,7 +18,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -27,6 +28,9 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.config import Settings, render_effective
 from gateway.serve import make_runner, start_sites
+
+if TYPE_CHECKING:
+    from upstream import CountingUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,6 +71,8 @@ def settings_for(
         # Most tests call without credentials, as one agent would: they share one scope
         # on purpose. tests/test_shared_scope.py covers the default (401).
         "idempotency": {"shared_scope": True},
+        # With a token, the admin API listens on a port of its own: one the OS picks.
+        "admin": {"port": 0},
     }
     if clients is not None:
         document["clients"] = clients
@@ -115,6 +121,13 @@ class RunningGateway:
         await response.read()
         return response
 
+    async def admin_get(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """GET on the admin listener (there only with an admin token configured)."""
+        assert self.admin_url is not None, "no admin listener: configure an admin token"
+        response = await self.session.get(self.admin_url + path, **kwargs)
+        await response.read()
+        return response
+
 
 async def start_gateway(settings: Settings) -> RunningGateway:
     app = create_app(settings)
@@ -144,6 +157,9 @@ class GatewayProcess:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[str] | None = None
     url: str = ""
+    admin_url: str | None = None
+    expects_admin: bool = False
+    """An admin token is configured: the admin listener's line follows the main one."""
     log_path: Path | None = None
 
     def start(self, wait_seconds: float = 15.0) -> None:
@@ -168,6 +184,10 @@ class GatewayProcess:
             self.process.stdout.close()
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()}")
         self.url = line.strip().rsplit(" ", 1)[-1]
+        if self.expects_admin:
+            second = self.process.stdout.readline()
+            assert "admin listening on" in second, second
+            self.admin_url = second.strip().rsplit(" ", 1)[-1]
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.process is not None
@@ -212,7 +232,8 @@ def spawn(
     settings = settings_for(tmp_path, upstream_url, **options)
     config = write_config(settings, tmp_path / f"{name}.toml")
     extra = {**(env or {}), **({FAULT_ENV: fault} if fault else {})}
-    process = GatewayProcess(config_path=config, env=extra)
+    admin = settings.admin.enabled or bool(extra.get("IDEMPOTENCY_GATEWAY_ADMIN__TOKEN"))
+    process = GatewayProcess(config_path=config, env=extra, expects_admin=admin)
     process.start()
     processes.append(process)
     return process
@@ -229,6 +250,32 @@ async def post_keyed(
         headers={"Idempotency-Key": key, "Content-Type": "application/json"},
     ) as response:
         return response.status, dict(response.headers), await response.read()
+
+
+async def effects_for_key(
+    upstream: CountingUpstream,
+    gateway_url: str,
+    key: str,
+    *,
+    headers: dict[str, str] | None = None,
+) -> int:
+    """How many effects the upstream applied for the caller's `key`.
+
+    The upstream never sees the caller's key: it sees the forwarded key (by
+    default the operation id). So ask the gateway which operation `key` is in
+    the caller's scope (`headers`), then count that operation's effects. A key
+    without a record counts 0; an effect forwarded without one still shows in
+    `upstream.count`, which the tests check as well.
+    """
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{gateway_url}/operations/{quote(key, safe='')}", headers=headers) as found,
+    ):
+        if found.status == 404:
+            return 0
+        assert found.status == 200, await found.text()
+        operation_id = (await found.json())["id"]
+    return upstream.count_for(operation_id)
 
 
 def is_stopped(process: GatewayProcess) -> bool:

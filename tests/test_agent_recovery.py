@@ -127,15 +127,17 @@ def agent_args(gateway: RunningGateway, tmp_path: Path, store: str = "file") -> 
 async def assert_each_effect_once(gateway: RunningGateway, tool_api: ToolAPI) -> None:
     assert len(tool_api.state.issues) == 2
     assert len(tool_api.state.emails) == 1
-    assert sorted(issue.client_ref or "" for issue in tool_api.state.issues) == [
-        "run-1:0:c1",
-        "run-1:0:c2",
-    ]
+    operation_ids: dict[str, str] = {}
     async with GatewayClient(gateway.url) as client:
         for key in ("run-1:0:c1", "run-1:0:c2", "run-1:1:c3"):
             operation = await client.lookup(key)
             assert operation is not None
             assert (operation.state, operation.attempts) == ("completed", 1)
+            operation_ids[key] = operation.id
+    # The ticket API saw each ticket's forwarded key: its operation's id.
+    assert sorted(issue.idempotency_key or "" for issue in tool_api.state.issues) == sorted(
+        [operation_ids["run-1:0:c1"], operation_ids["run-1:0:c2"]]
+    )
 
 
 @pytest.mark.parametrize("boundary", BOUNDARIES)

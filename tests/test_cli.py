@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from harness import ADMIN_TOKEN, RunningGateway, settings_for, start_gateway, stop_gateway
+from harness import (
+    ADMIN_TOKEN,
+    RunningGateway,
+    effects_for_key,
+    settings_for,
+    start_gateway,
+    stop_gateway,
+)
 from upstream import CountingUpstream
 
 from gateway.cli import main
@@ -31,8 +38,9 @@ async def cli(argv: Sequence[str]) -> int:
 
 
 def admin(gateway: RunningGateway, *argv: str, token: str = ADMIN_TOKEN) -> list[str]:
-    """`operations ...` argv aimed at `gateway` with an admin token."""
-    return ["operations", *argv, "--url", gateway.url, "--token", token]
+    """`operations ...` argv aimed at `gateway`'s admin listener (its main one when it has
+    none: the admin API is then disabled) with an admin token."""
+    return ["operations", *argv, "--url", gateway.admin_url or gateway.url, "--token", token]
 
 
 @pytest_asyncio.fixture
@@ -69,12 +77,15 @@ async def operation_id(gateway: RunningGateway, key: str) -> str:
     return document["id"]
 
 
-def write_config(path: Path, *, host: str, port: int, token: str | None) -> Path:
-    """A minimal gateway TOML file."""
-    admin_table = f'[admin]\ntoken = "{token}"\n' if token is not None else ""
+def write_config(
+    path: Path, *, host: str, port: int, token: str | None, admin_port: int = 8081
+) -> Path:
+    """A minimal gateway TOML file; the admin listener on `host`:`admin_port`."""
+    token_line = f'token = "{token}"\n' if token is not None else ""
     path.write_text(
         f'[server]\nhost = "{host}"\nport = {port}\n\n'
-        f'[store]\nurl = "sqlite:///{path.parent / "cli.db"}"\n\n{admin_table}'
+        f'[store]\nurl = "sqlite:///{path.parent / "cli.db"}"\n\n'
+        f'[admin]\n{token_line}host = "{host}"\nport = {admin_port}\n'
     )
     return path
 
@@ -101,8 +112,8 @@ async def test_list_unknown_shows_only_unknown_operations(
     """`list --state unknown` shows the ambiguous operation and not the completed one."""
     await complete(admin_gateway, "done-1")
     await make_unknown(admin_gateway, "lost-1")
-    assert upstream.count_for("done-1") == 1
-    assert upstream.count_for("lost-1") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "done-1") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-1") == 1
     unknown_id = await operation_id(admin_gateway, "lost-1")
     completed_id = await operation_id(admin_gateway, "done-1")
     capsys.readouterr()
@@ -135,7 +146,7 @@ async def test_list_json_prints_the_admin_document(
     assert [item["key"] for item in document["items"]] == ["lost-json"]
     assert document["items"][0]["scope"]
     assert document["next_cursor"] is None
-    assert upstream.count_for("lost-json") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-json") == 1
 
 
 async def test_list_pages(
@@ -180,7 +191,7 @@ async def test_show_prints_operation_json(
     assert document["id"] == op_id
     assert document["key"] == "lost-show"
     assert document["state"] == "unknown"
-    assert upstream.count_for("lost-show") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-show") == 1
 
 
 async def test_resolve_applied_makes_retries_replay(
@@ -210,7 +221,7 @@ async def test_resolve_applied_makes_retries_replay(
     assert retry.headers["Idempotent-Replayed"] == "true"
     assert retry.headers["Content-Type"].startswith("application/json")
     assert await retry.read() == b'{"id": "T-9"}'
-    assert upstream.count_for("lost-applied") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-applied") == 1
 
 
 async def test_resolve_applied_without_status_sends_no_response(
@@ -232,7 +243,7 @@ async def test_resolve_applied_without_status_sends_no_response(
     retry = await admin_gateway.post(DROP, key="lost-bare", json_body={"title": "lost-bare"})
     assert retry.status == 409
     assert "Idempotent-Replayed" not in retry.headers
-    assert upstream.count_for("lost-bare") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-bare") == 1
 
 
 async def test_retry_after_bodiless_resolve_does_not_claim_a_delivered_response(
@@ -247,7 +258,7 @@ async def test_retry_after_bodiless_resolve_does_not_claim_a_delivered_response(
 
     assert retry.status == 409
     problem = json.loads(await retry.read())
-    assert upstream.count_for("lost-claim") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-claim") == 1
     assert "too large" not in problem["detail"]
     assert "delivered" not in problem["detail"]
 
@@ -268,7 +279,7 @@ async def test_resolve_not_applied_releases_the_key(
     assert document["state"] == "released"
     assert document["resolution"]["by"] == "admin"
     await admin_gateway.post(DROP, key="lost-released", json_body={"title": "lost-released"})
-    assert upstream.count_for("lost-released") == 2
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-released") == 2
 
 
 async def test_resolve_completed_operation_is_refused(
@@ -286,7 +297,7 @@ async def test_resolve_completed_operation_is_refused(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("error: 409 ")
-    assert upstream.count_for("done-2") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "done-2") == 1
 
 
 async def test_show_missing_operation_exits_1(
@@ -315,7 +326,7 @@ async def test_wrong_token_exits_1_with_401(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("error: 401 ")
-    assert upstream.count_for("lost-token") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-token") == 1
 
 
 async def test_gateway_without_admin_token_exits_1_with_404(
@@ -327,7 +338,7 @@ async def test_gateway_without_admin_token_exits_1_with_404(
     assert await cli(admin(gateway, "list")) == 1
 
     assert capsys.readouterr().err.startswith("error: 404 ")
-    assert upstream.count_for("lost-plain") == 1
+    assert await effects_for_key(upstream, gateway.url, "lost-plain") == 1
 
 
 async def test_unreachable_gateway_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -370,7 +381,7 @@ async def test_resolve_usage_errors_exit_2(
     assert "usage:" in capsys.readouterr().err
     show = await admin_gateway.get("/operations/lost-usage")
     assert (await show.json())["state"] == "unknown"
-    assert upstream.count_for("lost-usage") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-usage") == 1
 
 
 async def test_defaults_come_from_config_and_environment(
@@ -380,9 +391,13 @@ async def test_defaults_come_from_config_and_environment(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Without --url/--token the config's address (0.0.0.0 → 127.0.0.1) and env token are used."""
-    port = int(admin_gateway.url.rsplit(":", 1)[1])
-    config = write_config(tmp_path / "ops.toml", host="0.0.0.0", port=port, token=None)
+    """Without --url/--token the config's admin address (0.0.0.0 → 127.0.0.1) and the env
+    token are used."""
+    assert admin_gateway.admin_url is not None
+    port = int(admin_gateway.admin_url.rsplit(":", 1)[1])
+    config = write_config(
+        tmp_path / "ops.toml", host="0.0.0.0", port=8080, admin_port=port, token=None
+    )
     monkeypatch.setenv("IDEMPOTENCY_GATEWAY_ADMIN__TOKEN", ADMIN_TOKEN)
     await make_unknown(admin_gateway, "lost-defaults")
     op_id = await operation_id(admin_gateway, "lost-defaults")
@@ -391,7 +406,7 @@ async def test_defaults_come_from_config_and_environment(
     assert await cli(["operations", "show", op_id, "--config", str(config)]) == 0
 
     assert json.loads(capsys.readouterr().out)["key"] == "lost-defaults"
-    assert upstream.count_for("lost-defaults") == 1
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-defaults") == 1
 
 
 async def test_missing_token_is_a_usage_error(

@@ -171,7 +171,9 @@ async def test_request_sends_the_key_and_a_retry_is_replayed(
     """The first answer is live; the same call again is the stored receipt (`replayed`)."""
     first = await gw.request("POST", ISSUES, key="run-1:0:c1", json={"title": "a", "n": 1})
     assert (first.status, first.replayed, first.state) == (201, False, "completed")
-    assert upstream.effects[0].key == "run-1:0:c1"
+    operation = await gw.lookup("run-1:0:c1")
+    assert operation is not None
+    assert upstream.effects[0].key == operation.id  # the forwarded key: the operation id
     # Same arguments in another order: canonical JSON, same bytes, same fingerprint.
     again = await gw.request("POST", ISSUES, key="run-1:0:c1", json={"n": 1, "title": "a"})
     assert (again.status, again.replayed) == (201, True)
@@ -217,7 +219,7 @@ async def test_lookup_returns_a_typed_operation_with_its_etag(
     assert operation.has_receipt
     assert operation.response is not None
     assert operation.response.status == 201
-    assert operation.response.body_json()["key"] == key
+    assert operation.response.body_json()["key"] == operation.id  # what the upstream saw
     assert operation.etag
     assert operation.id in operation.etag
     assert operation.created_at.tzinfo is not None
@@ -233,8 +235,9 @@ async def test_keys_that_look_quoted_are_sent_as_structured_strings(
     """A key starting with `"` reaches the gateway as itself, not unquoted into another key."""
     key = '"quo\\ted"'  # a quote first, a backslash inside
     await gw.request("POST", ISSUES, key=key, json={})
-    assert upstream.effects[0].key == key
-    assert await gw.lookup(key) is not None
+    operation = await gw.lookup(key)
+    assert operation is not None
+    assert upstream.effects[0].key == operation.id
     assert await gw.lookup("quo\\ted") is None
 
 

@@ -30,6 +30,7 @@ name = "tickets"
 prefix = "/tickets"
 upstream = "http://127.0.0.1:9000"
 """
+PROBE = "[routes.probe]\npath = '/x/{forwarded_key}'"
 
 DIGEST_A = "a" * 64
 DIGEST_B = "b" * 64
@@ -78,7 +79,7 @@ def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert settings.idempotency.max_wait == 30.0
     assert settings.idempotency.sweep_interval == 60.0
     assert not settings.admin.enabled
-    assert settings.admin.listen is None
+    assert (settings.admin.host, settings.admin.port) == ("127.0.0.1", 8081)
     assert settings.clients == ()
     assert settings.routes == ()
     assert (settings.logging.level, settings.logging.format) == ("info", "json")
@@ -93,7 +94,8 @@ def test_route_defaults() -> None:
     assert (route.timeout, route.keepalive) == (30.0, 4.0)
     assert route.max_body == route.max_stored_response == 1 << 20
     assert route.max_concurrency == 256
-    assert route.forward_key is True
+    assert route.forward_key == "operation_id"
+    assert route.clients is None
     assert route.release_statuses == (429,)
     assert route.redact_response_headers == ("set-cookie",)
     assert route.tls_ca is route.tls_client_cert is route.tls_client_key is None
@@ -113,9 +115,9 @@ def test_example_file_loads() -> None:
         "http://127.0.0.1:9000",
     )
     assert route.max_body == 1 << 20
-    assert route.forward_key is True
+    assert route.forward_key == "operation_id"
     assert route.probe is not None
-    assert route.probe.path == "/v1/issues?client_ref={key}"
+    assert route.probe.path == "/v1/issues?idempotency_key={forwarded_key}"
     assert route.probe.applied_statuses == (200,)
     assert route.probe.not_applied_statuses == (404,)
     assert route.probe.not_applied_after == 300.0
@@ -265,6 +267,8 @@ REFUSED = [
     ("[idempotency]\nlease = '0s'", "idempotency.lease:"),
     ("[idempotency]\nmax_wait = '-1s'", "idempotency.max_wait: invalid duration '-1s'"),
     ("[admin]\nlisten = 'nowhere'", "admin.listen: expected HOST:PORT"),
+    ("[admin]\nlisten = '127.0.0.1:1'\nport = 2", "admin.listen: give host and port, or"),
+    ("[admin]\nport = 70000", "admin.port:"),
     ("[admin]\ntoken = 'with space'", "admin.token: must be printable ASCII"),
     ("[logging]\nlevel = 'verbose'", "logging.level:"),
     ("[logging]\nformat = 'xml'", "logging.format:"),
@@ -332,31 +336,31 @@ REFUSED = [
     ),
     (ROUTE + '[routes.upstream_headers]\nX-A = "a\\nb"', "routes[0].upstream_headers.X-A:"),
     (ROUTE + "[routes.probe]\npath = 'v1/issues'", "routes[0].probe.path: must start with '/'"),
-    (ROUTE + "[routes.probe]\nmethod = 'G T'\npath = '/x/{key}'", "routes[0].probe.method:"),
+    (ROUTE + PROBE + "\nmethod = 'G T'", "routes[0].probe.method:"),
     (ROUTE + "[routes.probe]\npath = '/x/{id}'", "routes[0].probe.path: unknown placeholder {id}"),
     (
-        ROUTE + "[routes.probe]\npath = '/x/{key}'\nnot_applied_statuses = [404, 200]",
+        ROUTE + PROBE + "\nnot_applied_statuses = [404, 200]",
         "routes[0].probe.not_applied_statuses: [200] also in applied_statuses",
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x/{key}'\napplied_statuses = [99]",
+        ROUTE + PROBE + "\napplied_statuses = [99]",
         "routes[0].probe.applied_statuses[0]:",
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x/{key}'\napplied_statuses = []",
+        ROUTE + PROBE + "\napplied_statuses = []",
         "routes[0].probe.applied_statuses: a probe needs at least one status",
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x/{key}'\nnot_applied_after = '5 min'",
+        ROUTE + PROBE + "\nnot_applied_after = '5 min'",
         "routes[0].probe.not_applied_after: invalid duration",
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x/{operation_id}'",
+        ROUTE + "forward_key = 'scoped'\n[routes.probe]\npath = '/x/{operation_id}'",
         'routes[0].probe.path: {operation_id} needs forward_key = "operation_id"',
     ),
     (
-        ROUTE + "forward_key = 'operation_id'\n[routes.probe]\npath = '/x?ref={key}'",
-        'routes[0].probe.path: {key} needs forward_key = true: route "tickets" forwards',
+        ROUTE + "[routes.probe]\npath = '/x?ref={key}'",
+        'routes[0].probe.path: {key} needs forward_key = "key": route "tickets" forwards',
     ),
     (
         ROUTE + "forward_key = false\n[routes.probe]\npath = '/x/{forwarded_key}'",
@@ -367,7 +371,7 @@ REFUSED = [
         'routes[0].probe.path: names no effect: route "tickets"\'s probe',
     ),
     (
-        ROUTE + "[routes.probe]\npath = '/x/{key}'\n[routes.probe.headers]\nConnection = 'close'",
+        ROUTE + PROBE + "\n[routes.probe.headers]\nConnection = 'close'",
         "routes[0].probe.headers.Connection:",
     ),
 ]
@@ -419,7 +423,7 @@ def test_gateway_paths_constant() -> None:
         ("[srever]\nport = 1", "srever: unknown key"),
         (ROUTE + "timout = '1s'", "routes[0].timout: unknown key"),
         (
-            ROUTE + "[routes.probe]\npath = '/x/{key}'\nmethd = 'GET'",
+            ROUTE + PROBE + "\nmethd = 'GET'",
             "routes[0].probe.methd: unknown key",
         ),
         (
@@ -492,7 +496,8 @@ def test_env_references_in_headers_are_expanded(load: Any) -> None:
     text = (
         ROUTE
         + '[routes.upstream_headers]\nAuthorization = "Bearer ${TICKETS_API_TOKEN}"\n'
-        + "[routes.probe]\npath = '/x/{key}'\n"
+        + PROBE
+        + "\n"
         + '[routes.probe.headers]\nX-Probe = "${A}-${B}"\n'
     )
     env = {"TICKETS_API_TOKEN": "t0k", "A": "1", "B": "2"}
@@ -507,7 +512,7 @@ def test_missing_env_reference_is_refused(load: Any) -> None:
     message = refusal(load, text)
     assert "routes[0].upstream_headers.Authorization:" in message
     assert "TICKETS_API_TOKEN is not set" in message
-    probe = ROUTE + "[routes.probe]\npath = '/x/{key}'\n[routes.probe.headers]\nX = '${NOPE}'\n"
+    probe = ROUTE + PROBE + "\n[routes.probe.headers]\nX = '${NOPE}'\n"
     assert "routes[0].probe.headers.X: environment variable NOPE is not set" in refusal(load, probe)
 
 
@@ -562,7 +567,8 @@ max_wait = "0"
 sweep_interval = "90s"
 
 [admin]
-listen = "127.0.0.1:9090"
+host = "127.0.0.1"
+port = 9090
 
 [[clients]]
 name = "agent-a"
@@ -639,7 +645,8 @@ def test_render_masks_secrets(load: Any) -> None:
     text = (
         ROUTE.replace("/tickets", "/t")
         + '[routes.upstream_headers]\nAuthorization = "Bearer ${TOKEN}"\n'
-        + "[routes.probe]\npath = '/x/{key}'\n[routes.probe.headers]\nX-Key = 'probe-secret'\n"
+        + PROBE
+        + "\n[routes.probe.headers]\nX-Key = 'probe-secret'\n"
     )
     settings = load(
         text,
@@ -670,7 +677,7 @@ def test_render_shows_an_armed_fault_as_a_comment(load: Any) -> None:
 
 def test_render_escapes_strings(load: Any) -> None:
     """Strings with quotes, backslashes and control characters stay valid TOML."""
-    text = ROUTE + "[routes.probe]\npath = '/x/{key}?q=\"a\\\\b\"'\n"
+    text = ROUTE + "[routes.probe]\npath = '/x/{forwarded_key}?q=\"a\\\\b\"'\n"
     settings = load(text)
     data = tomllib.loads(render_effective(settings))
     assert data["routes"][0]["probe"]["path"] == settings.routes[0].probe.path

@@ -74,11 +74,14 @@ def test_an_admin_listener_on_the_main_port_is_refused(tmp_path: Path) -> None:
     """Listeners are told apart by address and port: one port for both is refused, even on
     another address (security review, finding 8)."""
     path = tmp_path / "gateway.toml"
-    path.write_text(
-        '[server]\nhost = "127.0.0.1"\nport = 8080\n[admin]\nlisten = "127.0.0.2:8080"\n'
-    )
-    with pytest.raises(ConfigError) as refused:
-        load_settings(path, environ={})
-    assert "admin.listen" in str(refused.value)
-    path.write_text('[server]\nport = 0\n[admin]\nlisten = "127.0.0.1:0"\n')
-    assert load_settings(path, environ={}).admin.listen == "127.0.0.1:0"
+    token = 'token = "Zq4-7hL2pW9xR1vT8mK3nB6c"\n'
+    for admin in ('host = "127.0.0.2"\nport = 8080\n', 'listen = "127.0.0.2:8080"\n'):
+        path.write_text(f'[server]\nhost = "127.0.0.1"\nport = 8080\n[admin]\n{token}{admin}')
+        with pytest.raises(ConfigError) as refused:
+            load_settings(path, environ={})
+        assert "admin.port: is the main listener's port 8080" in str(refused.value)
+    path.write_text(f"[server]\nport = 0\n[admin]\n{token}port = 0\n")
+    assert load_settings(path, environ={}).admin.port == 0
+    # A disabled admin API has no listener: its port cannot clash with anything.
+    path.write_text("[server]\nport = 8081\n")
+    assert load_settings(path, environ={}).server.port == 8081

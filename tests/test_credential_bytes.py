@@ -84,5 +84,6 @@ async def test_an_admin_token_that_is_not_utf_8_is_401_not_500(
     head = request("GET", "/admin/operations")
     line_end = head.index(b"\r\n") + 2
     raw = head[:line_end] + b"Authorization: Bearer \xff\xfe\r\n" + head[line_end:]
-    answer = await exchange(address_of(gateway.url), raw)
+    assert gateway.admin_url is not None
+    answer = await exchange(address_of(gateway.admin_url), raw)
     assert answer.status == 401, (answer.status, answer.body[:300])

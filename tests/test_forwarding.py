@@ -118,31 +118,38 @@ async def test_hop_by_hop_headers_dropped_and_proxy_headers_added(
     assert seen["host"] != gateway.url.removeprefix("http://")
 
 
-async def test_forward_key_default_sends_the_normalized_key(
+async def test_forward_key_default_sends_the_operation_id(
     gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
-    """By default the upstream sees the normalized key, also when it came as an sf-string."""
+    """By default the upstream sees the operation's id (the one the lookup reports), never
+    the caller's key, also when the key came as an sf-string."""
+    assert (await gateway.post("/tickets/a", key="opid-1", data=b"1")).status == 201
+    assert (await gateway.post("/tickets/b", key='"abc"', data=b"2")).status == 201
+    ids = []
+    for key in ("opid-1", "abc"):
+        lookup = await gateway.get(f"/operations/{key}")
+        assert lookup.status == 200
+        ids.append((await lookup.json())["id"])
+
+    assert upstream.count == 2
+    assert all(operation_id.startswith("op_") for operation_id in ids)
+    assert [effect.key for effect in upstream.effects] == ids
+
+
+async def test_forward_key_key_sends_the_normalized_key(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """With forward_key = "key" (one scope) the upstream sees the normalized key."""
+    gateway = await gateway_factory(
+        upstream.url,
+        route={"forward_key": "key"},
+        idempotency={"scope_headers": [], "shared_scope": True},
+    )
     assert (await gateway.post("/tickets/a", key="bare-key", data=b"1")).status == 201
     assert (await gateway.post("/tickets/b", key='"abc"', data=b"2")).status == 201
 
     assert upstream.count == 2
     assert [effect.key for effect in upstream.effects] == ["bare-key", "abc"]
-
-
-async def test_forward_key_operation_id_sends_the_operation_id(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
-) -> None:
-    """With forward_key = "operation_id" the upstream sees the id the lookup reports."""
-    gateway = await gateway_factory(upstream.url, route={"forward_key": "operation_id"})
-
-    assert (await gateway.post("/tickets/a", key="opid-1", data=b"1")).status == 201
-    lookup = await gateway.get("/operations/opid-1")
-    assert lookup.status == 200
-    operation_id = (await lookup.json())["id"]
-
-    assert upstream.count == 1
-    assert operation_id.startswith("op_")
-    assert upstream.effects[0].key == operation_id
 
 
 async def test_forward_key_false_sends_no_key(
@@ -163,15 +170,18 @@ async def test_forward_key_false_sends_no_key(
 async def test_caller_key_header_is_replaced_not_duplicated(
     gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
-    """The caller's key header, however spelled, is replaced by one gateway-set normalized key."""
+    """The caller's key header, however spelled, is replaced by one gateway-set forwarded key."""
+    ids = []
     for name, key in (("Idempotency-Key", "same-case"), ("idempotency-key", "lower-case")):
         response = await gateway.post("/tickets/a", data=b"1", headers={name: f'"{key}"'})
         assert response.status == 201
         assert response.headers["Idempotency-Key"] == key
+        ids.append((await (await gateway.get(f"/operations/{key}")).json())["id"])
 
     assert upstream.count == 2
-    seen = [effect.headers["idempotency-key"] for effect in upstream.effects]
-    assert seen == ["same-case", "lower-case"]
+    for effect in upstream.effects:
+        assert effect.headers["idempotency-key"] == effect.key  # one header, not two joined
+    assert [effect.key for effect in upstream.effects] == ids
 
 
 async def test_redirect_is_passed_back_not_followed(

@@ -108,8 +108,10 @@ async def post_json(
     gateway: RunningGateway, path: str, raw: bytes, headers: dict[str, str] | None = None
 ) -> aiohttp.ClientResponse:
     """POST raw JSON bytes (so a test controls every escape) to a gateway path."""
+    base = gateway.admin_url if path.startswith("/admin/") else gateway.url
+    assert base is not None
     response = await gateway.session.post(
-        gateway.url + path,
+        base + path,
         data=raw,
         headers={"Content-Type": "application/json", **(headers or {})},
     )
@@ -151,8 +153,13 @@ async def test_padded_quoted_key_is_400_and_never_forwarded(
 # -- 2. probe paths that name what the upstream saw -----------------------------------
 
 
+ONE_SCOPE = "[idempotency]\nscope_headers = []\nshared_scope = true\n"
+"""Every caller in one scope: where forwarding the caller's key as it came is allowed."""
+
+
 def route_toml(forward_key: str, probe_path: str | None) -> str:
-    text = (
+    text = ONE_SCOPE if forward_key in ("true", '"key"') else ""
+    text += (
         '[[routes]]\nname = "billing"\nprefix = "/billing"\n'
         f'upstream = "http://127.0.0.1:9000"\nforward_key = {forward_key}\n'
     )
@@ -170,12 +177,15 @@ def load_route_config(tmp_path: Path, text: str) -> Settings:
 @pytest.mark.parametrize(
     ("forward_key", "probe_path", "rule"),
     [
-        ('"operation_id"', "/v1/issues?client_ref={key}", "{key} needs forward_key = true"),
+        ('"operation_id"', "/v1/issues?client_ref={key}", '{key} needs forward_key = "key"'),
+        ('"scoped"', "/v1/issues?client_ref={key}", '{key} needs forward_key = "key"'),
+        ('"scoped"', "/v1/issues/{operation_id}", "{operation_id} needs forward_key"),
         ("false", "/v1/issues?client_ref={key}", "forward_key = false"),
         ("false", "/v1/issues/{operation_id}", "forward_key = false"),
         ("false", "/v1/issues/{forwarded_key}", "forward_key = false"),
         ("false", "/v1/issues", "forward_key = false"),
         ("true", "/v1/issues/{operation_id}", '{operation_id} needs forward_key = "operation_id"'),
+        ('"key"', "/v1/issues/{operation_id}", '{operation_id} needs forward_key = "operation_id"'),
         ("true", "/v1/issues", "names no effect"),
         ('"operation_id"', "/v1/issues?all=1", "names no effect"),
     ],
@@ -198,6 +208,8 @@ def test_probe_path_must_name_what_the_route_forwarded(
         ("true", "/v1/issues?client_ref={key}"),
         ("true", "/v1/issues?client_ref={forwarded_key}"),
         ("true", "/v1/issues/{key}?again={forwarded_key}"),
+        ('"key"', "/v1/issues?client_ref={key}"),
+        ('"scoped"', "/v1/issues?client_ref={forwarded_key}"),
         ('"operation_id"', "/v1/issues/{operation_id}"),
         ('"operation_id"', "/v1/issues/{forwarded_key}"),
         ("false", None),

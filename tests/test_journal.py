@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from conftest import GatewayFactory
 from harness import RunningGateway
 from idempotency_gateway_client import (
     FileJournal,
@@ -81,6 +82,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
     if request.param == "file":
         return lambda: FileJournal(tmp_path / "journal" / "run.json")
     return lambda: SqliteJournal(tmp_path / "journal.db")
+
+
+@pytest_asyncio.fixture
+async def gateway(gateway_factory: GatewayFactory, upstream: CountingUpstream) -> RunningGateway:
+    """One agent in one scope, its keys forwarded as they came (`forward_key = "key"`,
+    allowed for a single scope): the upstream then shows the keys the client derived."""
+    return await gateway_factory(
+        upstream.url,
+        route={"forward_key": "key"},
+        idempotency={"scope_headers": [], "shared_scope": True},
+    )
 
 
 @pytest_asyncio.fixture

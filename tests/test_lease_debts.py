@@ -24,6 +24,7 @@ from upstream import CountingUpstream
 
 from gateway.errors import GatewayError, InProgress, StoreUnavailable
 from gateway.exchange import ProxyRequest
+from gateway.forwarded_key import ForwardedKeys
 from gateway.forwarder import Forwarder
 from gateway.leases import LeaseKeeper
 from gateway.lifecycle import IdempotencyEngine
@@ -95,6 +96,7 @@ async def world(tmp_path: Path, upstream: CountingUpstream) -> AsyncIterator[Wor
         forwarder=forwarder,
         keeper=keeper,
         prober=Prober(forwarder),
+        forwarded_keys=ForwardedKeys(b"k" * 32),
         quotas=ScopeQuotas(settings.quotas),
         settings=settings.idempotency,
         routes=settings.routes,

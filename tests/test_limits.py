@@ -99,7 +99,7 @@ async def test_redaction_erases_the_receipt_and_keeps_the_key_used(
     gateway = await gateway_factory(upstream.url, admin={"token": ADMIN_TOKEN})
     await gateway.post("/tickets/v1/issues", key="pii", json_body={"email": "a@example.com"})
     lookup = await (await gateway.get("/operations/pii")).json()
-    url = f"{gateway.url}/admin/operations/{lookup['id']}/redact"
+    url = f"{gateway.admin_url}/admin/operations/{lookup['id']}/redact"
     assert (await gateway.session.post(url, json={"reason": "x"})).status == 401
     bad = await gateway.session.post(url, json={}, headers=ADMIN)
     assert bad.status == 400
@@ -127,11 +127,12 @@ async def test_redaction_erases_the_receipt_and_keeps_the_key_used(
 async def test_admin_endpoints_live_only_on_the_admin_listener(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """With admin.listen, /admin answers there and 404 on the main listener, and vice versa."""
+    """/admin answers on [admin] host:port and 404 on the main listener, and vice versa."""
     gateway = await gateway_factory(
-        upstream.url, admin={"token": ADMIN_TOKEN, "listen": "127.0.0.1:0"}
+        upstream.url, admin={"token": ADMIN_TOKEN, "host": "127.0.0.1", "port": 0}
     )
     assert gateway.admin_url is not None
+    assert gateway.admin_url != gateway.url
     main = await gateway.get("/admin/operations", headers=ADMIN)
     assert main.status == 404
     async with aiohttp.ClientSession() as session:

@@ -158,8 +158,9 @@ def explore(strategy: Any, base_url: str, session: requests.Session, seen: set[i
     run()
 
 
-def fuzz(base_url: str, seeded: Seeded) -> FuzzReport:
-    """Run schemathesis over every documented operation, with generated and seeded ids."""
+def fuzz(main_url: str, admin_url: str, seeded: Seeded) -> FuzzReport:
+    """Run schemathesis over every documented operation, with generated and seeded ids;
+    the admin operations on the admin listener, the others on the main one."""
     report = FuzzReport()
     seeded_values = {
         "key": (seeded.completed_key, seeded.unknown_key),
@@ -168,6 +169,7 @@ def fuzz(base_url: str, seeded: Seeded) -> FuzzReport:
     with requests.Session() as session:
         for result in load_schema().get_all_operations():
             operation = result.ok()
+            base_url = admin_url if operation.path.startswith("/admin/") else main_url
             seen = report.statuses.setdefault(operation.label, set())
             variants: list[tuple[str, str] | None] = [None]
             for parameter in operation.path_parameters:
@@ -202,7 +204,8 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_response(
     )
     try:
         seeded = await seed(gateway)
-        report = await asyncio.to_thread(fuzz, gateway.url, seeded)
+        assert gateway.admin_url is not None
+        report = await asyncio.to_thread(fuzz, gateway.url, gateway.admin_url, seeded)
     finally:
         await stop_gateway(gateway)
     assert not report.failures, "\n\n".join(report.failures)
@@ -215,13 +218,17 @@ Expected = tuple[str, str, dict[str, Any], Any, dict[str, str], int]
 """(method, path, path parameters, body, headers, expected status) of one request."""
 
 
-def send_expected(base_url: str, requests_: list[Expected]) -> list[str]:
-    """Send each request; return how each answer missed its status or the document."""
+def send_expected(
+    main_url: str, requests_: list[Expected], admin_url: str | None = None
+) -> list[str]:
+    """Send each request (admin paths to `admin_url` when there is one); return how each
+    answer missed its status or the document."""
     schema = load_schema()
     missed: list[str] = []
     for method, path, path_parameters, body, headers, status in requests_:
         extra = {"body": body} if body is not None else {}
         case = schema[path][method].Case(path_parameters=path_parameters, **extra)
+        base_url = admin_url if admin_url and path.startswith("/admin/") else main_url
         response = case.call(base_url=base_url, headers=headers)
         try:
             assert response.status_code == status, response.text
@@ -270,6 +277,7 @@ async def test_refusals_the_fuzz_cannot_reach_are_documented(
                 ("POST", "/admin/operations/{id}/resolve", op_id, too_large, ADMIN, 413),
                 ("POST", "/admin/operations/{id}/redact", op_id, too_large_redaction, ADMIN, 413),
             ],
+            gateway.admin_url,
         )
         await gateway.app[STORE].close()  # the store goes away under a running gateway
         missed += await asyncio.to_thread(
@@ -284,6 +292,7 @@ async def test_refusals_the_fuzz_cannot_reach_are_documented(
                 ("POST", "/admin/operations/{id}/resolve", op_id, resolution, ADMIN, 503),
                 ("POST", "/admin/operations/{id}/redact", op_id, redaction, ADMIN, 503),
             ],
+            gateway.admin_url,
         )
     finally:
         await stop_gateway(gateway)

@@ -42,11 +42,11 @@ async def test_a_body_that_looks_sealed_replays_byte_for_byte(
 
     lookup = await gateway.get("/operations/look-1")
     assert lookup.status == 200
-    listing = await gateway.get("/admin/operations", headers=ADMIN)
+    listing = await gateway.admin_get("/admin/operations", headers=ADMIN)
     assert listing.status == 200
     operation_id = (await lookup.json())["id"]
     redacted = await gateway.session.post(
-        f"{gateway.url}/admin/operations/{operation_id}/redact",
+        f"{gateway.admin_url}/admin/operations/{operation_id}/redact",
         json={"reason": "test"},
         headers=ADMIN,
     )

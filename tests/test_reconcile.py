@@ -22,7 +22,7 @@ from gateway.sweeper import Sweeper
 PROBLEM = "application/problem+json"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 PROBE = {
-    "path": "/effects/{key}",
+    "path": "/effects/{forwarded_key}",
     "applied_statuses": [200],
     "not_applied_statuses": [404],
     "not_applied_after": "300ms",
@@ -168,7 +168,8 @@ async def test_resolve_is_scoped(gateway: RunningGateway, upstream: CountingUpst
 async def test_admin_endpoints_need_a_configured_token(
     gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
-    """Without an admin token the admin endpoints do not exist."""
+    """Without an admin token the admin endpoints do not exist, nor their listener."""
+    assert gateway.admin_url is None
     response = await gateway.get("/admin/operations", headers=ADMIN)
     assert response.status == 404
     assert upstream.count == 0
@@ -189,15 +190,15 @@ async def test_admin_lists_every_scope_with_cursor_pagination(
         assert response.status == 502
     await gateway.post("/tickets/v1/issues", key="done", json_body={})
 
-    assert (await gateway.get("/admin/operations")).status == 401
-    wrong = await gateway.get("/admin/operations", headers={"Authorization": "Bearer nope"})
+    assert (await gateway.admin_get("/admin/operations")).status == 401
+    wrong = await gateway.admin_get("/admin/operations", headers={"Authorization": "Bearer nope"})
     assert wrong.status == 401
 
     seen: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
         params = {"state": "unknown", "limit": "2", **({"cursor": cursor} if cursor else {})}
-        response = await gateway.get("/admin/operations", params=params, headers=ADMIN)
+        response = await gateway.admin_get("/admin/operations", params=params, headers=ADMIN)
         page = await response.json()
         assert len(page["items"]) <= 2
         seen.extend(page["items"])
@@ -209,10 +210,10 @@ async def test_admin_lists_every_scope_with_cursor_pagination(
     assert all(item["state"] == "unknown" for item in seen)
 
     target = seen[0]
-    shown = await gateway.get(f"/admin/operations/{target['id']}", headers=ADMIN)
+    shown = await gateway.admin_get(f"/admin/operations/{target['id']}", headers=ADMIN)
     assert (await shown.json())["key"] == target["key"]
     settled = await gateway.session.post(
-        f"{gateway.url}/admin/operations/{target['id']}/resolve",
+        f"{gateway.admin_url}/admin/operations/{target['id']}/resolve",
         json={"outcome": "not_applied", "note": "checked the tool"},
         headers=ADMIN,
     )
@@ -223,12 +224,12 @@ async def test_admin_lists_every_scope_with_cursor_pagination(
         "at": document["resolution"]["at"],
         "note": "checked the tool",
     }
-    bad = await gateway.get("/admin/operations", params={"state": "nope"}, headers=ADMIN)
+    bad = await gateway.admin_get("/admin/operations", params={"state": "nope"}, headers=ADMIN)
     assert bad.status == 400
-    bad = await gateway.get("/admin/operations", params={"cursor": "!!"}, headers=ADMIN)
+    bad = await gateway.admin_get("/admin/operations", params={"cursor": "!!"}, headers=ADMIN)
     assert bad.status == 400
     huge = base64.urlsafe_b64encode(b"s" + b"9" * 40).decode().rstrip("=")
-    bad = await gateway.get("/admin/operations", params={"cursor": huge}, headers=ADMIN)
+    bad = await gateway.admin_get("/admin/operations", params={"cursor": huge}, headers=ADMIN)
     assert bad.status == 400
     assert upstream.count == 6
 

@@ -45,13 +45,17 @@ def start(
     """Start a replica named `name` on the test's schema (stopped before the schema is dropped)."""
 
     def start_replica(name: str, **idempotency: str) -> GatewayProcess:
+        # One agent fleet in one scope, forwarding its keys as they came ("key" is
+        # allowed for a single scope): the upstream's per-key counts are then exact
+        # even for requests the gateway refused without a record.
         return spawn(
             processes,
             tmp_path,
             upstream.url,
             name=name,
             store_url=postgres_url,
-            idempotency=idempotency,
+            route={"forward_key": "key"},
+            idempotency={"scope_headers": [], **idempotency},
         )
 
     return start_replica

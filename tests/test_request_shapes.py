@@ -44,7 +44,9 @@ async def test_an_operator_body_that_never_arrives_is_408(
         content_length=False,
     )
     started = time.monotonic()
-    answer = await exchange(address_of(gateway.url), raw, seconds=10)
+    url = gateway.admin_url if target.startswith("/admin/") else gateway.url
+    assert url is not None
+    answer = await exchange(address_of(url), raw, seconds=10)
     assert answer.status == 408, (answer.status, answer.body[:200])
     assert json.loads(answer.body)["type"].endswith("/request-timeout")
     assert time.monotonic() - started < 5

@@ -1,4 +1,4 @@
-"""The example ticket tool API: effects with no idempotency, and a client_ref lookup."""
+"""The example ticket tool API: effects with no idempotency, found by their forwarded key."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ async def test_create_issue_increments_ids(tool_api: str, session: aiohttp.Clien
             assert await response.json() == {
                 "id": expected,
                 "title": "Disk full",
-                "client_ref": None,
+                "idempotency_key": None,
             }
 
 
@@ -50,47 +50,36 @@ async def test_list_issues(tool_api: str, session: aiohttp.ClientSession) -> Non
     """GET /v1/issues lists every ticket in creation order."""
     for title in ("a", "b"):
         async with session.post(
-            f"{tool_api}/v1/issues", json={"title": title, "client_ref": title}
+            f"{tool_api}/v1/issues", json={"title": title}, headers={"Idempotency-Key": title}
         ):
             pass
     async with session.get(f"{tool_api}/v1/issues") as response:
         assert response.status == 200
         assert await response.json() == {
             "items": [
-                {"id": "T-1", "title": "a", "client_ref": "a"},
-                {"id": "T-2", "title": "b", "client_ref": "b"},
+                {"id": "T-1", "title": "a", "idempotency_key": "a"},
+                {"id": "T-2", "title": "b", "idempotency_key": "b"},
             ]
         }
 
 
-async def test_lookup_by_client_ref(tool_api: str, session: aiohttp.ClientSession) -> None:
-    """GET /v1/issues?client_ref=X answers 200 with the ticket, or 404 when there is none."""
-    async with session.post(f"{tool_api}/v1/issues", json={"title": "t", "client_ref": "r-1"}):
-        pass
-    async with session.get(f"{tool_api}/v1/issues", params={"client_ref": "r-1"}) as response:
+async def test_lookup_by_idempotency_key(tool_api: str, session: aiohttp.ClientSession) -> None:
+    """The Idempotency-Key a ticket arrived with finds it (the probe endpoint): 200 with
+    the ticket, or 404 when there is none. The API still does not dedupe on it."""
+    headers = {"Idempotency-Key": "op_01-r1"}
+    for _ in range(2):
+        async with session.post(f"{tool_api}/v1/issues", json={"title": "t"}, headers=headers):
+            pass
+    query = {"idempotency_key": "op_01-r1"}
+    async with session.get(f"{tool_api}/v1/issues", params=query) as response:
         assert response.status == 200
-        assert await response.json() == {"id": "T-1", "title": "t", "client_ref": "r-1"}
-    async with session.get(f"{tool_api}/v1/issues", params={"client_ref": "r-2"}) as response:
+        assert await response.json() == {"id": "T-1", "title": "t", "idempotency_key": "op_01-r1"}
+    query = {"idempotency_key": "op_01-r2"}
+    async with session.get(f"{tool_api}/v1/issues", params=query) as response:
         assert response.status == 404
         assert await response.json() == {"error": "not found"}
-
-
-async def test_idempotency_key_becomes_client_ref(
-    tool_api: str, session: aiohttp.ClientSession
-) -> None:
-    """Without a client_ref in the body, the Idempotency-Key header is recorded as one."""
-    headers = {"Idempotency-Key": "run-7:0:c1"}
-    async with session.post(
-        f"{tool_api}/v1/issues", json={"title": "t"}, headers=headers
-    ) as response:
-        assert (await response.json())["client_ref"] == "run-7:0:c1"
-    async with session.get(
-        f"{tool_api}/v1/issues", params={"client_ref": "run-7:0:c1"}
-    ) as response:
-        assert response.status == 200
-    body = {"title": "t", "client_ref": "mine"}
-    async with session.post(f"{tool_api}/v1/issues", json=body, headers=headers) as response:
-        assert (await response.json())["client_ref"] == "mine"
+    async with session.get(f"{tool_api}/v1/stats") as response:
+        assert (await response.json())["issues"] == 2
 
 
 async def test_emails_and_stats(tool_api: str, session: aiohttp.ClientSession) -> None:
@@ -111,7 +100,6 @@ async def test_emails_and_stats(tool_api: str, session: aiohttp.ClientSession) -
         ("/v1/issues", b"{not json"),
         ("/v1/issues", b"[]"),
         ("/v1/issues", b'{"title": 3}'),
-        ("/v1/issues", b'{"title": "t", "client_ref": 3}'),
         ("/v1/emails", b'{"to": "a@b"}'),
         ("/v1/emails", b"\xff"),
     ],

@@ -137,7 +137,8 @@ class CountingUpstream:
         return len(self._transports)
 
     def count_for(self, key: str) -> int:
-        """How many effects arrived with this ``Idempotency-Key`` value."""
+        """How many effects arrived with this forwarded ``Idempotency-Key`` value (see
+        ``harness.effects_for_key`` to count by the caller's key)."""
         return sum(1 for effect in self.effects if effect.key == key)
 
     def reset(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import QuotaSettings
+from gateway.forwarded_key import ForwardedKeys
 from gateway.leases import LeaseKeeper
 from gateway.lifecycle import IdempotencyEngine
 from gateway.probes import Prober
@@ -68,6 +69,7 @@ class Replica:
             forwarder=self.upstream,
             keeper=self.keeper,
             prober=self.prober,
+            forwarded_keys=ForwardedKeys(b"k" * 32),
             quotas=ScopeQuotas(QuotaSettings()),
             settings=settings,
             routes=(route,),
