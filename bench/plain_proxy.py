@@ -94,7 +94,7 @@ async def _serve(host: str, port: int, upstream: str) -> None:
 
 
 def _use_uvloop() -> None:
-    """The gateway's rule (`gateway.serve`): uvloop when installed, so both run on one loop."""
+    """The gateway's rule (`gateway.web.serve`): uvloop when installed, so both run on one loop."""
     try:
         import uvloop  # type: ignore[import-not-found, unused-ignore]
     except ImportError:

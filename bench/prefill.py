@@ -23,14 +23,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.fingerprint import fingerprint_request
-from gateway.ids import new_operation_id
+from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.ids import new_operation_id
 from gateway.store.sqlite_schema import STORED_COLUMNS, migrate
 
 __all__ = ["FILL_SCOPE", "FillReport", "bytes_per_operation", "fill_key", "prefill"]
 
 FILL_SCOPE = "anonymous"
-"""The scope of requests without `Authorization` (`gateway.scopes.ANONYMOUS_SCOPE`)."""
+"""The scope of requests without `Authorization` (`gateway.engine.scopes.ANONYMOUS_SCOPE`)."""
 _CHUNK = 50_000
 _RECEIPT_BODY_SIZE = 300
 _HEADERS = (

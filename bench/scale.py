@@ -36,7 +36,7 @@ from gateway.store.sqlite import SqliteStore
 
 __all__ = ["ScalePoint", "measure_scale_point", "scale_table"]
 
-_SWEEP_BATCH = 500  # gateway.sweeper.SWEEP_BATCH
+_SWEEP_BATCH = 500  # gateway.engine.sweeper.SWEEP_BATCH
 _SWEEP_REPEATS = 5
 
 

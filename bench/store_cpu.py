@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.models import ClaimRequest, NewAttempt, Resolution, StoredResponse
+from gateway.engine.models import ClaimRequest, NewAttempt, Resolution, StoredResponse
 from gateway.store.sqlite import SqliteStore
 
 __all__ = ["main", "measure"]

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from gateway.config import load_settings
-from gateway.errors import ConfigError
-from gateway.serve import run
+from gateway.engine.errors import ConfigError
+from gateway.web.serve import run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import atheris
 
         with atheris.instrument_imports(include=["gateway"]):
-            import gateway.app  # noqa: F401  (imported here to be instrumented)
+            import gateway.web.app  # noqa: F401  (imported here to be instrumented)
     workdir = Path(tempfile.mkdtemp(prefix="gateway-fuzz-"))
     print(f"fuzzing the request path with {engine} for {args.seconds:g}s (store in {workdir})")
     with FuzzTarget(workdir) as target:

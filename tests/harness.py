@@ -25,9 +25,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.app import create_app
 from gateway.config import Settings, render_effective
-from gateway.serve import make_runner, start_sites
+from gateway.web.app import create_app
+from gateway.web.serve import make_runner, start_sites
 
 if TYPE_CHECKING:
     from upstream import CountingUpstream

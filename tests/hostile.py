@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Self
 
 from rawhttp import RawResponse, address_of, exchange, request
 
-from gateway.appkeys import STORE
-from gateway.problems import operation_url
+from gateway.web.appkeys import STORE
+from gateway.web.problems import operation_url
 
 if TYPE_CHECKING:
     from types import TracebackType

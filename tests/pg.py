@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 import asyncpg
 import pytest
 
-from gateway.models import ClaimRequest
+from gateway.engine.models import ClaimRequest
 
 if TYPE_CHECKING:
     from gateway.store.postgres import PostgresStore

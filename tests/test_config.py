@@ -17,7 +17,7 @@ from gateway.config import (
     load_settings,
     render_effective,
 )
-from gateway.errors import ConfigError
+from gateway.engine.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Settings, load_settings
-from gateway.errors import ConfigError
+from gateway.engine.errors import ConfigError
 
 KEYS = [
     "server.port",

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gateway.config import AdminSettings, load_settings, render_effective
-from gateway.errors import ConfigError
+from gateway.engine.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import pytest
 from harness import settings_for, start_gateway, stop_gateway
 from upstream import CountingUpstream
 
-from gateway.crypto import BodyCipher, CipherError
+from gateway.store.crypto import BodyCipher, CipherError
 
 SECRET = "ssn-123-45-6789"
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.fingerprint import fingerprint_request, normalize_content_type
+from gateway.engine.fingerprint import fingerprint_request, normalize_content_type
 
 BASE: dict[str, Any] = {
     "method": "POST",

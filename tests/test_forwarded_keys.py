@@ -28,7 +28,7 @@ from harness import RunningGateway
 from upstream import CountingUpstream
 
 from gateway.config import load_settings
-from gateway.errors import ConfigError
+from gateway.engine.errors import ConfigError
 
 ISSUES = "/tickets/v1/issues"
 PROBE = {

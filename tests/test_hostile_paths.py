@@ -118,7 +118,7 @@ REFUSED_PATHS = [
     pytest.param("/tickets/v1%5C..%5Cadmin", id="encoded-backslash-upper"),
     pytest.param("/tickets/%2e%2e%2f%2e%2e%2fadmin", id="encoded-traversal"),
     pytest.param("http://169.254.169.254/tickets/../admin", id="absolute-form-dot-dot"),
-    # Fixed (gateway/routing.py check_path): a raw backslash passes (`%5c` is refused),
+    # Fixed (gateway/proxy/routing.py check_path): a raw backslash passes (`%5c` is refused),
     # and an upstream that reads `\` as `/` climbs out of the route's base path.
     pytest.param("/tickets/v1\\..\\..\\admin", id="raw-backslash-traversal"),
 ]
@@ -275,7 +275,7 @@ def forwarded_elements(value: str) -> list[dict[str, str]]:
     return elements
 
 
-# Fixed (gateway/headers.py forwarded): `host` is put between quotes without escaping,
+# Fixed (gateway/upstream/headers.py forwarded): `host` is put between quotes without escaping,
 # so a `Host` with a `"` forges elements and `for=` values in the upstream's `Forwarded`.
 @pytest.mark.parametrize(
     "host",

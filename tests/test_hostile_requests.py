@@ -26,8 +26,8 @@ from hostile import assert_healthy, problem_type
 from rawhttp import RawResponse, address_of, exchange, request
 from upstream import CountingUpstream
 
-from gateway.appkeys import STORE
-from gateway.problems import operation_url
+from gateway.web.appkeys import STORE
+from gateway.web.problems import operation_url
 
 SEED = 20261130
 TOTAL = 1200
@@ -370,7 +370,7 @@ UNREPLAYABLE = [
 ]
 
 
-# Fixed (gateway/resolve_body.py ResolveResponse): header names and values and the
+# Fixed (gateway/web/resolve_body.py ResolveResponse): header names and values and the
 # status are not checked against what HTTP can carry. Observed: 200, the operation
 # becomes `completed` with that receipt, and every replay of the key then fails in
 # aiohttp ("Forbidden control character detected in headers"): the connection is

@@ -37,8 +37,8 @@ from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 from gateway.config import Settings, load_settings
-from gateway.errors import ConfigError, InvalidKey, StoreUnavailable
-from gateway.keys import parse_idempotency_key
+from gateway.engine.errors import ConfigError, InvalidKey, StoreUnavailable
+from gateway.engine.keys import parse_idempotency_key
 from gateway.store.sqlite import SqliteStore
 
 PROBLEM = "application/problem+json"

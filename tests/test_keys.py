@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gateway.errors import InvalidKey
-from gateway.keys import MAX_KEY_LENGTH, format_key_header, parse_idempotency_key
+from gateway.engine.errors import InvalidKey
+from gateway.engine.keys import MAX_KEY_LENGTH, format_key_header, parse_idempotency_key
 
 printable_keys = st.text(
     alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=255

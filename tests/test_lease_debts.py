@@ -22,16 +22,16 @@ import pytest_asyncio
 from harness import settings_for
 from upstream import CountingUpstream
 
-from gateway.errors import GatewayError, InProgress, StoreUnavailable
-from gateway.exchange import ProxyRequest
-from gateway.forwarded_key import ForwardedKeys
-from gateway.forwarder import Forwarder
-from gateway.leases import LeaseKeeper
-from gateway.lifecycle import IdempotencyEngine
-from gateway.models import State
-from gateway.probes import Prober
-from gateway.quotas import ScopeQuotas
+from gateway.engine.engine import IdempotencyEngine
+from gateway.engine.errors import GatewayError, InProgress, StoreUnavailable
+from gateway.engine.exchange import ProxyRequest
+from gateway.engine.forwarded_key import ForwardedKeys
+from gateway.engine.leases import LeaseKeeper
+from gateway.engine.models import State
+from gateway.engine.probes import Prober
+from gateway.engine.quotas import ScopeQuotas
 from gateway.store.sqlite import SqliteStore
+from gateway.upstream.forwarder import Forwarder
 
 
 class FlakyStore:

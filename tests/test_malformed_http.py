@@ -170,7 +170,7 @@ async def test_request_cut_off_by_a_hang_up_is_never_forwarded(
     await assert_nothing_happened(small, upstream)
 
 
-# Fixed (gateway/proxy_view.py _read_body + gateway/problems.py problem_middleware): the
+# Fixed (gateway/proxy/view.py _read_body + gateway/web/problems.py problem_middleware): the
 # ConnectionResetError from reading the body of a caller that hung up is not a
 # GatewayError, so it is logged as "unexpected error" with a traceback and the
 # request log records a 500; any client can fill the error log this way.
@@ -243,7 +243,7 @@ async def test_declared_oversized_body_is_refused_before_it_is_sent(
     await assert_nothing_happened(small, upstream)
 
 
-# Fixed (gateway/serve.py make_runner): the server's auto_decompress is left on, so a
+# Fixed (gateway/web/serve.py make_runner): the server's auto_decompress is left on, so a
 # request body with `Content-Encoding: gzip` is inflated by aiohttp before the
 # gateway reads it. Pinned: invalid gzip is never a gateway 500 (the bytes are
 # forwarded as sent, like any body).

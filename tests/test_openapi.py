@@ -31,9 +31,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway.appkeys import STORE
-from gateway.openapi import openapi_document, render
-from gateway.operations_view import MAX_RESOLVE_BODY
+from gateway.web.appkeys import STORE
+from gateway.web.openapi import openapi_document, render
+from gateway.web.operations_view import MAX_RESOLVE_BODY
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -64,7 +64,7 @@ def test_docs_copy_is_current() -> None:
     """docs/openapi.json is exactly the document the code builds."""
     assert DOCS_COPY.read_text() == render(), (
         "docs/openapi.json is stale: regenerate it with "
-        "`python -m gateway.openapi > docs/openapi.json`"
+        "`python -m gateway.web.openapi > docs/openapi.json`"
     )
 
 

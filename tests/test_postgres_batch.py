@@ -9,8 +9,8 @@ import asyncpg
 import pytest
 from pg import claim_request, drop_schema, fresh_schema, require_postgres, url_for
 
-from gateway.errors import StoreUnavailable
-from gateway.models import NewAttempt
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.models import NewAttempt
 from gateway.store.postgres_batch import StatementBatcher
 
 

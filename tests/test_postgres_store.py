@@ -8,8 +8,8 @@ import socket
 import pytest
 from pg import claim_request, drop_schema, fresh_schema, require_postgres, url_for
 
-from gateway.errors import StoreUnavailable
-from gateway.models import NewAttempt, Resolution, StoredResponse
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.models import NewAttempt, Resolution, StoredResponse
 
 pytestmark = pytest.mark.postgres
 

@@ -16,7 +16,7 @@ from conftest import GatewayFactory
 from upstream import CountingUpstream
 
 from gateway.config import QuotaSettings
-from gateway.quotas import MAX_TRACKED_SCOPES, ScopeQuotas
+from gateway.engine.quotas import MAX_TRACKED_SCOPES, ScopeQuotas
 
 
 async def test_rotating_credentials_do_not_escape_the_route_wide_cap(

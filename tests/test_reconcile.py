@@ -16,8 +16,8 @@ from conftest import GatewayFactory
 from harness import ADMIN_TOKEN, RunningGateway
 from upstream import CountingUpstream
 
-from gateway.appkeys import ENGINE, METRICS, STORE
-from gateway.sweeper import Sweeper
+from gateway.engine.sweeper import Sweeper
+from gateway.web.appkeys import ENGINE, METRICS, STORE
 
 PROBLEM = "application/problem+json"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gateway.serve import GC_YOUNG_THRESHOLD
+from gateway.web.serve import GC_YOUNG_THRESHOLD
 
 _PROBE = """
 import gc
-from gateway.serve import tune_garbage_collector
+from gateway.web.serve import tune_garbage_collector
 before = gc.get_threshold()
 tune_garbage_collector()
 after = gc.get_threshold()

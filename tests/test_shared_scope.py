@@ -17,7 +17,7 @@ from conftest import GatewayFactory
 from upstream import CountingUpstream
 
 from gateway.config import load_settings
-from gateway.errors import ConfigError
+from gateway.engine.errors import ConfigError
 
 
 async def test_a_request_without_credentials_is_401_missing_credentials(

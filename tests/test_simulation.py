@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.models import Evidence, Operation, State, StoredResponse
+from gateway.engine.models import Evidence, Operation, State, StoredResponse
 from gateway.store.base import SweepReport
 from tests.simulation import InvariantViolation, Scenario, Simulation
 from tests.simulation.memory_store import MemoryDatabase, MemoryStore

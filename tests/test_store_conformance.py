@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from pg import drop_schema, fresh_schema, require_postgres, url_for
 
-from gateway.models import (
+from gateway.engine.models import (
     ClaimRequest,
     Evidence,
     Existing,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.units import format_duration, format_size, parse_duration, parse_size
+from gateway.config.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

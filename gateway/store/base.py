@@ -1,6 +1,6 @@
 """The `Store` protocol: the few verbs the state machine needs persisted.
 
-Stores persist what `gateway.lifecycle` decides; they never decide. Each verb
+Stores persist what `gateway.engine` decides; they never decide. Each verb
 is one atomic transaction. Every outcome write is conditional on the caller's
 fencing token, so a writer whose attempt was superseded (a new attempt, a
 resolution) can never overwrite a newer truth: it gets `None` back and
@@ -8,7 +8,7 @@ records what it learned with `add_evidence` instead. Every operation a store
 returns carries `observed_at`, the store's clock when it was read or
 written, so nobody compares a record's times with another clock.
 
-Failures of the database itself surface as `gateway.errors.StoreUnavailable`,
+Failures of the database itself surface as `gateway.engine.errors.StoreUnavailable`,
 never as a driver exception.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from gateway.models import (
+    from gateway.engine.models import (
         ClaimRequest,
         ClaimResult,
         Evidence,

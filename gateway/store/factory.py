@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.config import StoreSettings
-from gateway.crypto import BodyCipher
-from gateway.errors import ConfigError
+from gateway.engine.errors import ConfigError
 from gateway.store.base import Store
+from gateway.store.crypto import BodyCipher
 from gateway.store.sqlite import SqliteStore
 
 

@@ -18,25 +18,22 @@
   every replica may run them at once without blocking each other.
 
 Every driver or connection failure surfaces as `StoreUnavailable`; the pool
-reconnects on its own once the server is back.
+reconnects on its own once the server is back. The connections live in
+`gateway.store.postgres_connection`, the batched statements and the locked
+claim in `gateway.store.postgres_statements`; this module is the verbs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
-import asyncpg
-
-from gateway.crypto import BodyCipher
-from gateway.errors import STORE_DOWN, StoreUnavailable
-from gateway.ids import new_operation_id
-from gateway.models import (
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.ids import new_operation_id
+from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
     Evidence,
@@ -48,8 +45,21 @@ from gateway.models import (
     StoredResponse,
 )
 from gateway.store.base import Page, SweepReport
+from gateway.store.crypto import BodyCipher
 from gateway.store.postgres_batch import StatementBatcher
-from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of, migrate
+from gateway.store.postgres_connection import PostgresConnection, _translated
+from gateway.store.postgres_schema import COLUMNS, migrate
+from gateway.store.postgres_statements import (
+    _CLAIMS,
+    _COMPLETES,
+    _OUTCOME_RETURNING,
+    _OUTCOME_WRITABLE,
+    _SELECT_BY_KEY,
+    NOW,
+    SECONDS,
+    _claim_existing,
+    _Receipt,
+)
 from gateway.store.rows import (
     as_stored,
     claim_changes,
@@ -60,59 +70,8 @@ from gateway.store.rows import (
     seal_receipt,
 )
 
-log = logging.getLogger("gateway.store.postgres")
 
-NOW = "clock_timestamp()"
-SECONDS = "make_interval(secs => {})"
-
-_DRIVER_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,  # raised by pooled connections while the server shuts down
-    OSError,
-    asyncio.TimeoutError,
-)
-
-_OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
-"""Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its
-token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
-still records what it learned; a resolution or a new attempt bumps the token."""
-
-_OUTCOME_RETURNING = (
-    f"RETURNING {COLUMNS}, "
-    f"CASE WHEN watched THEN pg_notify('{NOTIFY_CHANNEL}', id) END IS NULL AS _notified"
-)
-"""Outcome writes return the row and notify waiting replicas in the same statement.
-
-`watched` is read from the row as this statement updates it: a `watch` that
-committed first is seen (the update waits for its row lock, then re-reads),
-and one that commits after is followed by the waiter's own re-read.
-"""
-
-
-@contextlib.asynccontextmanager
-async def _translated(action: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except _DRIVER_ERRORS as exc:
-        log.warning("postgres %s failed: %s", action, exc)
-        raise StoreUnavailable(STORE_DOWN, internal=f"PostgreSQL {action} failed: {exc}") from exc
-
-
-async def _session_unchanged(connection: asyncpg.Connection) -> None:
-    """The pool's reset: nothing to undo, so no round trip on every release.
-
-    asyncpg's default reset sends `pg_advisory_unlock_all(); CLOSE ALL;
-    UNLISTEN *; RESET ALL` each time a connection goes back to the pool: one
-    extra round trip per store call, as many as the calls themselves. This
-    store never changes a pooled session: no SET, no LISTEN (the listener has
-    its own connection), no session advisory lock (migrations take a
-    transaction-scoped one), no cursor outside a transaction. asyncpg still
-    rolls back a transaction left open before this runs.
-    """
-
-
-class PostgresStore:
+class PostgresStore(PostgresConnection):
     """`Store` on PostgreSQL, shared by any number of gateway replicas.
 
     >>> # store = PostgresStore("postgresql://gateway@db:5432/gateway", pool_size=10)
@@ -127,31 +86,18 @@ class PostgresStore:
         command_timeout: float = 10.0,
         cipher: BodyCipher | None = None,
     ) -> None:
-        self._url = url
+        super().__init__(url, pool_size=pool_size, command_timeout=command_timeout)
         self._cipher = cipher
-        self._pool_size = pool_size
-        self._command_timeout = command_timeout
-        self._pool: asyncpg.Pool | None = None
         self._secret: bytes | None = None
-        self._listener: asyncpg.Connection | None = None
-        self._on_settled: Callable[[str], None] | None = None
-        self._relisten: asyncio.Task[None] | None = None
         self._claims = StatementBatcher(self._run_claims)
         self._completes = StatementBatcher(self._run_completes)
 
     # -- lifecycle ---------------------------------------------------------------
 
     async def open(self) -> None:
-        async with _translated("connect"):
-            self._pool = await asyncpg.create_pool(
-                self._url,
-                min_size=1,
-                max_size=self._pool_size,
-                command_timeout=self._command_timeout,
-                reset=_session_unchanged,
-            )
+        pool = await self._open_pool()
         try:
-            async with _translated("migration"), self._pool.acquire() as connection:
+            async with _translated("migration"), pool.acquire() as connection:
                 await migrate(connection)
             self._secret = await self._load_or_create_secret()
         except BaseException:
@@ -161,82 +107,10 @@ class PostgresStore:
     async def close(self) -> None:
         await self._claims.drain()
         await self._completes.drain()
-        pool, self._pool = self._pool, None
-        if self._relisten is not None:
-            self._relisten.cancel()
-            await asyncio.gather(self._relisten, return_exceptions=True)
-        if self._listener is not None:
-            with contextlib.suppress(*_DRIVER_ERRORS):
-                await self._listener.close()
-            self._listener = None
-        if pool is not None:
-            await pool.close()
-
-    async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
-        """Call `on_settled(operation_id)` whenever any replica records an outcome."""
-        self._on_settled = on_settled
-        await self._listen()
-        return True
-
-    async def _listen(self) -> None:
-        if self._on_settled is None or (
-            self._listener is not None and not self._listener.is_closed()
-        ):
-            return
-        callback = self._on_settled
-
-        def relay(
-            _connection: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any],
-            _pid: int,
-            _channel: str,
-            payload: object,
-        ) -> None:
-            callback(str(payload))
-
-        async with _translated("listen"):
-            listener = await asyncpg.connect(self._url)
-            await listener.add_listener(NOTIFY_CHANNEL, relay)
-            listener.add_termination_listener(self._listener_lost)
-        self._listener = listener
-
-    def _listener_lost(self, _connection: object) -> None:
-        """The server went away: keep trying to listen again, once a second."""
-        if self._pool is not None and self._relisten is None:
-            self._relisten = asyncio.get_running_loop().create_task(self._relisten_forever())
-
-    async def _relisten_forever(self) -> None:
-        try:
-            while self._pool is not None and not self.listening:
-                await asyncio.sleep(1.0)
-                with contextlib.suppress(StoreUnavailable):
-                    await self._listen()
-        finally:
-            self._relisten = None
-
-    @property
-    def listening(self) -> bool:
-        """False while the notification connection is down (waiters then poll)."""
-        return self._listener is not None and not self._listener.is_closed()
+        await self._close_connections()
 
     def _decode(self, row: Any) -> Operation:
         return row_to_operation(row, self._cipher)
-
-    def _require_pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise StoreUnavailable("the PostgreSQL store is not open")
-        return self._pool
-
-    async def _fetchrow(self, action: str, query: str, *args: Any) -> Any:
-        async with _translated(action):
-            return await self._require_pool().fetchrow(query, *args)
-
-    async def _fetch(self, action: str, query: str, *args: Any) -> list[Any]:
-        async with _translated(action):
-            return list(await self._require_pool().fetch(query, *args))
-
-    async def _fetchval(self, action: str, query: str, *args: Any) -> Any:
-        async with _translated(action):
-            return await self._require_pool().fetchval(query, *args)
 
     async def _load_or_create_secret(self) -> bytes:
         await self._fetchval(
@@ -580,150 +454,3 @@ class PostgresStore:
         ):
             counts[State(row["state"])] = int(row["n"])
         return counts
-
-
-_SELECT_BY_KEY = f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2"
-"""A key's row (and the database clock, `observed_at`), read without a lock."""
-
-_INSERT_CLAIM = (
-    "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
-    "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-    f"sent_at) VALUES ($1, $2, $3, 'in_flight', $4, $5, $6, $7, 1, 1, 1, {NOW}, {NOW}, $8, "
-    f"{NOW} + {SECONDS.format('$9')}, {NOW}) ON CONFLICT (scope, key) DO NOTHING "
-    f"RETURNING {COLUMNS}"
-)
-"""One claim's insert, under the row lock of `_claim_existing`."""
-
-_CLAIMS = (
-    "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
-    "$5::text[], $6::text[], $7::text[], $8::text[], $9::float8[]) "
-    "AS v(id, scope, key, route, method, path, fingerprint, lease_owner, lease_seconds)), "
-    "inserted AS (INSERT INTO operations (id, scope, key, state, route, method, path, "
-    "fingerprint, attempts, token, version, created_at, updated_at, lease_owner, "
-    "lease_expires_at, sent_at) SELECT id, scope, key, 'in_flight', route, method, path, "
-    f"fingerprint, 1, 1, 1, {NOW}, {NOW}, lease_owner, "
-    f"{NOW} + {SECONDS.format('lease_seconds')}, {NOW} FROM input "
-    f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}) "
-    "SELECT *, true AS _inserted FROM inserted "
-    "UNION ALL SELECT found.*, false FROM input i, "
-    f"LATERAL (SELECT {columns_of('o')} FROM operations o "
-    "WHERE o.scope = i.scope AND o.key = i.key OFFSET 0) AS found"
-)
-"""Claims of a batch in one statement: the rows it inserted (`_inserted`, found by
-their new ids), and the existing rows of the other keys as its snapshot sees them.
-
-A key inserted by a concurrent statement that committed after this one began,
-or twice in one batch, is in neither: its claim is decided under the row's
-lock. A data-modifying WITH is invisible to the rest of its statement, so the
-second branch never returns a row the first one inserted.
-
-Each key is looked up by a `LATERAL` subquery that `OFFSET 0` keeps from being
-flattened into a join: planned on its own, a lookup by the unique (scope, key)
-is an index probe. As a join, planned while the table was small (a prepared
-statement keeps its plan), it became a hash join over the whole table: 7 ms a
-claim at 20k rows, measured, until an ANALYZE replaced the plan.
-"""
-
-_COMPLETES = (
-    "UPDATE operations o SET state = 'completed', response_status = v.status, "
-    "response_headers = v.headers, response_body = v.body, storage = v.storage, "
-    "body_retained = v.retained, "
-    f"expires_at = {NOW} + {SECONDS.format('v.retention')}, "
-    f"forgotten_at = {NOW} + {SECONDS.format('v.tombstone')}, "
-    f"resolution_by = v.resolved_by, resolution_at = {NOW}, resolution_note = v.note, "
-    f"lease_owner = NULL, updated_at = {NOW}, "
-    "version = o.version + 1 "
-    "FROM unnest($1::text[], $2::int8[], $3::int4[], $4::text[], $5::bytea[], $6::bool[], "
-    "$7::float8[], $8::float8[], $9::text[], $10::text[], $11::text[]) "
-    "AS v(id, token, status, headers, body, retained, retention, tombstone, resolved_by, note, "
-    "storage) "
-    "WHERE o.id = v.id AND o.token = v.token AND o.state IN ('in_flight', 'unknown') "
-    f"RETURNING {columns_of('o')}, "
-    f"CASE WHEN o.watched THEN pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified"
-)
-"""Receipts of a batch in one statement, each fenced by its own token and state;
-a write that is refused (stale) returns no row, as `complete` alone would."""
-
-
-class _Receipt(NamedTuple):
-    """One `complete` call, encoded for `_COMPLETES` (`stored` is what it returns)."""
-
-    operation_id: str
-    token: int
-    stored: StoredResponse
-    headers: str | None
-    body: bytes | None
-    storage: str
-    body_retained: bool
-    retention_seconds: float
-    tombstone_seconds: float
-    resolution: Resolution
-
-
-def _insert_args(request: ClaimRequest) -> tuple[Any, ...]:
-    return (
-        new_operation_id(),
-        request.scope,
-        request.key,
-        request.route,
-        request.method,
-        request.path,
-        request.fingerprint,
-        request.owner,
-        request.lease_seconds,
-    )
-
-
-async def _claim_existing(
-    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
-    request: ClaimRequest,
-    decode: Callable[[Any], Operation],
-) -> ClaimResult:
-    """The key exists: decide under a row lock what a claim means for it."""
-    for _ in range(3):
-        row = await connection.fetchrow(
-            f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2 FOR UPDATE",
-            request.scope,
-            request.key,
-        )
-        if row is not None:
-            break
-        # Deleted (forgotten) while we waited for its lock: try to insert again; if
-        # another claim got there first, its row is read, locked, on the next turn.
-        inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
-        if inserted is not None:
-            return NewAttempt(decode(inserted))
-    else:
-        raise StoreUnavailable("the key changed under three concurrent claims; retry")
-    current = decode(row)
-    if is_forgotten(current):
-        await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
-        inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
-        return NewAttempt(decode(inserted))
-    if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
-        updated = await connection.fetchrow(
-            "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
-            f"token = token + 1, version = version + 1, lease_owner = $2, "
-            f"lease_expires_at = {NOW} + {SECONDS.format('$3')}, sent_at = {NOW}, "
-            f"forgotten_at = NULL, updated_at = {NOW} WHERE id = $1 RETURNING {COLUMNS}",
-            current.id,
-            request.owner,
-            request.lease_seconds,
-        )
-        return NewAttempt(decode(updated))
-    if current.lease_expired():
-        evidence = Evidence(
-            at=current.observed_at,
-            source="lease",
-            detail="the lease expired before an outcome was recorded",
-        )
-        expired = await connection.fetchrow(
-            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-            f"updated_at = {NOW}, version = version + 1, "
-            "evidence = evidence || jsonb_build_array($2::jsonb) "
-            f"WHERE id = $1 {_OUTCOME_RETURNING}",
-            current.id,
-            json.dumps(evidence.as_json()),
-        )
-        return Existing(decode(expired))
-    return Existing(current)

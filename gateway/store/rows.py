@@ -13,9 +13,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from gateway.crypto import BodyCipher, CipherError
-from gateway.errors import StoreUnavailable
-from gateway.models import Evidence, Operation, Resolution, State, StoredResponse
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.models import Evidence, Operation, Resolution, State, StoredResponse
+from gateway.store.crypto import BodyCipher, CipherError
 
 COLUMN_NAMES = (
     "id",

@@ -14,60 +14,57 @@ Reads by key or id (`get`, `get_by_id`, `peek_completed`) go through a second,
 read-only connection on the event loop: in WAL mode it sees exactly what is
 committed, never a batch that is still open, so a retry or a lookup is
 answered without waiting for the next group commit.
+
+The file lock and the connections live in `gateway.store.sqlite_connection`,
+the claim's statements in `gateway.store.sqlite_statements`; this module is
+the verbs.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import secrets
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
-from gateway.clock import SYSTEM_CLOCK, Clock
-from gateway.crypto import BodyCipher
-from gateway.errors import StoreUnavailable
-from gateway.ids import new_operation_id
-from gateway.models import (
+from gateway.engine.clock import SYSTEM_CLOCK, Clock
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
     Evidence,
-    Existing,
-    NewAttempt,
     Operation,
     Resolution,
     State,
     StoredResponse,
 )
 from gateway.store.base import Page, SweepReport
+from gateway.store.crypto import BodyCipher
 from gateway.store.rows import (
     as_stored,
-    claim_changes,
     decode_cursor,
     encode_cursor,
     is_forgotten,
     row_to_operation,
     seal_receipt,
 )
-from gateway.store.sqlite_schema import CLOCK_FUNCTION, COLUMNS, migrate
-from gateway.store.sqlite_thread import SqliteWriterThread
+from gateway.store.sqlite_connection import SqliteConnection
+from gateway.store.sqlite_schema import COLUMNS, migrate
+from gateway.store.sqlite_statements import (
+    _OUTCOME_WRITABLE,
+    _RETURNING,
+    _SELECT,
+    _claim,
+    _load_or_create_secret,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.store.sqlite")
-Decode = Callable[[Any], Operation]
-
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
-_RETURNING = f"RETURNING {', '.join(COLUMNS)}"
-_OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
-"""Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its
-token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
-still records what it learned; a resolution or a new attempt bumps the token."""
 
 
-class SqliteStore:
+class SqliteStore(SqliteConnection):
     """`Store` on one SQLite file, for a single gateway process.
 
     >>> # store = SqliteStore(path=Path("data/gateway.db"), busy_timeout=5.0)
@@ -84,15 +81,14 @@ class SqliteStore:
         cipher: BodyCipher | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.path = path
-        self._clock = clock
-        self._cipher = cipher
-        self._busy_timeout = busy_timeout
-        self._writer = SqliteWriterThread(
-            self._connect, busy_timeout=busy_timeout, max_batch=max_batch, on_batch=on_batch
+        super().__init__(
+            path=path,
+            busy_timeout=busy_timeout,
+            max_batch=max_batch,
+            on_batch=on_batch,
+            clock=clock,
         )
-        self._lock_file: IO[bytes] | None = None
-        self._reader: sqlite3.Connection | None = None
+        self._cipher = cipher
         self._secret: bytes | None = None
         self.orphans_at_start = 0
 
@@ -127,81 +123,6 @@ class SqliteStore:
             reader.close()
         await self._writer.stop()
         self._release_process_lock()
-
-    def _take_process_lock(self) -> None:
-        """Lock the database file itself, so the lock holds by any path or link to it.
-
-        See `gateway.store.sqlite_lock`: the descriptor stays open until
-        `_release_process_lock`, after the SQLite connections are closed.
-        """
-        from gateway.store.sqlite_lock import DatabaseFileInUse, lock_database_file
-
-        try:
-            self._lock_file = lock_database_file(self.path)
-        except DatabaseFileInUse as exc:
-            raise StoreUnavailable(
-                f"{self.path} is in use by another gateway process (the database file "
-                f"{self.path.resolve()} is locked); "
-                "SQLite serves one gateway process: use PostgreSQL for replicas"
-            ) from exc
-        except OSError as exc:
-            raise StoreUnavailable(f"cannot open the SQLite database {self.path}: {exc}") from exc
-
-    def _release_process_lock(self) -> None:
-        # Only once the SQLite connections are closed: closing this descriptor
-        # drops every POSIX lock this process holds on the file, theirs too.
-        if self._lock_file is not None:
-            from gateway.store.sqlite_lock import forget_database_file
-
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
-            forget_database_file(self._lock_file)
-            self._lock_file.close()
-            self._lock_file = None
-
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout
-        )
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=FULL")
-        connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-        connection.execute("PRAGMA foreign_keys=ON")
-        # Freed and overwritten content is zeroed, whatever the build's default: a
-        # redacted receipt leaves no bytes behind in the database file.
-        connection.execute("PRAGMA secure_delete=ON")
-        connection.create_function(CLOCK_FUNCTION, 0, self._clock.time)
-        return connection
-
-    def _open_reader(self) -> sqlite3.Connection:
-        try:
-            reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            reader.execute("PRAGMA query_only=1")
-            # Never wait on the loop: a busy reader hands its read to the writer instead.
-            reader.execute("PRAGMA busy_timeout=0")
-            reader.create_function(CLOCK_FUNCTION, 0, self._clock.time)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open the SQLite database for reading: {exc}") from exc
-        return reader
-
-    def _read_now(self, sql: str, parameters: tuple[Any, ...]) -> list[Any] | None:
-        """Rows from the committed state, read on the loop; `None` if that would wait.
-
-        `fetchall` runs the statement to its end, so no read transaction stays
-        open to hold back WAL checkpoints.
-        """
-        if self._reader is None:
-            return None
-        try:
-            return self._reader.execute(sql, parameters).fetchall()
-        except sqlite3.Error:  # busy in a WAL recovery, or worse: the writer path reports it
-            return None
-
-    async def _read(self, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
-        """Committed rows: on the loop if the reader can, else through the writer."""
-        rows = self._read_now(sql, parameters)
-        if rows is None:
-            rows = await self._writer.run(lambda c: c.execute(sql, parameters).fetchall())
-        return rows
 
     async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
         return False  # one process per file: outcomes are all signalled in memory
@@ -511,99 +432,3 @@ class SqliteStore:
             return counts
 
         return await self._writer.run(job, off_loop=True)
-
-
-# -- statements run on the writer thread -------------------------------------
-
-
-def _claim(
-    c: sqlite3.Connection, request: ClaimRequest, decode: Decode, clock: Clock
-) -> ClaimResult:
-    """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
-    replay, if we inserted first) costs a built row and a constraint check (profiled)."""
-    now = clock.time()
-    row = c.execute(
-        f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
-    ).fetchone()
-    if row is None:
-        return NewAttempt(_insert_claim(c, request, now))
-    current = decode(row)
-    if not claim_changes(current, request.fingerprint):
-        return Existing(current)
-    if is_forgotten(current):
-        c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        return NewAttempt(_insert_claim(c, request, now))
-    if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
-        updated = c.execute(
-            "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
-            "token = token + 1, version = version + 1, lease_owner = ?, "
-            "lease_expires_at = ?, sent_at = ?, forgotten_at = NULL, updated_at = ? "
-            f"WHERE id = ? {_RETURNING}",
-            (request.owner, now + request.lease_seconds, now, now, current.id),
-        ).fetchone()
-        return NewAttempt(decode(updated))
-    # What is left: an in-flight record whose lease has run out turns unknown.
-    evidence = Evidence(
-        at=now, source="lease", detail="the lease expired before an outcome was recorded"
-    )
-    expired = c.execute(
-        "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-        "updated_at = ?, version = version + 1, "
-        "evidence = json_insert(evidence, '$[#]', json(?)) "
-        f"WHERE id = ? {_RETURNING}",
-        (now, json.dumps(evidence.as_json()), current.id),
-    ).fetchone()
-    return Existing(decode(expired))
-
-
-def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> Operation:
-    """Insert the first attempt and return it as a read would, built from what was
-    written (no `RETURNING`: every column is known here or a schema default)."""
-    operation = Operation(
-        id=new_operation_id(now),
-        scope=request.scope,
-        key=request.key,
-        state=State.IN_FLIGHT,
-        route=request.route,
-        method=request.method,
-        path=request.path,
-        fingerprint=request.fingerprint,
-        attempts=1,
-        token=1,
-        version=1,
-        created_at=now,
-        updated_at=now,
-        lease_owner=request.owner,
-        lease_expires_at=now + request.lease_seconds,
-        sent_at=now,
-        observed_at=now,
-    )
-    c.execute(
-        "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
-        "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-        "sent_at) VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?)",
-        (
-            operation.id,
-            operation.scope,
-            operation.key,
-            operation.route,
-            operation.method,
-            operation.path,
-            operation.fingerprint,
-            now,
-            now,
-            operation.lease_owner,
-            operation.lease_expires_at,
-            now,
-        ),
-    )
-    return operation
-
-
-def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
-    row = c.execute("SELECT value FROM gateway_meta WHERE name = 'scope_secret'").fetchone()
-    if row is not None:
-        return bytes(row[0])
-    secret = secrets.token_bytes(32)
-    c.execute("INSERT INTO gateway_meta (name, value) VALUES ('scope_secret', ?)", (secret,))
-    return secret

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from gateway.errors import STORE_DOWN, StoreUnavailable
+from gateway.engine.errors import STORE_DOWN, StoreUnavailable
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.store.sqlite")

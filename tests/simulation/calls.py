@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import GatewayError
-from gateway.models import Operation, State, StoredResponse
+from gateway.engine.errors import GatewayError
+from gateway.engine.models import Operation, State, StoredResponse
 from tests.simulation.context import CALL, CallContext, OperatorVerdict
 from tests.simulation.invariants import AnswerSeen
 
 if TYPE_CHECKING:
-    from gateway.exchange import ProxyRequest
-    from gateway.models import ResolvedBy
+    from gateway.engine.exchange import ProxyRequest
+    from gateway.engine.models import ResolvedBy
     from tests.simulation.clock import WorldClock
     from tests.simulation.invariants import Invariants
     from tests.simulation.memory_store import MemoryDatabase
@@ -85,7 +85,7 @@ class EngineCalls:
         self._note(f"  -> {label}: {outcome(seen)}")
         if reply is not None and reply.stream is not None:
             # An answer too large to keep: the caller reads it to its end, which ends
-            # the attempt (and records it), as `proxy_view.write_reply` does.
+            # the attempt (and records it), as `gateway.proxy.view.write_reply` does.
             try:
                 async for _ in reply.stream:
                     pass

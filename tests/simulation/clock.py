@@ -44,7 +44,7 @@ class WorldClock:
 
 
 class ReplicaClock:
-    """A replica's view of time: `gateway.clock.Clock` over the world clock.
+    """A replica's view of time: `gateway.engine.clock.Clock` over the world clock.
 
     `time()` is world time plus a skew that may change (step) in either
     direction. `monotonic()` follows world time since the replica started and

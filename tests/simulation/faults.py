@@ -26,12 +26,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from gateway.errors import StoreUnavailable
-from gateway.models import NewAttempt
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.models import NewAttempt
 from tests.simulation.context import CALL
 
 if TYPE_CHECKING:
-    from gateway.models import (
+    from gateway.engine.models import (
         ClaimRequest,
         ClaimResult,
         Evidence,

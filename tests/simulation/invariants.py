@@ -33,17 +33,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.errors import GatewayError, KeyMismatch
-from gateway.fingerprint import fingerprint_request
-from gateway.headers import IDEMPOTENCY_STATUS, without
-from gateway.models import Operation, State, StoredResponse
-from gateway.problems import problem_response
+from gateway.engine.errors import GatewayError, KeyMismatch
+from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.headers import IDEMPOTENCY_STATUS, without
+from gateway.engine.models import Operation, State, StoredResponse
+from gateway.web.problems import problem_response
 from tests.simulation.clock import EPOCH as _EPOCH
 from tests.simulation.upstream import REDACTED
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
-    from gateway.exchange import Reply
+    from gateway.engine.exchange import Reply
     from tests.simulation.memory_store import MemoryDatabase, Transition
     from tests.simulation.upstream import ScriptedUpstream
 

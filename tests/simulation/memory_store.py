@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import StoreUnavailable
-from gateway.models import (
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
     Evidence,

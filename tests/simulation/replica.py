@@ -1,6 +1,6 @@
 """One gateway replica in the simulated world: an engine with its own clock, store and upstream.
 
-Built exactly as `gateway.app` builds one, through the constructors' seams
+Built exactly as `gateway.web.app` builds one, through the constructors' seams
 (store, forwarder, keeper, prober, clock), so the engine under test is the
 production engine. Nothing here runs on its own: the keeper's loop is never
 started (its rounds are simulator actions) and every engine call is a task
@@ -14,11 +14,11 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import QuotaSettings
-from gateway.forwarded_key import ForwardedKeys
-from gateway.leases import LeaseKeeper
-from gateway.lifecycle import IdempotencyEngine
-from gateway.probes import Prober
-from gateway.quotas import ScopeQuotas
+from gateway.engine.engine import IdempotencyEngine
+from gateway.engine.forwarded_key import ForwardedKeys
+from gateway.engine.leases import LeaseKeeper
+from gateway.engine.probes import Prober
+from gateway.engine.quotas import ScopeQuotas
 from tests.simulation.clock import ReplicaClock
 from tests.simulation.context import CALL, CallContext
 from tests.simulation.faults import FaultyStore

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from gateway.exchange import ProxyRequest
-from gateway.fingerprint import fingerprint_request
-from gateway.models import State, StoredResponse
-from gateway.sweeper import Sweeper
+from gateway.engine.exchange import ProxyRequest
+from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.models import State, StoredResponse
+from gateway.engine.sweeper import Sweeper
 from tests.simulation.calls import EngineCalls
 from tests.simulation.clock import WorldClock
 from tests.simulation.context import annotate

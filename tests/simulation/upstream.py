@@ -4,7 +4,7 @@ The world side (`ScriptedUpstream`) is shared by all replicas and is the
 ground truth the invariants count: every effect it applied (per forwarded
 key, which is the operation id with `forward_key = "operation_id"`), every
 answer it gave, every probe it answered. Each replica talks to it through a
-`ReplicaUpstream`, the `gateway.exchange.Upstream` its engine and prober are
+`ReplicaUpstream`, the `gateway.engine.exchange.Upstream` its engine and prober are
 given, which also stops a paused replica from sending or receiving.
 
 A send arrives "at the door" and stays there until the simulator either
@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from gateway.errors import UpstreamConnectionLost, UpstreamTimeout, UpstreamUnreachable
-from gateway.forwarder import RouteGate
-from gateway.headers import IDEMPOTENCY_KEY, without
+from gateway.engine.errors import UpstreamConnectionLost, UpstreamTimeout, UpstreamUnreachable
+from gateway.engine.headers import IDEMPOTENCY_KEY, without
+from gateway.upstream.forwarder import RouteGate
 from tests.simulation.context import CALL
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
-    from gateway.headers import Pairs
+    from gateway.engine.headers import Pairs
     from tests.simulation.clock import ReplicaClock, WorldClock
     from tests.simulation.memory_store import MemoryDatabase
 
@@ -110,7 +110,7 @@ class ProbeCall:
 
 
 class SimAnswer:
-    """`gateway.exchange.UpstreamAnswer` for a scripted answer.
+    """`gateway.engine.exchange.UpstreamAnswer` for a scripted answer.
 
     `cut` makes the body never arrive whole (the connection drops mid-body),
     which leaves the effect ambiguous to the gateway.
@@ -376,7 +376,7 @@ class ScriptedUpstream:
 
 
 class ReplicaUpstream:
-    """`gateway.exchange.Upstream` for one replica: its gates, its pauses, its probes."""
+    """`gateway.engine.exchange.Upstream` for one replica: its gates, its pauses, its probes."""
 
     def __init__(
         self, world: ScriptedUpstream, *, replica: str, clock: ReplicaClock, probe_path: str

@@ -1,0 +1,303 @@
+"""The settings sections that stand alone: listener, store, keys, admin, quotas, clients, logs.
+
+Each section is checked on its own here (a port range, a store URL, an admin
+token that is not a placeholder); what needs several sections at once (a
+route's clients, the admin port against the main one) is checked by
+`gateway.config.settings`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+from gateway.config.fields import (
+    _SETTINGS_MODEL,
+    Duration,
+    HeaderName,
+    Name,
+    Size,
+    _lower,
+    _not_empty,
+    _Problems,
+    _sha256_hex,
+)
+from gateway.config.units import format_duration
+
+
+class ServerSettings(BaseModel):
+    """Where the gateway listens.
+
+    >>> ServerSettings(port=9999)
+    ServerSettings(host='127.0.0.1', port=9999)
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8080, ge=0, le=65535)
+    client_timeout: Duration = Field(default=30.0, gt=0)
+    """How long a caller may take to send a request body (slow senders get 408)."""
+    max_header_size: Size = Field(default=8 * 1024, ge=1024)
+    """Longest request line or header field accepted (larger: 400 from the parser)."""
+    max_headers: int = Field(default=100, ge=8)
+
+
+class StoreSettings(BaseModel):
+    """Where operations are recorded: an SQLite file or a PostgreSQL database.
+
+    `sqlite:///relative/path.db` is relative to the current directory,
+    `sqlite:////absolute/path.db` is absolute.
+
+    >>> StoreSettings(url="sqlite:////var/lib/gateway.db").sqlite_path
+    PosixPath('/var/lib/gateway.db')
+    >>> StoreSettings(url="postgresql://gw@db:5432/gw").is_postgres
+    True
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    url: str = "sqlite:///./data/gateway.db"
+    pool_size: int = Field(default=10, ge=1)
+    busy_timeout: Duration = Field(default=5.0, ge=0)
+    encryption_keys: tuple[SecretStr, ...] = ()
+    """Base64 AES-256 keys for stored bodies; the first encrypts, all decrypt (rotation)."""
+
+    @field_validator("encryption_keys")
+    @classmethod
+    def _check_keys(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for index, key in enumerate(keys):
+            try:
+                raw = base64.b64decode(key.get_secret_value(), validate=True)
+            except (binascii.Error, ValueError):
+                raw = b""
+            if len(raw) != 32:
+                raise ValueError(
+                    f"key {index} must be 32 random bytes in base64 "
+                    "(make one: python -c 'import os,base64;"
+                    "print(base64.b64encode(os.urandom(32)).decode())')"
+                )
+        return keys
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        if url.startswith("sqlite:///"):
+            if url == "sqlite:///" or "?" in url or "#" in url:
+                raise ValueError(
+                    "a SQLite URL is sqlite:///relative/path.db or sqlite:////absolute/path.db"
+                )
+            return url
+        if url.startswith(("postgresql://", "postgres://")):
+            return url
+        raise ValueError(
+            "unsupported store URL: expected sqlite:///relative/path.db, "
+            "sqlite:////absolute/path.db or postgresql://user@host:5432/db"
+        )
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.url.startswith(("postgresql://", "postgres://"))
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The database file for a SQLite URL, None for PostgreSQL."""
+        if self.is_postgres:
+            return None
+        return Path(self.url.removeprefix("sqlite:///"))
+
+
+class IdempotencySettings(BaseModel):
+    """Scopes, leases and how long receipts and used keys are remembered.
+
+    >>> IdempotencySettings(retention="1h").retention
+    3600.0
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    scope_headers: tuple[HeaderName, ...] = ("Authorization",)
+    shared_scope: bool = False
+    """Callers without any `scope_headers` share one scope (or, with `scope_headers = []`,
+    everyone does). Off: such a request is 401 `missing-credentials`."""
+    retention: Duration = Field(default=24 * 3600.0, gt=0)
+    tombstone_retention: Duration = Field(default=30 * 24 * 3600.0, gt=0)
+    lease: Duration = Field(default=30.0, gt=0)
+    max_wait: Duration = 30.0
+    sweep_interval: Duration = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_shared_scope(self) -> Self:
+        if not self.scope_headers and not self.shared_scope:
+            raise _Problems(
+                (
+                    ("scope_headers",),
+                    "is empty, which puts every caller in one scope (each can read and "
+                    "replay the others' receipts); set shared_scope = true to mean it",
+                )
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_retentions(self) -> Self:
+        # A key forgotten before its receipt would be run again, not refused.
+        if self.tombstone_retention < self.retention:
+            raise _Problems(
+                (
+                    ("tombstone_retention",),
+                    f"must be at least retention ({format_duration(self.retention)}), "
+                    f"got {format_duration(self.tombstone_retention)}",
+                )
+            )
+        return self
+
+
+class QuotaSettings(BaseModel):
+    """Per-scope limits, so one agent cannot starve the others or fill the disk; 0 = none.
+
+    >>> QuotaSettings(new_keys_per_minute=600).new_keys_per_minute
+    600
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    max_in_flight: int = Field(default=0, ge=0)
+    """Protected requests of one scope in flight at once (this process)."""
+    new_keys_per_minute: int = Field(default=0, ge=0)
+    """New keys one scope may start per minute (this process)."""
+    max_operations: int = Field(default=0, ge=0)
+    """Records (receipts and tombstones) one scope may keep in the store."""
+    route_new_keys_per_minute: int = Field(default=0, ge=0)
+    """New keys all scopes together may start on one route per minute (this process):
+    the cap that a fresh credential per request cannot escape."""
+
+
+MIN_ADMIN_TOKEN_LENGTH = 24
+"""The admin API reads and settles every scope's operations: no guessable token."""
+
+_PLACEHOLDER_TOKENS = frozenset(
+    {"change-me", "changeme", "change_me", "admin", "secret", "password", "token",
+     "default", "example", "test", "changeit", "letmein", "replace-me"}
+)  # fmt: skip
+"""Tokens copied from examples rather than generated (compared case-insensitively)."""
+
+
+class AdminSettings(BaseModel):
+    """The operators' API; disabled (404) while the token is empty.
+
+    With a token, the admin endpoints are served only on their own listener,
+    `host`:`port` (loopback by default), never on the main one: the main
+    listener answers 404 for `/admin`. `listen = "HOST:PORT"` is the older
+    spelling of the two keys.
+
+    >>> AdminSettings().enabled, AdminSettings(token="Zq4-7hL2pW9xR1vT8mK3nB6c").enabled
+    (False, True)
+    >>> AdminSettings(listen="127.0.0.1:9090").port
+    9090
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    token: SecretStr = SecretStr("")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8081, ge=0, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_listen(cls, data: object) -> object:
+        if not isinstance(data, dict) or "listen" not in data:
+            return data
+        data = dict(data)
+        listen = data.pop("listen")
+        if "host" in data or "port" in data:
+            raise _Problems((("listen",), "give host and port, or listen, not both"))
+        host, _, port = str(listen).rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise _Problems((("listen",), f"expected HOST:PORT, got {listen!r}"))
+        return {**data, "host": host.strip("[]"), "port": int(port)}
+
+    @field_validator("token")
+    @classmethod
+    def _check_token(cls, token: SecretStr) -> SecretStr:
+        value = token.get_secret_value()
+        if not value:
+            return token  # the admin endpoints are disabled
+        if not re.fullmatch(r"[\x21-\x7e]+", value):
+            raise ValueError("must be printable ASCII without spaces (it is a Bearer token)")
+        if value.lower() in _PLACEHOLDER_TOKENS:
+            raise ValueError(
+                "is a well-known placeholder: generate one, e.g. `openssl rand -base64 32`"
+            )
+        if len(value) < MIN_ADMIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"is {len(value)} characters long; an admin token needs at least "
+                f"{MIN_ADMIN_TOKEN_LENGTH} (e.g. `openssl rand -base64 32`)"
+            )
+        return token
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token.get_secret_value())
+
+
+class ClientSettings(BaseModel):
+    """A caller with gateway-issued tokens; its name is its scope.
+
+    Several digests let a client rotate tokens without changing scope.
+
+    >>> ClientSettings(name="agent-a", token_sha256=["AB" * 32]).token_sha256[0][:4]
+    'abab'
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    name: Name
+    token_sha256: tuple[Annotated[str, AfterValidator(_sha256_hex)], ...]
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _check_not_empty(cls, digests: tuple[str, ...]) -> tuple[str, ...]:
+        return _not_empty(digests, "a client needs at least one token digest")
+
+
+class LoggingSettings(BaseModel):
+    """Log verbosity and format (JSON lines for machines, text for people).
+
+    >>> LoggingSettings(level="DEBUG").level
+    'debug'
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = "info"
+    format: Annotated[Literal["json", "text"], BeforeValidator(_lower)] = "json"
+
+
+class TestingSettings(BaseModel):
+    """Test-only fault injection (e.g. `crash_after_claim`); production never sets it.
+
+    Only the environment (`IDEMPOTENCY_GATEWAY_TESTING__FAULT`) or `overrides`
+    can set it: a config file with a `[testing]` section is refused, so a
+    copied test config cannot arm a fault in production.
+
+    >>> TestingSettings().fault is None
+    True
+    """
+
+    __test__ = False  # not a pytest test class despite its name
+    model_config = _SETTINGS_MODEL
+
+    fault: str | None = None

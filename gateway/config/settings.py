@@ -1,0 +1,200 @@
+"""The whole configuration and the checks that span its sections.
+
+A gateway that starts with a wrong setting loses or duplicates effects
+quietly, so every value is checked at start, by pydantic validators that
+explain what is wrong in terms of the key (`routes[0].timeout`). The result is
+a tree of frozen models passed down explicitly; nothing outside the config
+package reads `os.environ` (test-only fault injection comes through
+`Settings.testing` like everything else).
+
+The sections are defined in `gateway.config.sections` and
+`gateway.config.routes`; this module adds what only the whole can tell: two
+routes with one name or prefix, a route over the gateway's own paths, a
+client list naming nobody, a caller's key forwarded to an upstream two scopes
+reach.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Self
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field, model_validator
+
+from gateway.config.fields import _SETTINGS_MODEL, _Loc, _Problems
+from gateway.config.routes import RouteSettings
+from gateway.config.sections import (
+    AdminSettings,
+    ClientSettings,
+    IdempotencySettings,
+    LoggingSettings,
+    QuotaSettings,
+    ServerSettings,
+    StoreSettings,
+    TestingSettings,
+)
+from gateway.engine.scopes import ANONYMOUS_SCOPE
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+GATEWAY_PATHS: tuple[str, ...] = (
+    "/operations",
+    "/admin",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+)
+"""The gateway's own paths; no route prefix may equal or nest with one of them."""
+
+
+class Settings(BaseModel):
+    """The whole, validated configuration.
+
+    >>> settings = Settings()
+    >>> settings.server.port, settings.routes, settings.admin.enabled
+    (8080, (), False)
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    idempotency: IdempotencySettings = Field(default_factory=IdempotencySettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    clients: tuple[ClientSettings, ...] = ()
+    routes: tuple[RouteSettings, ...] = ()
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    testing: TestingSettings = Field(default_factory=TestingSettings)
+
+    @model_validator(mode="after")
+    def _check_across(self) -> Self:
+        problems = [
+            *self._client_problems(),
+            *self._route_problems(),
+            *self._route_client_problems(),
+            *self._bare_key_problems(),
+            *self._listener_problems(),
+        ]
+        if problems:
+            raise _Problems(*problems)
+        return self
+
+    def _listener_problems(self) -> Iterator[tuple[_Loc, str]]:
+        port = self.admin.port
+        if self.admin.enabled and port != 0 and port == self.server.port:
+            yield (
+                ("admin", "port"),
+                f"is the main listener's port {port}; the admin API needs a port of its "
+                "own, so that no path to it runs through the main listener",
+            )
+
+    def _client_problems(self) -> Iterator[tuple[_Loc, str]]:
+        names: dict[str, int] = {}
+        owners: dict[str, int] = {}
+        for i, client in enumerate(self.clients):
+            if client.name in names:
+                yield (
+                    ("clients", i, "name"),
+                    f"duplicate client name {client.name!r} (also clients[{names[client.name]}])",
+                )
+            names.setdefault(client.name, i)
+            for j, digest in enumerate(client.token_sha256):
+                owner = owners.setdefault(digest, i)
+                if owner != i:
+                    yield (
+                        ("clients", i, "token_sha256", j),
+                        (
+                            f"this digest also belongs to clients[{owner}]; "
+                            "a token must identify one client"
+                        ),
+                    )
+
+    def _route_problems(self) -> Iterator[tuple[_Loc, str]]:
+        names: dict[str, int] = {}
+        prefixes: dict[str, int] = {}
+        for i, route in enumerate(self.routes):
+            if route.name in names:
+                yield (
+                    ("routes", i, "name"),
+                    f"duplicate route name {route.name!r} (also routes[{names[route.name]}])",
+                )
+            if route.prefix in prefixes:
+                yield (
+                    ("routes", i, "prefix"),
+                    f"duplicate prefix {route.prefix!r} (also routes[{prefixes[route.prefix]}])",
+                )
+            names.setdefault(route.name, i)
+            prefixes.setdefault(route.prefix, i)
+            for own in GATEWAY_PATHS:
+                if _paths_overlap(route.prefix, own):
+                    yield (
+                        ("routes", i, "prefix"),
+                        f"{route.prefix!r} overlaps the gateway's own path {own!r}",
+                    )
+
+    def _route_client_problems(self) -> Iterator[tuple[_Loc, str]]:
+        known = {client.name for client in self.clients}
+        for i, route in enumerate(self.routes):
+            if route.clients is None:
+                continue
+            if not self.clients:
+                yield (
+                    ("routes", i, "clients"),
+                    "names clients, but no [[clients]] are configured: without them the "
+                    "gateway cannot tell callers apart by name",
+                )
+                continue
+            if not route.clients:
+                yield (("routes", i, "clients"), "is empty: no client could use the route")
+            for j, name in enumerate(route.clients):
+                if name not in known:
+                    yield (("routes", i, "clients", j), f"no [[clients]] entry is named {name!r}")
+
+    def _bare_key_problems(self) -> Iterator[tuple[_Loc, str]]:
+        """`forward_key = "key"` sends the caller's key as it came: two scopes that
+        both use `order-7` would be one effect to an upstream that dedupes or is
+        probed. Allowed only where one scope reaches every route to that origin."""
+        for i, route in enumerate(self.routes):
+            if route.forward_key != "key":
+                continue
+            origin = _origin(route.upstream)
+            siblings = [other for other in self.routes if _origin(other.upstream) == origin]
+            reach = {self._scopes_reaching(other) for other in siblings}
+            only = next(iter(reach)) if len(reach) == 1 else None
+            if only is not None and len(only) == 1:
+                continue
+            yield (
+                ("routes", i, "forward_key"),
+                f'"key" forwards the caller\'s key as it came, so two callers using one key '
+                f"would be one effect to {origin}; allowed only where a single client reaches "
+                "every route to that upstream (one [[clients]] entry, or route clients = "
+                '["<name>"] on each), else use "operation_id" or "scoped"',
+            )
+
+    def _scopes_reaching(self, route: RouteSettings) -> frozenset[str]:
+        """The scopes that can use a route; an open set (HMAC scopes) as the empty set."""
+        if self.clients:
+            names = route.clients if route.clients is not None else self.clients_names
+            return frozenset(names)
+        if not self.idempotency.scope_headers:
+            return frozenset({ANONYMOUS_SCOPE})  # shared_scope: everyone is one scope
+        return frozenset()
+
+    @property
+    def clients_names(self) -> tuple[str, ...]:
+        return tuple(client.name for client in self.clients)
+
+
+def _origin(url: str) -> str:
+    """`scheme://host:port`, the port made explicit: one upstream, however spelled."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+def _paths_overlap(a: str, b: str) -> bool:
+    """Equal, or one is a whole-segment prefix of the other (`/metrics/x`, not `/metricsx`)."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")

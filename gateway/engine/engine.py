@@ -1,0 +1,428 @@
+"""The idempotency state machine: the one place that decides what happens to a key.
+
+    (new key) -> in_flight --answered--> completed
+                    |  \\--provably not sent--> released --(next attempt)--> in_flight
+                    \\--sent, no complete answer / lease expired--> unknown
+    unknown --resolve applied / probe applied--> completed
+    unknown --resolve not_applied / probe not applied (late enough)--> released
+
+For a protected request this module claims the key (durably, before the first
+byte goes upstream), checks its lease right before sending, sends once, and
+decides the outcome, which `gateway.engine.outcomes` records under the
+attempt's fencing token. A key that is already taken is answered from its
+record (`gateway.engine.answers`: replay, wait, 409 or 422). Unknown outcomes
+are settled by a resolution or by a probe's verdict (`gateway.engine.settle`).
+`IdempotencyEngine` is the one entry point for all of it: front ends
+translate to and from its calls; stores persist what is decided here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from gateway.engine.answers import KeyRecords, answer_existing
+from gateway.engine.clock import SYSTEM_CLOCK, Clock
+from gateway.engine.errors import (
+    InProgress,
+    LeaseLost,
+    StoreUnavailable,
+    UpstreamError,
+    UpstreamUnreachable,
+)
+from gateway.engine.exchange import (
+    LifecycleObserver,
+    NoObserver,
+    ProxyRequest,
+    Reply,
+    StoreTimer,
+    UpstreamAnswer,
+    receipt_of,
+)
+from gateway.engine.headers import IDEMPOTENCY_KEY, Pairs
+from gateway.engine.models import (
+    ClaimRequest,
+    Existing,
+    Operation,
+    ResolvedBy,
+    State,
+    StoredResponse,
+)
+from gateway.engine.outcomes import OutcomeWriter
+from gateway.engine.settle import Outcome, Settler
+
+if TYPE_CHECKING:
+    from gateway.config import IdempotencySettings, RouteSettings
+    from gateway.engine.exchange import Upstream
+    from gateway.engine.forwarded_key import ForwardedKeys
+    from gateway.engine.leases import LeaseKeeper
+    from gateway.engine.probes import Prober
+    from gateway.engine.quotas import ScopeQuotas
+    from gateway.store.base import Store
+
+log = logging.getLogger("gateway.lifecycle")
+
+LEASE_SAFETY_MARGIN = 0.2
+"""Fraction of the lease kept in reserve: a holder past 80% of it does not send."""
+
+
+class IdempotencyEngine:
+    """Runs protected requests through claim, send and outcome, and settles unknowns.
+
+    >>> # engine = IdempotencyEngine(store=store, forwarder=forwarder, keeper=keeper,
+    >>> #     prober=prober, settings=settings.idempotency, routes=settings.routes)
+    >>> # reply = await engine.execute(proxy_request)
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        forwarder: Upstream,
+        keeper: LeaseKeeper,
+        prober: Prober,
+        forwarded_keys: ForwardedKeys,
+        quotas: ScopeQuotas,
+        settings: IdempotencySettings,
+        routes: tuple[RouteSettings, ...],
+        observer: LifecycleObserver | None = None,
+        fault: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._forwarder = forwarder
+        self._keeper = keeper
+        self._forwarded_keys = forwarded_keys
+        self._quotas = quotas
+        self._settings = settings
+        self._observer: LifecycleObserver = observer or NoObserver()
+        self._timed = StoreTimer(self._observer, clock)
+        self._fault = fault
+        self._settler = Settler(
+            store=store,
+            prober=prober,
+            forwarded_keys=forwarded_keys,
+            settings=settings,
+            routes=routes,
+            observer=self._observer,
+            timed=self._timed,
+            clock=clock,
+        )
+        self._records = KeyRecords(
+            store=store,
+            keeper=keeper,
+            settler=self._settler,
+            observer=self._observer,
+            timed=self._timed,
+            clock=clock,
+        )
+        self._outcomes = OutcomeWriter(
+            store=store,
+            keeper=keeper,
+            settings=settings,
+            observer=self._observer,
+            timed=self._timed,
+            clock=clock,
+        )
+
+    # -- the request path ------------------------------------------------------
+
+    async def execute(self, request: ProxyRequest) -> Reply:
+        """Answer a protected request; raises a `GatewayError` for every refusal.
+
+        The route's concurrency gate is held from the claim to the outcome of an
+        attempt, not while a retry waits (`Prefer: wait`) or a probe runs: a
+        waiting duplicate does not take an upstream slot.
+        """
+        with self._quotas.in_flight(request.scope):
+            if self._quotas.limits_new_keys:
+                await self._admit_if_new(request)
+            self._inject_fault("before_claim")
+            # A probe may release the key, or its record be forgotten (past its
+            # tombstone) while this request waited: then the key starts over.
+            operation: Operation | None = None
+            for _ in range(3):
+                with self._forwarder.gate(request.route):
+                    claimed_at = self._clock.monotonic()
+                    try:
+                        claim = await self._timed(
+                            "claim", self._store.claim(self._claim_of(request))
+                        )
+                    except StoreUnavailable:
+                        self._keeper.claim_failed(request.scope, request.key)
+                        raise
+                    if not isinstance(claim, Existing):
+                        return await self._attempt(request, claim.operation, claimed_at)
+                operation = await self._records.refresh(claim.operation)
+                if operation is not None and request.trace is not None:
+                    request.trace.operation_id = operation.id
+                if (
+                    operation is not None
+                    and request.wait_seconds > 0
+                    and operation.state is State.IN_FLIGHT
+                ):
+                    operation = await self._records.wait(operation, request.wait_seconds)
+                if operation is None:
+                    continue
+                if operation.state is not State.RELEASED or (
+                    operation.fingerprint != request.fingerprint
+                ):
+                    return answer_existing(operation, request.fingerprint)
+            if operation is None:  # still changing hands: answer from what stands now
+                operation = await self._timed("get", self._store.get(request.scope, request.key))
+            if operation is not None:
+                return answer_existing(operation, request.fingerprint)
+            raise InProgress(
+                "the key's record changed hands while this request waited; send it again",
+                key=request.key,
+                state=State.RELEASED.value,
+                retry_after=1,
+            )
+
+    def answer_from_receipt(self, request: ProxyRequest) -> Reply | None:
+        """A retry of a completed operation, answered from the committed record at once.
+
+        No task, no claim, no wait for a group commit: a completed record is
+        final, so `execute` would give the same answer (a replay, a 422, or a
+        receipt that is gone). `None` when the store cannot tell without
+        waiting or the key is anything but completed: then call `execute`.
+        """
+        started = self._clock.monotonic()
+        operation = self._store.peek_completed(request.scope, request.key)
+        if operation is None:
+            return None
+        # Timed only when it answered: PostgreSQL's peek is a constant `None`.
+        self._observer.store_call("peek", self._clock.monotonic() - started)
+        with self._quotas.in_flight(request.scope):
+            if request.trace is not None:
+                request.trace.operation_id = operation.id
+            return answer_existing(operation, request.fingerprint)
+
+    async def _admit_if_new(self, request: ProxyRequest) -> None:
+        """With key quotas on, a new key is charged before it is claimed (one extra read)."""
+        if await self._timed("get", self._store.get(request.scope, request.key)) is None:
+            await self._quotas.admit_new_key(
+                request.scope,
+                request.route.name,
+                lambda: self._store.count_for_scope(request.scope),
+            )
+
+    def _claim_of(self, request: ProxyRequest) -> ClaimRequest:
+        return ClaimRequest(
+            scope=request.scope,
+            key=request.key,
+            fingerprint=request.fingerprint,
+            route=request.route.name,
+            method=request.method,
+            path=request.path,
+            owner=self._keeper.owner,
+            lease_seconds=self._settings.lease,
+            tombstone_seconds=self._settings.tombstone_retention,
+        )
+
+    async def _attempt(
+        self, request: ProxyRequest, operation: Operation, claimed_at: float
+    ) -> Reply:
+        if request.trace is not None:
+            request.trace.operation_id = operation.id
+        if log.isEnabledFor(logging.DEBUG):  # the extra dict is not free on every request
+            log.debug(
+                "claimed",
+                extra={"event": "claim", "operation_id": operation.id, "key": request.key,
+                       "attempt": operation.attempts, "token": operation.token},
+            )  # fmt: skip
+        self._keeper.hold(
+            operation.id, operation.token, scope=request.scope, key=request.key, asked_at=claimed_at
+        )
+        relayed = False
+        try:
+            self._inject_fault("after_claim")
+            # Measured on this host's monotonic clock from before the claim was
+            # asked for: never longer than the lease the store granted.
+            elapsed = self._clock.monotonic() - claimed_at
+            if elapsed > self._settings.lease * (1 - LEASE_SAFETY_MARGIN):
+                state = await self._outcomes.release(
+                    request, operation, "the lease expired before sending; nothing was sent"
+                )
+                raise LeaseLost(
+                    "this gateway was paused past its lease before sending; nothing was sent"
+                ).about(request.key, state.value)
+            reply, relayed = await self._send(request, operation)
+            return reply
+        finally:
+            if not relayed:  # a relayed answer ends the attempt with its last byte
+                self._end_attempt(operation)
+
+    def _end_attempt(self, operation: Operation) -> None:
+        self._keeper.drop(operation.id, operation.token)
+        self._records.notify(operation.id)
+
+    def _with_forwarded_key(self, request: ProxyRequest, operation: Operation) -> Pairs:
+        value = self._forwarded_keys.of(request.route, operation)
+        return request.headers if value is None else (*request.headers, (IDEMPOTENCY_KEY, value))
+
+    async def _send(self, request: ProxyRequest, operation: Operation) -> tuple[Reply, bool]:
+        """Send once and record the outcome; True when the reply's stream carries the
+        rest of the attempt (an answer too large to keep, see `_relay`)."""
+        route = request.route
+        started = self._clock.monotonic()
+        try:
+            reply = await self._forwarder.send(
+                route,
+                request.method,
+                request.upstream_url,
+                self._with_forwarded_key(request, operation),
+                request.body,
+            )
+            self._inject_fault("after_send")
+            body = await _read_or_close(reply, route.max_stored_response)
+        except UpstreamUnreachable as exc:
+            self._upstream_done(request, started)
+            state = await self._outcomes.release(request, operation, exc.detail)
+            raise exc.about(request.key, state.value) from exc
+        except UpstreamError as exc:
+            self._upstream_done(request, started)
+            state = await self._outcomes.mark_unknown(request, operation, exc)
+            raise exc.about(request.key, state.value) from exc
+        if body is None and reply.status not in route.release_statuses:
+            return self._relay(request, operation, reply, started), True
+        self._upstream_done(request, started)
+        self._inject_fault("after_response")
+        return await self._record(request, operation, reply, body), False
+
+    def _upstream_done(self, request: ProxyRequest, started: float) -> None:
+        seconds = self._clock.monotonic() - started
+        self._observer.upstream_call(request.route.name, seconds)
+        if request.trace is not None:
+            request.trace.upstream_seconds = seconds
+
+    async def _record(
+        self,
+        request: ProxyRequest,
+        operation: Operation,
+        reply: UpstreamAnswer,
+        body: bytes | None,
+    ) -> Reply:
+        route = request.route
+        if reply.status in route.release_statuses:  # a refusal: passed on, kept or not
+            state = await self._outcomes.release(
+                request,
+                operation,
+                f"the upstream refused the request with status {reply.status}",
+                status=reply.status,
+            )
+            return Reply.from_upstream(reply, body, state=state, key=request.key)
+        assert body is not None  # an answer too large to keep is relayed instead
+        state = await self._outcomes.complete(
+            request, operation, receipt_of(route, reply, body), retained=True
+        )
+        self._inject_fault("after_receipt")
+        return Reply.from_upstream(reply, body, state=state, key=request.key)
+
+    def _relay(
+        self, request: ProxyRequest, operation: Operation, reply: UpstreamAnswer, started: float
+    ) -> Reply:
+        """An answer too large to keep: streamed to the caller, recorded once it ends.
+
+        Only an answer that arrived whole is a receipt (`completed`, body not
+        kept); one cut off mid-body is `unknown`. A release status is decided
+        from the status line alone, as for a kept answer. The caller must read
+        the stream to its end (`gateway.proxy.view.write_reply` does, even
+        after its client left): the attempt, and its lease, end with it.
+        """
+        route = request.route
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                try:
+                    async for chunk in reply.rest():
+                        yield chunk
+                except UpstreamError as exc:
+                    self._upstream_done(request, started)
+                    await self._outcomes.mark_unknown(request, operation, exc)
+                    raise
+                self._upstream_done(request, started)
+                stored = receipt_of(route, reply, b"")
+                await self._outcomes.complete(request, operation, stored, retained=False)
+            finally:
+                reply.close()
+                self._end_attempt(operation)
+
+        return Reply(
+            status=reply.status,
+            headers=reply.headers,
+            body=b"",
+            state=self._outcomes.own_state(operation),
+            key=request.key,
+            stream=body(),
+        )
+
+    # -- keys met by a lookup, and settling unknown outcomes ------------------------
+
+    @property
+    def cross_process_signals(self) -> bool:
+        """True once the store delivers other replicas' outcomes (PostgreSQL LISTEN)."""
+        return self._records.cross_process_signals
+
+    @cross_process_signals.setter
+    def cross_process_signals(self, value: bool) -> None:
+        self._records.cross_process_signals = value
+
+    async def lookup(self, scope: str, key: str) -> Operation | None:
+        """The operation for a key, brought up to date (expired lease, due probe) on the way."""
+        return await self._records.lookup(scope, key)
+
+    def notify_settled(self, operation_id: str) -> None:
+        """An outcome was recorded (possibly by another replica): wake its waiters."""
+        self._records.notify(operation_id)
+
+    async def resolve(
+        self,
+        operation: Operation,
+        *,
+        outcome: Outcome,
+        by: ResolvedBy,
+        response: StoredResponse | None = None,
+        note: str | None = None,
+        expected_version: int | None = None,
+    ) -> Operation:
+        """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it
+        (see `Settler.resolve`)."""
+        return await self._settler.resolve(
+            operation,
+            outcome=outcome,
+            by=by,
+            response=response,
+            note=note,
+            expected_version=expected_version,
+        )
+
+    async def probe(self, operation: Operation) -> Operation | None:
+        """Ask the route's probe about an unknown operation and act on the answer."""
+        return await self._settler.probe(operation)
+
+    async def reconcile_unknown(self, *, batch: int = 100) -> int:
+        """Probe every due unknown operation once (background sweep); count the settled."""
+        return await self._settler.reconcile_unknown(batch=batch)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _inject_fault(self, window: str) -> None:
+        """Test-only: `testing.fault = "crash_<window>"` dies with SIGKILL in that window,
+        `"pause_<window>"` stops itself with SIGSTOP there (a test resumes it with SIGCONT)."""
+        if self._fault == "crash_" + window:
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self._fault == "pause_" + window:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+async def _read_or_close(reply: UpstreamAnswer, limit: int) -> bytes | None:
+    try:
+        return await reply.read(limit)
+    except BaseException:
+        reply.close()
+        raise

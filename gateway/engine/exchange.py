@@ -1,0 +1,242 @@
+"""Values exchanged between the HTTP layer and the engine, and the engine's observer hooks.
+
+Kept apart from `gateway.engine.engine` so the state machine module holds only
+decisions, and so the HTTP layer can build and render these without pulling
+in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.headers import without
+from gateway.engine.models import StoredResponse
+
+if TYPE_CHECKING:
+    from gateway.config import RouteSettings
+    from gateway.engine.clock import Clock
+    from gateway.engine.headers import Pairs
+    from gateway.engine.models import State
+
+T = TypeVar("T")
+
+
+class UpstreamAnswer(Protocol):
+    """An upstream answer whose status and headers have arrived; the body is read on demand.
+
+    Reading raises `UpstreamTimeout` or `UpstreamConnectionLost` when the body
+    does not arrive whole: the request was sent, so its effect is ambiguous.
+    """
+
+    status: int
+    headers: Pairs
+
+    async def read(self, limit: int) -> bytes | None:
+        """The whole body, or `None` once it exceeds `limit` (what was read is kept)."""
+
+    def rest(self) -> AsyncIterator[bytes]:
+        """After `read` returned `None`: the bytes already read, then the remainder."""
+
+    def close(self) -> None:
+        """Give the connection back (or drop it); safe to call more than once."""
+
+
+class Upstream(Protocol):
+    """Where the engine sends requests and probes: `gateway.upstream.forwarder.Forwarder` in
+    production, a scripted world in the simulation.
+
+    `send` sends once and never retries; it raises `UpstreamUnreachable` only
+    when it can prove nothing was sent (connect refused, DNS, TLS handshake),
+    and `UpstreamTimeout` or `UpstreamConnectionLost` for anything after the
+    first byte went out.
+    """
+
+    def gate(self, route: RouteSettings) -> AbstractContextManager[object]:
+        """Held around one upstream call; raises `RouteSaturated` at the route's limit."""
+
+    async def send(
+        self,
+        route: RouteSettings,
+        method: str,
+        url: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+    ) -> UpstreamAnswer: ...
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """What one request's log line reports; filled in by whoever learns each fact.
+
+    Never holds a credential or a body: only the route, the key, the scope (a
+    client name or an HMAC, logged as a short hash), the outcome and timings.
+    """
+
+    request_id: str
+    route: str | None = None
+    key: str | None = None
+    scope: str | None = None
+    operation_id: str | None = None
+    outcome: str | None = None
+    state: str | None = None
+    upstream_seconds: float | None = None
+    error: str | None = None
+    """What went wrong inside (a host, driver text): for the log line only."""
+
+
+class ProxyRequest(NamedTuple):
+    """A protected request the HTTP layer has parsed, scoped and fingerprinted.
+
+    `wait_seconds` comes from `Prefer: wait=N`, already capped by `max_wait`.
+    """
+
+    route: RouteSettings
+    upstream_url: str
+    method: str
+    path: str
+    headers: Pairs
+    body: bytes
+    scope: str
+    key: str
+    fingerprint: str
+    wait_seconds: float = 0.0
+    trace: RequestTrace | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What to send back: a fresh upstream answer, a replay, or a pass-through.
+
+    `stream` is set instead of `body` when the upstream answer was too large
+    to keep; `close` must be called once the stream is done with.
+    """
+
+    status: int
+    headers: Pairs
+    body: bytes
+    state: State | None
+    key: str | None = None
+    replayed: bool = False
+    stream: AsyncIterator[bytes] | None = None
+    close: Callable[[], None] | None = None
+
+    @classmethod
+    def from_upstream(
+        cls,
+        reply: UpstreamAnswer,
+        body: bytes | None,
+        *,
+        state: State | None = None,
+        key: str | None = None,
+    ) -> Reply:
+        """An upstream answer as it came: whole when `body` was read, else streamed."""
+        if body is not None:
+            reply.close()
+            return cls(status=reply.status, headers=reply.headers, body=body, state=state, key=key)
+        return cls(
+            status=reply.status,
+            headers=reply.headers,
+            body=b"",
+            state=state,
+            key=key,
+            stream=reply.rest(),
+            close=reply.close,
+        )
+
+
+class LifecycleObserver(Protocol):
+    """Hooks the metrics layer implements; called on the event loop, must not block."""
+
+    def store_call(self, operation: str, seconds: float) -> None: ...
+
+    def store_error(self, operation: str) -> None: ...
+
+    def upstream_call(self, route: str, seconds: float) -> None: ...
+
+    def stale_write(self, route: str) -> None: ...
+
+    def became_unknown(self, route: str, reason: str) -> None: ...
+
+    def lease_expired(self, count: int) -> None: ...
+
+    def probe_result(self, route: str, result: str) -> None: ...
+
+    def resolved(self, by: str, outcome: str) -> None: ...
+
+
+class StoreTimer:
+    """Times the engine's store calls for the observer, and counts the failed ones.
+
+    One instance is shared by the engine's parts, so every store call they
+    make is reported the same way.
+    """
+
+    def __init__(self, observer: LifecycleObserver, clock: Clock) -> None:
+        self._observer = observer
+        self._clock = clock
+
+    async def __call__(self, name: str, call: Awaitable[T]) -> T:
+        started = self._clock.monotonic()
+        try:
+            return await call
+        except StoreUnavailable:
+            self._observer.store_error(name)
+            raise
+        finally:
+            self._observer.store_call(name, self._clock.monotonic() - started)
+
+
+def receipt_of(route: RouteSettings, answer: UpstreamAnswer, body: bytes) -> StoredResponse:
+    """What a receipt keeps of an upstream answer: its status, its headers minus the
+    route's redactions (`Set-Cookie` always), and `body`. One rule for the answers the
+    engine records and the probe answers it adopts."""
+    return StoredResponse(
+        status=answer.status,
+        headers=without(answer.headers, frozenset(route.redact_response_headers)),
+        body=body,
+    )
+
+
+class NoObserver:
+    """The observer for engines nobody watches (unit tests, tools)."""
+
+    def store_call(self, operation: str, seconds: float) -> None:
+        pass
+
+    def store_error(self, operation: str) -> None:
+        pass
+
+    def upstream_call(self, route: str, seconds: float) -> None:
+        pass
+
+    def stale_write(self, route: str) -> None:
+        pass
+
+    def became_unknown(self, route: str, reason: str) -> None:
+        pass
+
+    def lease_expired(self, count: int) -> None:
+        pass
+
+    def probe_result(self, route: str, result: str) -> None:
+        pass
+
+    def resolved(self, by: str, outcome: str) -> None:
+        pass
+
+
+__all__ = [
+    "LifecycleObserver",
+    "NoObserver",
+    "ProxyRequest",
+    "Reply",
+    "RequestTrace",
+    "StoreTimer",
+    "Upstream",
+    "UpstreamAnswer",
+    "receipt_of",
+]

@@ -1,0 +1,33 @@
+"""The headers the idempotency protocol itself reads and writes, as plain pairs.
+
+The engine adds the forwarded key to the request it sends, keeps a receipt's
+headers minus the route's redactions, and every front end names the same
+`Idempotency-*` headers on its answers: one definition here, free of any HTTP
+library, so the engine and the front ends cannot drift apart. Which headers
+may cross a hop at all is the upstream client's business
+(`gateway.upstream.headers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Pairs = tuple[tuple[str, str], ...]
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
+IDEMPOTENCY_STATUS = "Idempotency-Status"
+IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
+
+GATEWAY_OWNED: frozenset[str] = frozenset(
+    {"idempotency-key", "idempotency-status", "idempotent-replayed"}
+)
+"""Headers the gateway sets itself on every answer that concerns a key."""
+
+
+def without(pairs: Iterable[tuple[str, str]], names: frozenset[str]) -> Pairs:
+    """The pairs minus the (lower-case) `names`: for headers already `end_to_end`.
+
+    >>> without([("Set-Cookie", "a"), ("X-B", "2")], frozenset({"set-cookie"}))
+    (('X-B', '2'),)
+    """
+    return tuple((name, value) for name, value in pairs if name.lower() not in names)

@@ -1,0 +1,179 @@
+"""Values the core passes around: operations, receipts, claims.
+
+These are frozen dataclasses, not pydantic models: they never cross the wire
+as-is (the HTTP layer renders them), and the hot path creates one or two of them
+per request, so they stay plain and cheap. Times are POSIX seconds on the
+store's clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+
+class State(enum.StrEnum):
+    """Where an operation stands. The transitions live in `gateway.engine`."""
+
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+    UNKNOWN = "unknown"
+    RELEASED = "released"
+
+
+Headers = tuple[tuple[str, str], ...]
+"""Header pairs in order, repeated names kept: a replay must match byte for byte."""
+
+ResolvedBy = Literal["upstream", "probe", "owner", "admin"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """An upstream answer as the gateway keeps it (hop-by-hop and redacted headers removed).
+
+    >>> StoredResponse(201, (("content-type", "application/json"),), b"{}").status
+    201
+    """
+
+    status: int
+    headers: Headers
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What a writer learned after it lost the right to write it (stale token, late probe).
+
+    Kept on the operation so whoever reconciles sees every fact, even the ones
+    that arrived too late to decide anything.
+    """
+
+    at: float
+    source: str
+    detail: str
+    status: int | None = None
+    body_sha256: str | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "at": self.at,
+            "source": self.source,
+            "detail": self.detail,
+            "status": self.status,
+            "body_sha256": self.body_sha256,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """Who settled the outcome, when, and why."""
+
+    by: ResolvedBy
+    at: float
+    note: str | None = None
+
+
+class Operation(NamedTuple):
+    """One idempotency key in one scope, and everything known about its effect.
+
+    `token` is the fencing token: it grows on every attempt and every
+    resolution (not when an attempt turns `unknown`), and an outcome is
+    written only by the holder of the current one. `version` grows on every
+    write and makes the ETag.
+
+    `observed_at` is the store's clock at the moment this copy was read or
+    written. Every judgement of the record's own times (has the lease run
+    out, has the receipt expired, is a probe's grace over) compares them with
+    `observed_at`, never with the reader's clock: a replica whose clock is
+    off by minutes decides exactly as one whose clock is right.
+
+    `lease_expires_at` outlives the attempt: once the outcome is written it
+    is the attempt's last lease expiry, the latest moment its holder could
+    have sent (a probe's `not_applied_after` grace counts from it).
+
+    A NamedTuple rather than a frozen dataclass: stores build two of these per
+    request, and a frozen dataclass's `__init__` (one `object.__setattr__` per
+    field) was a fifth of the store's CPU in the profile. Just as immutable.
+    """
+
+    id: str
+    scope: str
+    key: str
+    state: State
+    route: str
+    method: str
+    path: str
+    fingerprint: str
+    attempts: int
+    token: int
+    version: int
+    created_at: float
+    updated_at: float
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    sent_at: float | None = None
+    response: StoredResponse | None = None
+    body_retained: bool = True
+    expires_at: float | None = None
+    forgotten_at: float | None = None
+    resolution: Resolution | None = None
+    evidence: tuple[Evidence, ...] = ()
+    observed_at: float = 0.0
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.id}.{self.version}"'
+
+    def receipt_available(self) -> bool:
+        """True when a completed operation can still be replayed byte for byte.
+
+        Judged on the store's clock (`observed_at`). A body the sweep dropped
+        reads back as no response at all, whatever the clocks say, so it can
+        never be replayed as an empty one.
+        """
+        return (
+            self.state is State.COMPLETED
+            and self.response is not None
+            and self.body_retained
+            and (self.expires_at is None or self.observed_at < self.expires_at)
+        )
+
+    def lease_expired(self) -> bool:
+        """True for an `in_flight` record whose lease ran out, on the store's clock."""
+        return (
+            self.state is State.IN_FLIGHT
+            and self.lease_expires_at is not None
+            and self.lease_expires_at <= self.observed_at
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NewAttempt:
+    """The store granted this caller the right to send: a fresh key or a released one."""
+
+    operation: Operation
+
+
+@dataclass(frozen=True, slots=True)
+class Existing:
+    """The key is bound to an operation the caller does not own; the lifecycle decides."""
+
+    operation: Operation
+
+
+ClaimResult = NewAttempt | Existing
+
+
+class ClaimRequest(NamedTuple):
+    """Everything the store needs to bind a key to a request and lease it."""
+
+    scope: str
+    key: str
+    fingerprint: str
+    route: str
+    method: str
+    path: str
+    owner: str
+    lease_seconds: float
+    tombstone_seconds: float

@@ -1,0 +1,153 @@
+"""Outcome writes: an attempt's result recorded under its fencing token, or owed.
+
+The engine decides which outcome an attempt has (an answer, a refusal, a
+send that may have landed); this module records it so that only the attempt
+still holding the key can: every write is fenced by the attempt's token, a
+refused (stale) write leaves evidence instead, and a write the store cannot
+take now becomes a debt the lease keeper pays later. The caller is told the
+record's state as it stands after the write, not the state it meant to set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.engine.errors import StoreUnavailable, UpstreamError
+from gateway.engine.models import Evidence, Operation, Resolution, State, StoredResponse
+
+if TYPE_CHECKING:
+    from gateway.config import IdempotencySettings
+    from gateway.engine.clock import Clock
+    from gateway.engine.exchange import LifecycleObserver, ProxyRequest, StoreTimer
+    from gateway.engine.leases import LeaseKeeper
+    from gateway.store.base import Store
+
+log = logging.getLogger("gateway.lifecycle")
+
+
+class OutcomeWriter:
+    """Writes `complete`, `release` and `mark_unknown`, fenced by the attempt's token."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        keeper: LeaseKeeper,
+        settings: IdempotencySettings,
+        observer: LifecycleObserver,
+        timed: StoreTimer,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._keeper = keeper
+        self._settings = settings
+        self._observer = observer
+        self._timed = timed
+        self._clock = clock
+
+    async def complete(
+        self, request: ProxyRequest, operation: Operation, stored: StoredResponse, *, retained: bool
+    ) -> State:
+        async def write() -> Operation | None:
+            return await self._store.complete(
+                operation.id,
+                operation.token,
+                stored,
+                body_retained=retained,
+                retention_seconds=self._settings.retention,
+                tombstone_seconds=self._settings.tombstone_retention,
+                resolution=Resolution(by="upstream", at=self._clock.time()),
+            )
+
+        def evidence() -> Evidence:  # only a refused (stale) write needs it
+            return Evidence(
+                at=self._clock.time(),
+                source="upstream",
+                detail="the upstream answered after this attempt lost its token",
+                status=stored.status,
+                body_sha256=hashlib.sha256(stored.body).hexdigest() if retained else None,
+            )
+
+        # The effect happened and the caller gets its answer either way; if the
+        # receipt could not be written yet, the keeper retries it.
+        return await self._fenced_write(request, operation, "complete", write, evidence)
+
+    async def release(
+        self, request: ProxyRequest, operation: Operation, detail: str, *, status: int | None = None
+    ) -> State:
+        evidence = Evidence(at=self._clock.time(), source="gateway", detail=detail, status=status)
+
+        async def write() -> Operation | None:
+            return await self._store.release(
+                operation.id,
+                operation.token,
+                evidence,
+                tombstone_seconds=self._settings.tombstone_retention,
+            )
+
+        return await self._fenced_write(request, operation, "release", write, lambda: evidence)
+
+    async def mark_unknown(
+        self, request: ProxyRequest, operation: Operation, error: UpstreamError
+    ) -> State:
+        evidence = Evidence(at=self._clock.time(), source="gateway", detail=error.detail)
+
+        async def write() -> Operation | None:
+            return await self._store.mark_unknown(operation.id, operation.token, evidence)
+
+        self._observer.became_unknown(request.route.name, error.problem_type)
+        log.warning(
+            "outcome unknown",
+            extra={"event": "unknown", "operation_id": operation.id, "key": request.key,
+                   "route": request.route.name, "reason": error.problem_type},
+        )  # fmt: skip
+        return await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
+
+    async def _fenced_write(
+        self,
+        request: ProxyRequest,
+        operation: Operation,
+        name: str,
+        write: Callable[[], Awaitable[Operation | None]],
+        evidence: Callable[[], Evidence],
+    ) -> State:
+        """Run an outcome write; return the record's state once it is done.
+
+        That state, not the one the write meant to set, is what the caller is
+        told: a stale token leaves evidence and the record as another writer
+        left it. A store outage leaves a debt the keeper pays later; the record
+        is then `in_flight` while this attempt's lease surely stands, and past
+        that nobody here can tell whether another replica found it expired:
+        `unknown`, the answer that never invites a blind retry.
+        """
+
+        async def settle() -> Operation | None:
+            written = await self._timed(name, write())
+            if written is not None:
+                return written
+            self._observer.stale_write(request.route.name)
+            log.warning("stale %s refused for %s (token %d)", name, operation.id, operation.token)
+            await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence()))
+            return await self._store.get_by_id(operation.id)
+
+        try:
+            recorded = await settle()
+        except StoreUnavailable as exc:
+            log.error(
+                "%s for %s not recorded yet: %s", name, operation.id, exc.internal or exc.detail
+            )
+            self._keeper.owe(operation.id, operation.token, settle)
+            return self.own_state(operation)
+        if recorded is None:  # forgotten meanwhile: the key may be bound anew
+            current = await self._store.get(request.scope, request.key)
+            return current.state if current is not None else State.RELEASED
+        return recorded.state
+
+    def own_state(self, operation: Operation) -> State:
+        """The record's state while this process holds the attempt and has not written
+        its outcome: `in_flight` while the lease surely stands; past that another
+        replica may have found it expired, and `unknown` never invites a blind retry."""
+        return State.IN_FLIGHT if self._keeper.surely_holds(operation.id) else State.UNKNOWN

@@ -1,0 +1,239 @@
+"""Settling `unknown` operations: a resolution, or a probe's verdict, fenced by the attempt.
+
+An `unknown` operation may or may not have had its effect; only evidence
+settles it. An operator or the agent resolves it (`applied` completes it,
+`not_applied` releases its key), or the route's probe asks the upstream and
+its answer is taken as a verdict, about one attempt only: a verdict about an
+attempt that is no longer current is kept as evidence and changes nothing.
+"Not applied" counts only once the attempt surely cannot still land.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Literal
+
+from gateway.engine.errors import NotResolvable, PreconditionFailed
+from gateway.engine.models import Evidence, Operation, Resolution, ResolvedBy, State, StoredResponse
+
+if TYPE_CHECKING:
+    from gateway.config import IdempotencySettings, RouteSettings
+    from gateway.engine.clock import Clock
+    from gateway.engine.exchange import LifecycleObserver, StoreTimer
+    from gateway.engine.forwarded_key import ForwardedKeys
+    from gateway.engine.probes import Prober
+    from gateway.store.base import Store
+
+log = logging.getLogger("gateway.lifecycle")
+
+Outcome = Literal["applied", "not_applied"]
+
+
+class Settler:
+    """Settles unknown operations by resolution or by probe, and reconciles them in bulk."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        prober: Prober,
+        forwarded_keys: ForwardedKeys,
+        settings: IdempotencySettings,
+        routes: tuple[RouteSettings, ...],
+        observer: LifecycleObserver,
+        timed: StoreTimer,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._prober = prober
+        self._forwarded_keys = forwarded_keys
+        self._settings = settings
+        self._routes = {route.name: route for route in routes}
+        self._observer = observer
+        self._timed = timed
+        self._clock = clock
+
+    async def resolve(
+        self,
+        operation: Operation,
+        *,
+        outcome: Outcome,
+        by: ResolvedBy,
+        response: StoredResponse | None = None,
+        note: str | None = None,
+        expected_version: int | None = None,
+    ) -> Operation:
+        """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it.
+
+        The verdict is about the attempt `operation` was read at (its token): if
+        a newer attempt was sent meanwhile, or someone settled it first, nothing
+        changes and `NotResolvable` (or `PreconditionFailed` for a stale
+        `expected_version`) says what the record is now.
+        """
+        if operation.state is not State.UNKNOWN:
+            raise NotResolvable(
+                f"the operation is {operation.state.value}; only an unknown one can be resolved",
+                key=operation.key,
+                state=operation.state.value,
+                operation_id=operation.id,
+            )
+        resolved = await self._timed(
+            "resolve",
+            self._store.resolve(
+                operation.id,
+                token=operation.token,
+                expected_version=expected_version,
+                state=State.COMPLETED if outcome == "applied" else State.RELEASED,
+                response=response,
+                resolution=Resolution(by=by, at=self._clock.time(), note=note),
+                retention_seconds=self._settings.retention,
+                tombstone_seconds=self._settings.tombstone_retention,
+            ),
+        )
+        if resolved is None:
+            current = await self._store.get_by_id(operation.id)
+            if current is None or current.state is not State.UNKNOWN:
+                state = current.state.value if current else "forgotten"
+                raise NotResolvable(
+                    f"the operation is {state} now; only an unknown one can be resolved",
+                    key=operation.key,
+                    state=state,
+                    operation_id=operation.id,
+                )
+            if current.token != operation.token:
+                raise NotResolvable(
+                    f"the operation was retried (attempt {current.attempts}) since it was read; "
+                    "look it up again before resolving",
+                    key=operation.key,
+                    state=current.state.value,
+                    operation_id=operation.id,
+                )
+            raise PreconditionFailed(
+                "the operation changed since it was read (If-Match did not match)",
+                key=operation.key,
+                state=current.state.value,
+                operation_id=operation.id,
+            )
+        self._prober.forget(operation.id)
+        self._observer.resolved(by, outcome)
+        log.info(
+            "resolved",
+            extra={"event": "resolution", "operation_id": operation.id, "key": operation.key,
+                   "by": by, "outcome": outcome, "state": resolved.state.value},
+        )  # fmt: skip
+        return resolved
+
+    async def probe(self, operation: Operation) -> Operation | None:
+        """Ask the route's probe about an unknown operation and act on the answer.
+
+        A verdict is about one attempt: the one current when the probe was
+        sent, read afresh from the store (never from a snapshot a caller held).
+        It settles the operation only while that attempt is still current (the
+        resolution is fenced by its token); otherwise it is kept as evidence.
+        "Not applied" counts only once the probe was sent `not_applied_after`
+        past the attempt's last lease expiry, both on the store's clock: the
+        upstream may still be applying a request it received late.
+        """
+        route = self._routes.get(operation.route)
+        probe = route.probe if route is not None else None
+        if route is None or probe is None or not self._prober.due(operation.id):
+            return operation
+        asked = await self._store.get_by_id(operation.id)
+        if asked is None or asked.state is not State.UNKNOWN:
+            return asked  # settled meanwhile, or forgotten (None)
+        forwarded = self._forwarded_keys.of(route, asked)
+        if forwarded is None:  # the config refuses a probe on such a route
+            return asked
+        answer = await self._prober.ask(route, asked, forwarded)
+        response = answer.response
+        if response is None:
+            return await self._probe_evidence(
+                route, asked, "error", f"probe failed: {answer.error}"
+            )
+        if response.status in probe.applied_statuses:
+            return await self._probe_settles(route, asked, "applied", response)
+        if response.status in probe.not_applied_statuses:
+            if asked.observed_at >= self._last_send_bound(asked) + probe.not_applied_after:
+                return await self._probe_settles(route, asked, "not_applied", None)
+            return await self._probe_evidence(
+                route,
+                asked,
+                "not_applied_too_soon",
+                f"probe answered {response.status} (not applied), but attempt {asked.attempts} "
+                "may have been sent less than not_applied_after before; kept unknown",
+                status=response.status,
+            )
+        return await self._probe_evidence(
+            route,
+            asked,
+            "inconclusive",
+            f"probe answered {response.status}, neither applied nor not applied",
+            status=response.status,
+        )
+
+    def _last_send_bound(self, operation: Operation) -> float:
+        """The latest moment, on the store's clock, the attempt's holder could have sent."""
+        if operation.lease_expires_at is not None:
+            return operation.lease_expires_at
+        return (operation.sent_at or operation.created_at) + self._settings.lease
+
+    async def _probe_settles(
+        self,
+        route: RouteSettings,
+        asked: Operation,
+        outcome: Outcome,
+        response: StoredResponse | None,
+    ) -> Operation | None:
+        try:
+            settled = await self.resolve(
+                asked, outcome=outcome, by="probe", response=response, note="settled by probe"
+            )
+        except (NotResolvable, PreconditionFailed) as exc:
+            return await self._probe_evidence(
+                route,
+                asked,
+                "superseded",
+                f"probe said {outcome} about attempt {asked.attempts}, which is no longer "
+                f"current ({exc.detail}); kept as evidence only",
+                status=response.status if response is not None else None,
+            )
+        self._observer.probe_result(route.name, outcome)
+        return settled
+
+    async def _probe_evidence(
+        self,
+        route: RouteSettings,
+        operation: Operation,
+        result: str,
+        detail: str,
+        *,
+        status: int | None = None,
+    ) -> Operation | None:
+        self._observer.probe_result(route.name, result)
+        log.info(
+            "probe",
+            extra={"event": "probe", "operation_id": operation.id, "key": operation.key,
+                   "route": route.name, "result": result, "status": status},
+        )  # fmt: skip
+        evidence = Evidence(at=self._clock.time(), source="probe", detail=detail, status=status)
+        await self._store.add_evidence(operation.id, evidence)
+        return await self._store.get_by_id(operation.id)
+
+    async def reconcile_unknown(self, *, batch: int = 100) -> int:
+        """Probe every due unknown operation once (background sweep); count the settled."""
+        settled = 0
+        cursor: str | None = None
+        while True:
+            page = await self._store.list_operations(
+                state=State.UNKNOWN, limit=batch, cursor=cursor
+            )
+            for operation in page.items:
+                route = self._routes.get(operation.route)
+                if route is None or route.probe is None or not self._prober.due(operation.id):
+                    continue
+                probed = await self.probe(operation)
+                if probed is not None and probed.state is not State.UNKNOWN:
+                    settled += 1
+            if page.next_cursor is None:
+                return settled
+            cursor = page.next_cursor

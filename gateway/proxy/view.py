@@ -1,0 +1,308 @@
+"""The catch-all handler: translate an HTTP request into a call on the engine and back.
+
+It parses (route, scope, key, body), fingerprints, and hands the request to
+`IdempotencyEngine`; it decides nothing about keys itself. The engine call
+runs in its own task, shielded from the handler: a client that disconnects
+cancels nothing, the upstream call runs to its end and its receipt is
+recorded, ready for the retry. A retry of a completed key is answered
+straight from the store's committed record (`answer_from_receipt`), with no
+task at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+from multidict import CIMultiDict
+
+from gateway.config import GATEWAY_PATHS, RouteSettings
+from gateway.engine.errors import (
+    ClientNotAllowed,
+    GatewayError,
+    InProgress,
+    InvalidRequest,
+    KeyMismatch,
+    MethodNotAllowed,
+    MissingKey,
+    OutcomeUnknown,
+    UnsupportedTransferCoding,
+    UpstreamConnectionLost,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from gateway.engine.exchange import ProxyRequest, Reply
+from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, Pairs
+from gateway.engine.keys import format_key_header, parse_idempotency_key
+from gateway.engine.scopes import CallerScope
+from gateway.proxy.request_body import read_in_time, read_limited
+from gateway.proxy.routing import RouteMatch
+from gateway.upstream.forwarder import Forwarder
+from gateway.upstream.headers import end_to_end, forwarded, forwarded_for
+from gateway.web.appkeys import (
+    BACKGROUND,
+    ENGINE,
+    FORWARDER,
+    METRICS,
+    ROUTES,
+    SCOPES,
+    SETTINGS,
+    TRACE,
+)
+
+log = logging.getLogger("gateway.proxy")
+
+_NOT_FORWARDED = frozenset({"host", "idempotency-key", "x-forwarded-for", "forwarded"})
+"""Replaced by the gateway: `Host` names the upstream, the key is forwarded per route."""
+
+
+_ALLOWED_ON_OWN_PATHS = {"/operations": "GET, POST", "/admin": "GET, POST"}
+"""Methods of the gateway's own paths (`GATEWAY_PATHS`); the others answer GET and HEAD."""
+
+
+def _refuse_own_path(path: str, method: str) -> None:
+    """A method the gateway's own endpoints do not serve gets 405, not `no-route`.
+
+    No route may overlap these paths (the config refuses it), so nothing is lost.
+    """
+    for prefix in GATEWAY_PATHS:
+        if path == prefix or path.startswith(prefix + "/"):
+            allowed = _ALLOWED_ON_OWN_PATHS.get(prefix, "GET, HEAD")
+            raise MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
+
+
+async def proxy(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    url = request.rel_url
+    _refuse_own_path(request.path, request.method)
+    trace = request[TRACE]
+    match = app[ROUTES].match(url.raw_path, url.raw_query_string)
+    route = match.route
+    trace.route = route.name
+    caller = app[SCOPES].resolve(request.headers)
+    trace.scope = caller.scope
+    if route.clients is not None and caller.client not in route.clients:
+        raise ClientNotAllowed(f"route {route.name!r} is not open to this client")
+    protected = request.method in route.methods
+    key = parse_idempotency_key(request.headers.getall(IDEMPOTENCY_KEY, [])) if protected else None
+    trace.key = key
+    if protected and key is None and route.require_key:
+        raise MissingKey(
+            f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
+        )
+    body = await read_in_time(
+        request, lambda: _read_body(request, route.max_body), app[SETTINGS].server.client_timeout
+    )
+    engine = app[ENGINE]
+    metrics = app[METRICS]
+
+    if key is None:
+        trace.outcome = "passthrough"
+        metrics.passthrough.labels(route.name).inc()
+        headers = _forward_headers(request, caller)
+        return await write_reply(
+            request,
+            await _pass_through(app[FORWARDER], route, request.method, match, headers, body),
+        )
+
+    proxy_request = ProxyRequest(
+        route=route,
+        upstream_url=match.upstream_url,
+        method=request.method,
+        path=url.raw_path,
+        headers=(),  # only a request that goes upstream needs them: see below
+        body=body,
+        scope=caller.scope,
+        key=key,
+        fingerprint=fingerprint_request(
+            method=request.method,
+            route=route.name,
+            path=url.raw_path,
+            query=url.raw_query_string,
+            content_type=request.headers.get("Content-Type"),
+            body=body,
+        ),
+        wait_seconds=_preferred_wait(
+            request.headers.getall("Prefer", []), app[SETTINGS].idempotency.max_wait
+        ),
+        trace=trace,
+    )
+    try:
+        reply = engine.answer_from_receipt(proxy_request)
+        if reply is None:
+            headers = _forward_headers(request, caller)
+            reply = await _execute(app, proxy_request._replace(headers=headers))
+    except GatewayError as error:
+        trace.outcome, trace.state = _outcome_of(error), error.state
+        metrics.request(route.name, trace.outcome)
+        raise
+    trace.outcome = _outcome_of_reply(reply)
+    trace.state = reply.state.value if reply.state is not None else None
+    metrics.request(route.name, trace.outcome)
+    return await write_reply(request, reply)
+
+
+async def _execute(app: web.Application, proxy_request: ProxyRequest) -> Reply:
+    """Run the engine in its own task: a caller that goes away cancels nothing."""
+    task: asyncio.Task[Reply] = asyncio.ensure_future(app[ENGINE].execute(proxy_request))
+    _keep_until_done(app, task)
+    return await asyncio.shield(task)
+
+
+async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
+    """Send a reply as received or as stored, plus the key headers."""
+    headers: CIMultiDict[str] = CIMultiDict(reply.headers)
+    if reply.key is not None:
+        headers[IDEMPOTENCY_KEY] = format_key_header(reply.key)
+        if reply.state is not None:
+            headers[IDEMPOTENCY_STATUS] = reply.state.value
+    if reply.replayed:
+        headers[IDEMPOTENT_REPLAYED] = "true"
+    if reply.stream is None:
+        return web.Response(status=reply.status, headers=headers, body=reply.body)
+    response = web.StreamResponse(status=reply.status, headers=headers)
+    try:
+        await response.prepare(request)
+        async for chunk in reply.stream:
+            await response.write(chunk)
+        await response.write_eof()
+    except ConnectionError:
+        # The caller left (before or during the body). The upstream answer still
+        # runs to its end, from where it stopped, so the outcome is recorded (an
+        # answer too large to keep is recorded with its last byte) for the retry.
+        await _drain(reply.stream)
+    except UpstreamError:
+        _cut_short(request)
+    finally:
+        if reply.close is not None:
+            reply.close()
+    return response
+
+
+async def _drain(stream: AsyncIterator[bytes]) -> None:
+    try:
+        async for _ in stream:
+            pass
+    except UpstreamError:
+        pass  # recorded by the engine; nobody is listening any more
+
+
+def _cut_short(request: web.Request) -> None:
+    """The upstream's body broke off after the status line went out with the first bytes:
+    no problem response can follow. The caller sees the body end early, as the upstream's
+    did, and its lookup says the rest (the engine recorded the key `unknown`)."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def _pass_through(
+    forwarder: Forwarder,
+    route: RouteSettings,
+    method: str,
+    match: RouteMatch,
+    headers: Pairs,
+    body: bytes,
+) -> Reply:
+    """An unprotected request: no record, the same one-send forwarder and route gate."""
+    with forwarder.gate(route):
+        reply = await forwarder.send(route, method, match.upstream_url, headers, body)
+        try:
+            received = await reply.read(route.max_stored_response)
+        except BaseException:
+            reply.close()
+            raise
+    return Reply.from_upstream(reply, received)
+
+
+def _preferred_wait(values: list[str], cap: float) -> float:
+    """Seconds from RFC 7240 `Prefer: wait=N`, capped by `max_wait`; 0 when absent."""
+    for value in values:
+        for preference in value.split(","):
+            name, _, argument = preference.split(";", 1)[0].strip().partition("=")
+            if name.strip().lower() == "wait":
+                try:
+                    seconds = float(argument.strip().strip('"'))
+                except ValueError:
+                    continue
+                if seconds > 0:
+                    return min(seconds, cap)
+    return 0.0
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    codings = [
+        coding.strip().lower()
+        for value in request.headers.getall("Transfer-Encoding", [])
+        for coding in value.split(",")
+        if coding.strip()
+    ]
+    if any(coding != "chunked" for coding in codings):
+        raise UnsupportedTransferCoding(
+            f"Transfer-Encoding {', '.join(codings)!r}: only chunked is supported"
+        )
+    try:
+        return await read_limited(request, limit)
+    except (ConnectionResetError, RequestPayloadError, HttpProcessingError) as exc:
+        raise InvalidRequest(f"the request body could not be read: {exc}") from exc
+
+
+def _forward_headers(request: web.Request, caller: CallerScope) -> Pairs:
+    drop = _NOT_FORWARDED | {"authorization"} if caller.strips_authorization else _NOT_FORWARDED
+    pairs = end_to_end(
+        ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers),
+        drop=drop,
+    )
+    client_ip = request.remote
+    return (
+        *pairs,
+        ("X-Forwarded-For", forwarded_for(request.headers.get("X-Forwarded-For"), client_ip) or ""),
+        (
+            "Forwarded",
+            forwarded(request.headers.get("Forwarded"), client_ip, request.host, request.scheme),
+        ),
+    )
+
+
+def _keep_until_done(app: web.Application, task: asyncio.Task[Reply]) -> None:
+    """Hold a reference (and let shutdown wait) while the caller may have gone."""
+    background = app[BACKGROUND]
+    background.add(task)
+    task.add_done_callback(_forget(background))
+
+
+def _forget(background: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Reply]], None]:
+    def done(task: asyncio.Task[Reply]) -> None:
+        background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            if not isinstance(error, GatewayError):
+                log.error("engine task failed", exc_info=error)
+
+    return done
+
+
+def _outcome_of_reply(reply: Reply) -> str:
+    if reply.replayed:
+        return "replayed"
+    if reply.state is not None and reply.state.value == "released":
+        return "released"
+    return "forwarded"
+
+
+def _outcome_of(error: GatewayError) -> str:
+    if isinstance(error, KeyMismatch):
+        return "mismatch"
+    if isinstance(error, InProgress):
+        return "in_progress"
+    if isinstance(error, OutcomeUnknown | UpstreamTimeout | UpstreamConnectionLost):
+        return "unknown"
+    if isinstance(error, UpstreamUnreachable):
+        return "released"
+    return "rejected"

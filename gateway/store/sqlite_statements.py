@@ -1,0 +1,132 @@
+"""Statements run on the SQLite writer thread: the claim, and the store's secret.
+
+A claim reads before it writes and decides, in one transaction on the writer
+thread, whether the key starts a new attempt, stays as it is, or turns
+`unknown` because its lease ran out. The SQL fragments every verb shares (the
+columns read back, the outcome fence) are here too, so the store module keeps
+only what each verb does.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from gateway.engine.clock import Clock
+from gateway.engine.ids import new_operation_id
+from gateway.engine.models import (
+    ClaimRequest,
+    ClaimResult,
+    Evidence,
+    Existing,
+    NewAttempt,
+    Operation,
+    State,
+)
+from gateway.store.rows import claim_changes, is_forgotten
+from gateway.store.sqlite_schema import COLUMNS
+
+Decode = Callable[[Any], Operation]
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
+_RETURNING = f"RETURNING {', '.join(COLUMNS)}"
+_OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
+"""Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its
+token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
+still records what it learned; a resolution or a new attempt bumps the token."""
+
+
+def _claim(
+    c: sqlite3.Connection, request: ClaimRequest, decode: Decode, clock: Clock
+) -> ClaimResult:
+    """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
+    replay, if we inserted first) costs a built row and a constraint check (profiled)."""
+    now = clock.time()
+    row = c.execute(
+        f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
+    ).fetchone()
+    if row is None:
+        return NewAttempt(_insert_claim(c, request, now))
+    current = decode(row)
+    if not claim_changes(current, request.fingerprint):
+        return Existing(current)
+    if is_forgotten(current):
+        c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
+        return NewAttempt(_insert_claim(c, request, now))
+    if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+        updated = c.execute(
+            "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
+            "token = token + 1, version = version + 1, lease_owner = ?, "
+            "lease_expires_at = ?, sent_at = ?, forgotten_at = NULL, updated_at = ? "
+            f"WHERE id = ? {_RETURNING}",
+            (request.owner, now + request.lease_seconds, now, now, current.id),
+        ).fetchone()
+        return NewAttempt(decode(updated))
+    # What is left: an in-flight record whose lease has run out turns unknown.
+    evidence = Evidence(
+        at=now, source="lease", detail="the lease expired before an outcome was recorded"
+    )
+    expired = c.execute(
+        "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+        "updated_at = ?, version = version + 1, "
+        "evidence = json_insert(evidence, '$[#]', json(?)) "
+        f"WHERE id = ? {_RETURNING}",
+        (now, json.dumps(evidence.as_json()), current.id),
+    ).fetchone()
+    return Existing(decode(expired))
+
+
+def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> Operation:
+    """Insert the first attempt and return it as a read would, built from what was
+    written (no `RETURNING`: every column is known here or a schema default)."""
+    operation = Operation(
+        id=new_operation_id(now),
+        scope=request.scope,
+        key=request.key,
+        state=State.IN_FLIGHT,
+        route=request.route,
+        method=request.method,
+        path=request.path,
+        fingerprint=request.fingerprint,
+        attempts=1,
+        token=1,
+        version=1,
+        created_at=now,
+        updated_at=now,
+        lease_owner=request.owner,
+        lease_expires_at=now + request.lease_seconds,
+        sent_at=now,
+        observed_at=now,
+    )
+    c.execute(
+        "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
+        "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
+        "sent_at) VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?)",
+        (
+            operation.id,
+            operation.scope,
+            operation.key,
+            operation.route,
+            operation.method,
+            operation.path,
+            operation.fingerprint,
+            now,
+            now,
+            operation.lease_owner,
+            operation.lease_expires_at,
+            now,
+        ),
+    )
+    return operation
+
+
+def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
+    row = c.execute("SELECT value FROM gateway_meta WHERE name = 'scope_secret'").fetchone()
+    if row is not None:
+        return bytes(row[0])
+    secret = secrets.token_bytes(32)
+    c.execute("INSERT INTO gateway_meta (name, value) VALUES ('scope_secret', ?)", (secret,))
+    return secret

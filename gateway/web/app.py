@@ -1,0 +1,195 @@
+"""`create_app(settings)`: wire the store, the forwarder, the engine and the handlers.
+
+Everything with a lifetime (store connection, client sessions, lease
+renewal) is set up and torn down in one `cleanup_ctx`, in dependency order.
+On shutdown, engine tasks still running (their callers may be gone) are
+awaited so their receipts are recorded before the store closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from gateway import __version__
+from gateway.config import Settings
+from gateway.engine.engine import IdempotencyEngine
+from gateway.engine.errors import StoreUnavailable
+from gateway.engine.forwarded_key import ForwardedKeys
+from gateway.engine.leases import LeaseKeeper
+from gateway.engine.probes import Prober
+from gateway.engine.quotas import ScopeQuotas
+from gateway.engine.scopes import ScopeResolver
+from gateway.engine.sweeper import Sweeper
+from gateway.proxy.method_guard import method_guard_middleware
+from gateway.proxy.routing import RouteTable
+from gateway.proxy.view import proxy
+from gateway.store.factory import make_store
+from gateway.upstream.forwarder import Forwarder
+from gateway.web.admin_view import (
+    list_operations,
+    redact_operation,
+    resolve_operation,
+    show_operation,
+)
+from gateway.web.appkeys import (
+    BACKGROUND,
+    ENGINE,
+    FORWARDER,
+    METRICS,
+    ROUTES,
+    SCOPES,
+    SETTINGS,
+    STORE,
+)
+from gateway.web.listeners import LISTENERS, Listeners, listener_middleware
+from gateway.web.metrics import GatewayMetrics
+from gateway.web.openapi import openapi_json
+from gateway.web.operations_view import lookup, resolve
+from gateway.web.problems import problem_middleware
+from gateway.web.request_log import request_log_middleware
+
+log = logging.getLogger("gateway.app")
+
+_OPERATION_COUNT_TTL = 5.0
+"""Seconds a state count is reused by /metrics: counting is a scan, scrapes are frequent."""
+
+SHUTDOWN_GRACE = 60.0
+
+
+def instance_id() -> str:
+    """This process's lease-owner name: host, pid and a random suffix (pids get reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def create_app(settings: Settings) -> web.Application:
+    """The gateway as an aiohttp application.
+
+    >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
+    """
+    app = web.Application(
+        middlewares=[
+            request_log_middleware,
+            problem_middleware,
+            method_guard_middleware,
+            # Only an enabled admin API has a listener of its own to keep apart.
+            *([listener_middleware] if settings.admin.enabled else []),
+        ],
+        client_max_size=1024**4,
+    )
+    app[LISTENERS] = Listeners()
+    app[SETTINGS] = settings
+    app[METRICS] = GatewayMetrics(version=__version__)
+    app[ROUTES] = RouteTable(settings.routes)
+    app[BACKGROUND] = set()
+    app.cleanup_ctx.append(_services)
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/operations/{key:.+}", lookup)
+    app.router.add_post("/operations/{key:.+}", resolve)
+    app.router.add_get("/admin/operations", list_operations)
+    app.router.add_get("/admin/operations/{id}", show_operation)
+    app.router.add_post("/admin/operations/{id}/resolve", resolve_operation)
+    app.router.add_post("/admin/operations/{id}/redact", redact_operation)
+    app.router.add_get("/openapi.json", openapi_json)
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    return app
+
+
+async def _services(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    metrics = app[METRICS]
+    store = make_store(settings.store, on_batch=metrics.commit)
+    await store.open()
+    forwarder = Forwarder(settings.routes)
+    await forwarder.start()
+    keeper = LeaseKeeper(
+        store,
+        owner=instance_id(),
+        lease_seconds=settings.idempotency.lease,
+        tombstone_seconds=settings.idempotency.tombstone_retention,
+    )
+    await keeper.start()
+    scope_secret = await store.scope_secret()
+    engine = IdempotencyEngine(
+        store=store,
+        forwarder=forwarder,
+        keeper=keeper,
+        prober=Prober(forwarder),
+        forwarded_keys=ForwardedKeys(scope_secret),
+        quotas=ScopeQuotas(settings.quotas),
+        settings=settings.idempotency,
+        routes=settings.routes,
+        observer=metrics,
+        fault=settings.testing.fault,
+    )
+    engine.cross_process_signals = await store.subscribe(engine.notify_settled)
+    sweeper = Sweeper(store, engine, metrics, interval=settings.idempotency.sweep_interval)
+    await sweeper.start()
+    app[STORE] = store
+    app[FORWARDER] = forwarder
+    app[ENGINE] = engine
+    app[SCOPES] = ScopeResolver(
+        clients=settings.clients,
+        scope_headers=settings.idempotency.scope_headers,
+        shared_scope=settings.idempotency.shared_scope,
+        secret=scope_secret,
+    )
+    try:
+        yield
+    finally:
+        await _drain(app[BACKGROUND])
+        await sweeper.stop()
+        await keeper.stop()
+        await forwarder.close()
+        await store.close()
+
+
+async def _drain(background: set[asyncio.Task[Any]]) -> None:
+    if not background:
+        return
+    log.info("waiting for %d upstream calls to finish", len(background))
+    await asyncio.wait(set(background), timeout=SHUTDOWN_GRACE)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    await _check_ready(request.app)
+    return web.json_response({"status": "ready"})
+
+
+async def _check_ready(app: web.Application) -> None:
+    try:
+        await app[STORE].ping()
+    except StoreUnavailable:
+        app[METRICS].ready.set(0)
+        raise
+    app[METRICS].ready.set(1)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    app = request.app
+    with contextlib.suppress(StoreUnavailable):
+        await _check_ready(app)
+    if app[METRICS].operation_counts_stale(time.monotonic(), _OPERATION_COUNT_TTL):
+        # On a store outage the last known counts stay; /readyz reports the outage.
+        with contextlib.suppress(StoreUnavailable):
+            app[METRICS].set_operation_counts(await app[STORE].count_by_state(), time.monotonic())
+    return web.Response(
+        body=app[METRICS].render(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )

@@ -1,0 +1,29 @@
+"""Typed application keys: where the app factory keeps what handlers share."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import Settings
+from gateway.engine.engine import IdempotencyEngine
+from gateway.engine.exchange import RequestTrace
+from gateway.engine.scopes import ScopeResolver
+from gateway.proxy.routing import RouteTable
+from gateway.store.base import Store
+from gateway.upstream.forwarder import Forwarder
+from gateway.web.metrics import GatewayMetrics
+
+SETTINGS = web.AppKey("settings", Settings)
+STORE = web.AppKey("store", Store)
+ENGINE = web.AppKey("engine", IdempotencyEngine)
+FORWARDER = web.AppKey("forwarder", Forwarder)
+METRICS = web.AppKey("metrics", GatewayMetrics)
+ROUTES = web.AppKey("routes", RouteTable)
+SCOPES = web.AppKey("scopes", ScopeResolver)
+BACKGROUND = web.AppKey("background", set[asyncio.Task[Any]])
+
+TRACE = web.RequestKey("trace", RequestTrace)
+"""What one request's log line reports; set by the request-log middleware."""

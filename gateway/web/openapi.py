@@ -1,0 +1,377 @@
+"""OpenAPI 3.1 for the gateway's own endpoints, served at `/openapi.json` and kept in docs/.
+
+Only the gateway's own paths are described: proxied routes depend on the
+config. Whatever can be taken from the code is: problem types, titles and
+statuses come from `gateway.engine.errors`, the resolve body from its pydantic model,
+limits from the handlers' constants, so the document cannot drift from them.
+`tests/test_openapi.py` runs schemathesis against a real gateway with it.
+
+Regenerate the copy in docs/ with `python -m gateway.web.openapi > docs/openapi.json`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from aiohttp import web
+
+from gateway import __version__
+from gateway.engine.errors import (
+    PROBLEM_BASE_URI,
+    ClientNotAllowed,
+    GatewayError,
+    InProgress,
+    InvalidKey,
+    InvalidRequest,
+    KeyMismatch,
+    LeaseLost,
+    MethodNotAllowed,
+    MissingCredentials,
+    MissingKey,
+    NoRoute,
+    NotFound,
+    NotResolvable,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    PreconditionFailed,
+    QuotaExceeded,
+    ReceiptExpired,
+    ReceiptNotRetained,
+    RequestTimeout,
+    RouteSaturated,
+    StoreUnavailable,
+    Unauthorized,
+    UnknownKey,
+    UpstreamConnectionLost,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
+from gateway.engine.models import State
+from gateway.web.admin_view import DEFAULT_LIMIT, MAX_LIMIT
+from gateway.web.openapi_components import components, header, ref
+from gateway.web.operations_view import MAX_RESOLVE_BODY
+from gateway.web.problems import PROBLEM_JSON
+from gateway.web.request_log import REQUEST_ID
+
+__all__ = ["openapi_document", "openapi_json", "render"]
+
+JSON = "application/json"
+
+_PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
+    MissingKey,
+    InvalidKey,
+    InvalidRequest,
+    Unauthorized,
+    MissingCredentials,
+    ClientNotAllowed,
+    MethodNotAllowed,
+    RequestTimeout,
+    PayloadTooLarge,
+    QuotaExceeded,
+    KeyMismatch,
+    InProgress,
+    OutcomeUnknown,
+    ReceiptExpired,
+    ReceiptNotRetained,
+    StoreUnavailable,
+    RouteSaturated,
+    LeaseLost,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+    UpstreamConnectionLost,
+    NoRoute,
+)
+"""What a proxied request can be refused with (the contract's table and more)."""
+
+# The problem types each gateway operation can answer with. `not-found` and
+# `no-route` on key paths: a key that decodes to a line break matches no route
+# pattern (aiohttp's 404), and `.`/`..` keys are dot segments removed from the path.
+_LOOKUP = (
+    InvalidKey,
+    InvalidRequest,
+    Unauthorized,
+    MissingCredentials,
+    UnknownKey,
+    NotFound,
+    NoRoute,
+    StoreUnavailable,
+)
+_RESOLVE = (*_LOOKUP, NotResolvable, PreconditionFailed, PayloadTooLarge)
+_ADMIN = (InvalidRequest, Unauthorized, NotFound, NoRoute, StoreUnavailable)
+_ADMIN_RESOLVE = (*_ADMIN, NotResolvable, PreconditionFailed, PayloadTooLarge)
+_ADMIN_REDACT = (*_ADMIN, NotResolvable, PayloadTooLarge)
+
+
+def _problem_line(error: type[GatewayError]) -> str:
+    return f"`{error.problem_type}` ({error.status}): {error.title}"
+
+
+def _problems(errors: tuple[type[GatewayError], ...]) -> dict[str, Any]:
+    """One problem+json response per status, its `type` limited to the errors given."""
+    by_status: dict[int, list[type[GatewayError]]] = {}
+    for error in errors:
+        by_status.setdefault(error.status, []).append(error)
+    by_status.setdefault(500, []).append(GatewayError)
+    responses: dict[str, Any] = {}
+    for status, group in sorted(by_status.items()):
+        headers: dict[str, Any] = {REQUEST_ID: {"$ref": "#/components/headers/RequestId"}}
+        if status != 500:
+            headers[IDEMPOTENCY_KEY] = {"$ref": "#/components/headers/IdempotencyKey"}
+            headers[IDEMPOTENCY_STATUS] = {"$ref": "#/components/headers/IdempotencyStatus"}
+        if status == 503:
+            headers["Retry-After"] = {"$ref": "#/components/headers/RetryAfter"}
+        responses[str(status)] = {
+            "description": "; ".join(_problem_line(error) for error in group),
+            "headers": headers,
+            "content": {
+                PROBLEM_JSON: {
+                    "schema": {
+                        "allOf": [
+                            ref("Problem"),
+                            {
+                                "properties": {
+                                    "status": {"const": status},
+                                    "type": {
+                                        "enum": [
+                                            PROBLEM_BASE_URI + error.problem_type for error in group
+                                        ]
+                                    },
+                                }
+                            },
+                        ]
+                    }
+                }
+            },
+        }
+    return responses
+
+
+def _ok(description: str, schema: dict[str, Any], headers: dict[str, Any] | None = None) -> Any:
+    return {
+        "description": description,
+        "headers": {REQUEST_ID: {"$ref": "#/components/headers/RequestId"}, **(headers or {})},
+        "content": {JSON: {"schema": schema}},
+    }
+
+
+_REQUEST_ID_PARAMETER = {"$ref": "#/components/parameters/RequestId"}
+_OPERATION_HEADERS = {
+    "ETag": {"$ref": "#/components/headers/ETag"},
+    "Cache-Control": header("Always `no-store`.", {"const": "no-store"}),
+}
+_KEY_HEADERS = {
+    IDEMPOTENCY_KEY: {"$ref": "#/components/headers/IdempotencyKey"},
+    IDEMPOTENCY_STATUS: {"$ref": "#/components/headers/IdempotencyStatus"},
+}
+_IF_MATCH = {
+    "name": "If-Match",
+    "in": "header",
+    "required": False,
+    "description": "The `ETag` of a lookup: 412 when the operation changed since.",
+    "schema": {"type": "string"},
+}
+_RESOLVE_BODY = {
+    "required": True,
+    "description": f"At most {MAX_RESOLVE_BODY} bytes; a `not_applied` outcome has no `response`.",
+    "content": {JSON: {"schema": ref("ResolveRequest")}},
+}
+
+
+def _simple_get(summary: str, ok: dict[str, Any], errors: tuple[type[GatewayError], ...]) -> Any:
+    return {
+        "get": {
+            "summary": summary,
+            "security": [],
+            "parameters": [_REQUEST_ID_PARAMETER],
+            "responses": {"200": ok, **_problems(errors)},
+        }
+    }
+
+
+def _paths() -> dict[str, Any]:
+    key = {"$ref": "#/components/parameters/Key"}
+    op_id = {"$ref": "#/components/parameters/OperationId"}
+    scoped: list[dict[str, list[str]]] = [{}, {"clientToken": []}]
+    admin: list[dict[str, list[str]]] = [{"adminToken": []}]
+    operation = ref("Operation")
+    admin_operation = ref("AdminOperation")
+    return {
+        "/healthz": _simple_get(
+            "The process is alive",
+            _ok("Alive.", {"type": "object", "properties": {"status": {"const": "ok"}}}),
+            (),
+        ),
+        "/readyz": _simple_get(
+            "The store is reachable and migrated",
+            _ok("Ready.", {"type": "object", "properties": {"status": {"const": "ready"}}}),
+            (StoreUnavailable,),
+        ),
+        "/metrics": _simple_get(
+            "Prometheus metrics",
+            {
+                "description": "The Prometheus text exposition format, version 0.0.4.",
+                "headers": {REQUEST_ID: {"$ref": "#/components/headers/RequestId"}},
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            (),
+        ),
+        "/openapi.json": _simple_get(
+            "This document", _ok("The OpenAPI 3.1 document.", {"type": "object"}), ()
+        ),
+        "/operations/{key}": {
+            "get": {
+                "summary": "What happened to the effect of a key, in the caller's scope",
+                "operationId": "lookup",
+                "security": scoped,
+                "parameters": [key, _REQUEST_ID_PARAMETER],
+                "responses": {
+                    "200": _ok("The operation.", operation, {**_OPERATION_HEADERS, **_KEY_HEADERS}),
+                    **_problems(_LOOKUP),
+                },
+            }
+        },
+        "/operations/{key}/resolve": {
+            "post": {
+                "summary": "Settle the caller's own `unknown` operation",
+                "operationId": "resolve",
+                "security": scoped,
+                "parameters": [key, _IF_MATCH, _REQUEST_ID_PARAMETER],
+                "requestBody": _RESOLVE_BODY,
+                "responses": {
+                    "200": _ok(
+                        "The settled operation.", operation, {**_OPERATION_HEADERS, **_KEY_HEADERS}
+                    ),
+                    **_problems(_RESOLVE),
+                },
+            }
+        },
+        "/admin/operations": {
+            "get": {
+                "summary": "Every scope's operations, oldest first, a page at a time",
+                "operationId": "adminListOperations",
+                "security": admin,
+                "parameters": [
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "schema": {"enum": [state.value for state in State]},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_LIMIT,
+                            "default": DEFAULT_LIMIT,
+                        },
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "description": "The `next_cursor` of the previous page (opaque).",
+                        "schema": {"type": "string"},
+                    },
+                    _REQUEST_ID_PARAMETER,
+                ],
+                "responses": {
+                    "200": _ok("One page.", ref("OperationPage")),
+                    **_problems(_ADMIN),
+                },
+            }
+        },
+        "/admin/operations/{id}": {
+            "get": {
+                "summary": "Any scope's operation, by id",
+                "operationId": "adminShowOperation",
+                "security": admin,
+                "parameters": [op_id, _REQUEST_ID_PARAMETER],
+                "responses": {
+                    "200": _ok("The operation.", admin_operation, _OPERATION_HEADERS),
+                    **_problems(_ADMIN),
+                },
+            }
+        },
+        "/admin/operations/{id}/resolve": {
+            "post": {
+                "summary": "Settle any scope's `unknown` operation, by id",
+                "operationId": "adminResolveOperation",
+                "security": admin,
+                "parameters": [op_id, _IF_MATCH, _REQUEST_ID_PARAMETER],
+                "requestBody": _RESOLVE_BODY,
+                "responses": {
+                    "200": _ok("The settled operation.", admin_operation, _OPERATION_HEADERS),
+                    **_problems(_ADMIN_RESOLVE),
+                },
+            }
+        },
+        "/admin/operations/{id}/redact": {
+            "post": {
+                "summary": "Erase a completed receipt's headers and body (personal data)",
+                "description": "The key stays used, the reason goes into the operation's "
+                "`evidence`; an operation that is not `completed` answers 409 `not-resolvable`.",
+                "operationId": "adminRedactOperation",
+                "security": admin,
+                "parameters": [op_id, _REQUEST_ID_PARAMETER],
+                "requestBody": {
+                    "required": True,
+                    "content": {JSON: {"schema": ref("RedactRequest")}},
+                },
+                "responses": {
+                    "200": _ok("The redacted operation.", admin_operation, _OPERATION_HEADERS),
+                    **_problems(_ADMIN_REDACT),
+                },
+            }
+        },
+    }
+
+
+def _description() -> str:
+    proxied = "\n".join(f"- {_problem_line(error)}" for error in _PROXY_PROBLEMS)
+    return (
+        "The gateway's own endpoints. Every other path is proxied to the configured "
+        "route whose prefix matches, so it is not described here: a method the route "
+        "protects answers with the upstream's response, a replay of it (with "
+        f"`{IDEMPOTENT_REPLAYED}: true`), or one of these `{PROBLEM_JSON}` problems "
+        f"(type URIs `{PROBLEM_BASE_URI}<type>`):\n\n{proxied}\n\n"
+        "Other methods on the gateway's own paths get `405 method-not-allowed` with an "
+        "`Allow` header. With `[admin] listen` set, the admin endpoints are "
+        "served only on that address (404 on the main one), which serves nothing else "
+        "but `/healthz`, `/readyz` and `/metrics`. Every response carries `X-Request-Id`."
+    )
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the gateway's own endpoints.
+
+    >>> openapi_document()["openapi"]
+    '3.1.0'
+    """
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Idempotency gateway",
+            "version": __version__,
+            "description": _description(),
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "paths": _paths(),
+        "components": components(),
+    }
+
+
+@functools.cache
+def render() -> str:
+    """The document as served and as kept in docs/openapi.json (indent 2, sorted keys)."""
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.Response(text=render(), content_type=JSON)
+
+
+if __name__ == "__main__":
+    print(render(), end="")

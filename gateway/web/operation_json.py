@@ -1,0 +1,98 @@
+"""The operation JSON of `GET /operations/<key>`, with field names fixed by the contract."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.engine.models import Operation, State, StoredResponse
+
+
+def iso(ts: float | None) -> str | None:
+    """POSIX seconds as RFC 3339 UTC with a `Z`, or `None`."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def safe_to_retry(operation: Operation) -> bool:
+    """Would sending the same request with the same key again be safe and useful?
+
+    False where a retry can never succeed without reconciliation: an `unknown`
+    outcome, or a completed operation whose response is gone.
+    """
+    if operation.state is State.UNKNOWN:
+        return False
+    if operation.state is State.COMPLETED:
+        return operation.receipt_available()
+    return True
+
+
+def response_json(response: StoredResponse) -> dict[str, Any]:
+    headers: dict[str, str] = {}
+    for name, value in response.headers:
+        lower = name.lower()
+        headers[lower] = f"{headers[lower]}, {value}" if lower in headers else value
+    try:
+        body, encoding = response.body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(response.body).decode("ascii"), "base64"
+    return {"status": response.status, "headers": headers, "body": body, "body_encoding": encoding}
+
+
+def operation_json(
+    operation: Operation, *, lookup_url: str | None = None, include_scope: bool = False
+) -> dict[str, Any]:
+    """Render an operation for callers and operators; expiry is judged on the store's
+    clock (`observed_at`), so every replica renders a record alike.
+
+    >>> # operation_json(op)["state"]
+    >>> # 'completed'
+    """
+    response = (
+        response_json(operation.response)
+        if operation.response is not None and operation.receipt_available()
+        else None
+    )
+    resolution = operation.resolution
+    document: dict[str, Any] = {
+        "id": operation.id,
+        "key": operation.key,
+        "state": operation.state.value,
+        "route": operation.route,
+        "method": operation.method,
+        "path": operation.path,
+        "fingerprint": operation.fingerprint,
+        "attempts": operation.attempts,
+        "created_at": iso(operation.created_at),
+        "updated_at": iso(operation.updated_at),
+        "expires_at": iso(operation.expires_at),
+        "forgotten_at": iso(operation.forgotten_at),
+        "response": response,
+        "response_status": operation.response.status if operation.response else None,
+        "body_retained": operation.body_retained if operation.state is State.COMPLETED else None,
+        "resolution": (
+            {"by": resolution.by, "at": iso(resolution.at), "note": resolution.note}
+            if resolution
+            else None
+        ),
+        "evidence": [
+            {
+                "at": iso(item.at),
+                "source": item.source,
+                "detail": item.detail,
+                "status": item.status,
+                "body_sha256": item.body_sha256,
+            }
+            for item in operation.evidence
+        ],
+        "lease_expires_at": iso(operation.lease_expires_at),
+        "fencing_token": operation.token,
+        "safe_to_retry": safe_to_retry(operation),
+    }
+    if lookup_url is not None:
+        document["operation"] = lookup_url
+    if include_scope:
+        document["scope"] = operation.scope
+    return document

@@ -1,0 +1,87 @@
+"""One structured log line per request, and the request id that ties lines together.
+
+The line carries route, method, path, outcome, state, status, upstream and
+total latency, the key, a short hash of the scope and the request id. It never
+carries a credential or a body: handlers only ever put those facts into the
+request's `RequestTrace`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import time
+
+from aiohttp import web
+
+from gateway.engine.exchange import RequestTrace
+from gateway.engine.scopes import scope_hash
+from gateway.web.appkeys import METRICS, TRACE
+from gateway.web.problems import Handler
+
+log = logging.getLogger("gateway.access")
+
+_QUIET = frozenset({"/healthz", "/readyz", "/metrics"})
+REQUEST_ID = "X-Request-Id"
+_MAX_REQUEST_ID = 128
+
+
+_ID_PREFIX = secrets.token_hex(4)
+_ids = itertools.count(1)
+
+
+def _request_id(request: web.Request) -> str:
+    """The caller's `X-Request-Id` if sane, else this process's prefix and a counter
+    (unique enough to join log lines, and cheaper than a UUID per request)."""
+    offered = request.headers.get(REQUEST_ID, "")
+    if 0 < len(offered) <= _MAX_REQUEST_ID and offered.isascii() and offered.isprintable():
+        return offered
+    return f"{_ID_PREFIX}-{next(_ids):x}"
+
+
+@web.middleware
+async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.monotonic()
+    trace = RequestTrace(request_id=_request_id(request))
+    request[TRACE] = trace
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        response.headers[REQUEST_ID] = trace.request_id
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        elapsed = time.monotonic() - started
+        if trace.route is not None:
+            request.app[METRICS].request_time(trace.route, elapsed)
+        if log.isEnabledFor(logging.INFO) and request.path not in _QUIET:
+            log.info(
+                "%s %s %d",
+                request.method,
+                request.path,
+                status,
+                extra={
+                    "event": "request",
+                    "request_id": trace.request_id,
+                    "method": request.method,
+                    "path": request.path,
+                    "status": status,
+                    "route": trace.route,
+                    "outcome": trace.outcome,
+                    "error": trace.error,
+                    "state": trace.state,
+                    "key": trace.key,
+                    "scope": scope_hash(trace.scope) if trace.scope else None,
+                    "operation_id": trace.operation_id,
+                    "upstream_ms": (
+                        round(trace.upstream_seconds * 1000, 3)
+                        if trace.upstream_seconds is not None
+                        else None
+                    ),
+                    "total_ms": round(elapsed * 1000, 3),
+                },
+            )

@@ -1,0 +1,131 @@
+"""Run the gateway until SIGTERM or SIGINT, then drain.
+
+`web.run_app` would do, but it announces the configured port, not the one
+the OS chose for port 0, and tests and supervisors need the real address.
+On a signal the listener closes first (no new requests), then upstream calls
+in progress finish and their receipts are recorded before the store closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from gateway.config import Settings
+from gateway.engine.errors import GatewayError
+from gateway.web.app import SHUTDOWN_GRACE, create_app
+from gateway.web.listeners import LISTENERS
+from gateway.web.logs import configure_logging
+
+log = logging.getLogger("gateway.serve")
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+GC_YOUNG_THRESHOLD = 50_000
+"""Net new container objects between two young-generation collections (CPython's default: 700).
+
+With 64 requests in flight about 10,000 young objects are alive at any moment,
+so the default threshold ran a collection every millisecond or so that freed
+next to nothing: reference counting frees a request's objects. Measured on
+the miss path at c=64 with the defaults: 783 young, 71 middle and 7 full
+collections in 7 s, about 70 us of CPU per request, and each full collection
+stopped the loop for about 30 ms. With this threshold no collection ran in
+35,000 requests, and the young generation stayed near 10,600 objects. Cycles,
+if any appear, are still collected, every 50,000 new objects.
+"""
+
+
+def tune_garbage_collector() -> None:
+    """Freeze what start-up built and collect the young generation rarely.
+
+    Modules, settings, the app and its routes live as long as the process:
+    `gc.freeze()` moves them out of every future collection, so a full
+    collection scans only what requests left behind.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
+def make_runner(
+    app: web.Application, settings: Settings, *, shutdown_timeout: float = SHUTDOWN_GRACE
+) -> web.AppRunner:
+    """The runner production and tests share: parser limits from `[server]`."""
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handler_cancellation=False,
+        max_line_size=settings.server.max_header_size,
+        max_field_size=settings.server.max_header_size,
+        max_headers=settings.server.max_headers,
+        shutdown_timeout=shutdown_timeout,
+        # A proxy forwards bodies as sent: never inflate a Content-Encoding.
+        auto_decompress=False,
+    )
+
+
+async def start_sites(runner: web.AppRunner, settings: Settings) -> list[str]:
+    """Listen on the main address (and the admin one, when the admin API is enabled);
+    return their URLs, the main one first."""
+    main = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True)
+    await main.start()
+    urls = [_url(runner.addresses[-1])]
+    if settings.admin.enabled:
+        admin = web.TCPSite(runner, settings.admin.host, settings.admin.port, reuse_address=True)
+        await admin.start()
+        address = runner.addresses[-1]
+        runner.app[LISTENERS].admin_address = (str(address[0]), int(address[1]))
+        urls.append(_url(address))
+    return urls
+
+
+def _url(address: object) -> str:
+    host, port = address[0], address[1]  # type: ignore[index]
+    return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+
+
+async def serve(settings: Settings) -> None:
+    """Serve until a termination signal arrives."""
+    runner = make_runner(create_app(settings), settings)
+    await runner.setup()
+    urls = await start_sites(runner, settings)
+    tune_garbage_collector()
+    print(f"idempotency gateway listening on {urls[0]}", flush=True)
+    if len(urls) > 1:
+        print(f"idempotency gateway admin listening on {urls[1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+        log.info("shutting down: draining in-flight requests")
+    finally:
+        await runner.cleanup()
+
+
+def run(settings: Settings) -> int:
+    configure_logging(settings.logging)
+    _use_uvloop()
+    try:
+        asyncio.run(serve(settings))
+    except GatewayError as exc:
+        print(f"idempotency-gateway: cannot start: {exc.internal or exc.detail}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"idempotency-gateway: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
