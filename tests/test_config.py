@@ -108,12 +108,14 @@ def test_example_file_loads() -> None:
     settings = load_settings(EXAMPLE, environ={})
     assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
     assert settings.store.url == "sqlite:///./data/gateway.db"
-    (route,) = settings.routes
+    route, mcp = settings.routes
     assert (route.name, route.prefix, route.upstream) == (
         "tickets",
         "/tickets",
         "http://127.0.0.1:9000",
     )
+    assert (mcp.kind, mcp.prefix, mcp.upstream) == ("mcp", "/mcp", "http://127.0.0.1:9100/mcp")
+    assert (mcp.require_key, mcp.forward_key, mcp.probe) == (False, "operation_id", None)
     assert route.max_body == 1 << 20
     assert route.forward_key == "operation_id"
     assert route.probe is not None

@@ -170,7 +170,7 @@ async def test_request_cut_off_by_a_hang_up_is_never_forwarded(
     await assert_nothing_happened(small, upstream)
 
 
-# Fixed (gateway/proxy/view.py _read_body + gateway/web/problems.py problem_middleware): the
+# Fixed (gateway/proxy/view.py read_body + gateway/web/problems.py problem_middleware): the
 # ConnectionResetError from reading the body of a caller that hung up is not a
 # GatewayError, so it is logged as "unexpected error" with a traceback and the
 # request log records a 500; any client can fill the error log this way.

@@ -8,10 +8,11 @@ exists), so the two models and that cross-check live together here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     Field,
@@ -36,6 +37,15 @@ from gateway.config.fields import (
     _not_empty,
     _Problems,
 )
+
+
+def _tool_name(value: str) -> str:
+    if not value or len(value) > 128 or any(not " " < char <= "~" for char in value):
+        raise ValueError(f"invalid tool name {value!r}: 1-128 printable ASCII characters")
+    return value
+
+
+ToolName = Annotated[str, AfterValidator(_tool_name)]
 
 
 class ProbeSettings(BaseModel):
@@ -124,6 +134,26 @@ class RouteSettings(BaseModel):
     tls_client_key: Path | None = None
     upstream_headers: dict[str, str] = Field(default_factory=dict)
     probe: ProbeSettings | None = None
+    max_call: Duration = Field(default=3600.0, gt=0)
+    """MCP routes: the most a protected call may take; then it is `unknown`."""
+
+    # MCP routes (`kind = "mcp"`): the route fronts one Streamable HTTP endpoint.
+    kind: Literal["http", "mcp"] = "http"
+    protect_tools: tuple[ToolName, ...] = ("*",)
+    skip_tools: tuple[ToolName, ...] = ()
+    trust_read_only_hint: bool = True
+    derive_key: Literal["arguments", False] = False
+    derived_key_retention: Duration = Field(default=600.0, gt=0)
+    status_tool: ToolName | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mcp_defaults(cls, data: Any) -> Any:
+        # On an MCP route a call without a key passes through unless the route
+        # asks for keys: MCP clients that cannot send one must keep working.
+        if isinstance(data, dict) and data.get("kind") == "mcp" and "require_key" not in data:
+            return {**data, "require_key": False}
+        return data
 
     @field_validator("prefix")
     @classmethod
@@ -178,11 +208,42 @@ class RouteSettings(BaseModel):
             for name in ("tls_ca", "tls_client_cert", "tls_client_key"):
                 if getattr(self, name) is not None:
                     problems.append(((name,), "only applies to an https:// upstream"))
+        if self.kind == "mcp":
+            problems.extend(self._mcp_problems())
+        else:
+            problems.extend(self._http_problems())
         if (probe_problem := self._probe_path_problem()) is not None:
             problems.append((("probe", "path"), probe_problem))
         if problems:
             raise _Problems(*problems)
         return self
+
+    def _mcp_problems(self) -> list[tuple[_Loc, str]]:
+        problems: list[tuple[_Loc, str]] = []
+        if self.probe is not None:
+            problems.append(
+                (("probe",), "an MCP route has no probe: a tool call cannot be looked up upstream")
+            )
+        if self.status_tool is not None:
+            problems.append(
+                (
+                    ("status_tool",),
+                    "is not built yet: look operations up with GET /operations/<key>",
+                )
+            )
+        if self.status_tool is not None and self.status_tool in self.protect_tools:
+            problems.append(
+                (("status_tool",), "is answered by the gateway; it cannot be protected")
+            )
+        return problems
+
+    def _http_problems(self) -> list[tuple[_Loc, str]]:
+        defaults = RouteSettings.model_fields
+        return [
+            ((name,), 'only applies to an MCP route (kind = "mcp")')
+            for name in _MCP_ONLY
+            if getattr(self, name) != defaults[name].default
+        ]
 
     def _probe_path_problem(self) -> str | None:
         """Why the probe path cannot name the effect the upstream saw, if it cannot.
@@ -191,7 +252,7 @@ class RouteSettings(BaseModel):
         anything else, the upstream answers "not applied" for an effect that
         exists, the key is released, and the retry is a second effect.
         """
-        if self.probe is None:
+        if self.probe is None or self.kind == "mcp":
             return None
         route = f'route "{self.name}"'
         named = set(_PLACEHOLDER_RE.findall(self.probe.path))
@@ -219,6 +280,16 @@ class RouteSettings(BaseModel):
             )
         return None
 
+
+_MCP_ONLY = (
+    "protect_tools",
+    "skip_tools",
+    "trust_read_only_hint",
+    "derive_key",
+    "derived_key_retention",
+    "status_tool",
+    "max_call",
+)
 
 _FORWARDED = {
     "operation_id": "the operation id",

@@ -18,6 +18,7 @@ translate to and from its calls; stores persist what is decided here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -31,12 +32,15 @@ from gateway.engine.errors import (
     LeaseLost,
     StoreUnavailable,
     UpstreamError,
+    UpstreamTimeout,
     UpstreamUnreachable,
 )
 from gateway.engine.exchange import (
+    Dialect,
     LifecycleObserver,
     NoObserver,
     ProxyRequest,
+    Released,
     Reply,
     StoreTimer,
     UpstreamAnswer,
@@ -221,7 +225,7 @@ class IdempotencyEngine:
             path=request.path,
             owner=self._keeper.owner,
             lease_seconds=self._settings.lease,
-            tombstone_seconds=self._settings.tombstone_retention,
+            tombstone_seconds=request.retention or self._settings.tombstone_retention,
         )
 
     async def _attempt(
@@ -268,6 +272,8 @@ class IdempotencyEngine:
     async def _send(self, request: ProxyRequest, operation: Operation) -> tuple[Reply, bool]:
         """Send once and record the outcome; True when the reply's stream carries the
         rest of the attempt (an answer too large to keep, see `_relay`)."""
+        if request.dialect is not None:
+            return await self._send_in_dialect(request, operation, request.dialect), False
         route = request.route
         started = self._clock.monotonic()
         try:
@@ -293,6 +299,56 @@ class IdempotencyEngine:
         self._upstream_done(request, started)
         self._inject_fault("after_response")
         return await self._record(request, operation, reply, body), False
+
+    async def _send_in_dialect(
+        self, request: ProxyRequest, operation: Operation, dialect: Dialect
+    ) -> Reply:
+        """Send a front end's call (see `Dialect`) once, and record what its answer means.
+
+        The whole exchange is bounded by the route's `max_call`: a call whose
+        answer has not come by then is `unknown`, as any answer that stops.
+        """
+        route = request.route
+        started = self._clock.monotonic()
+        answer: UpstreamAnswer | None = None
+        try:
+            answer = await self._forwarder.send(
+                route,
+                dialect.send_method,
+                request.upstream_url,
+                self._with_forwarded_key(request, operation),
+                dialect.body_for(self._forwarded_keys.of(route, operation)),
+            )
+            self._inject_fault("after_send")
+            try:
+                async with asyncio.timeout(route.max_call):
+                    outcome = await dialect.outcome(answer)
+            except TimeoutError as exc:
+                raise UpstreamTimeout(
+                    f"no complete answer within the route's max_call ({route.max_call:g}s)"
+                ) from exc
+        except UpstreamUnreachable as exc:
+            self._upstream_done(request, started)
+            state = await self._outcomes.release(request, operation, exc.detail)
+            raise exc.about(request.key, state.value) from exc
+        except UpstreamError as exc:
+            self._upstream_done(request, started)
+            state = await self._outcomes.mark_unknown(request, operation, exc)
+            raise exc.about(request.key, state.value) from exc
+        finally:
+            if answer is not None:
+                answer.close()
+        self._upstream_done(request, started)
+        self._inject_fault("after_response")
+        if isinstance(outcome, Released):
+            state = await self._outcomes.release(
+                request, operation, outcome.detail, status=outcome.status
+            )
+            return Reply(outcome.status, outcome.headers, outcome.body, state, key=request.key)
+        stored = outcome.stored
+        state = await self._outcomes.complete(request, operation, stored, retained=True)
+        self._inject_fault("after_receipt")
+        return Reply(stored.status, stored.headers, stored.body, state, key=request.key)
 
     def _upstream_done(self, request: ProxyRequest, started: float) -> None:
         seconds = self._clock.monotonic() - started

@@ -88,10 +88,54 @@ class RequestTrace:
     """What went wrong inside (a host, driver text): for the log line only."""
 
 
-class ProxyRequest(NamedTuple):
-    """A protected request the HTTP layer has parsed, scoped and fingerprinted.
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The upstream's answer to a protected call, to keep and replay."""
 
-    `wait_seconds` comes from `Prefer: wait=N`, already capped by `max_wait`.
+    stored: StoredResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The upstream proved it did not process the call: the key is released and
+    its answer passed on as it came."""
+
+    status: int
+    headers: Pairs
+    body: bytes
+    detail: str
+
+
+AnswerOutcome = Receipt | Released
+
+
+class Dialect(Protocol):
+    """How a front end that is not plain HTTP sends a protected call and reads
+    its answer (the MCP front end: the key goes in the JSON-RPC body, the
+    receipt is one response inside a stream).
+
+    `outcome` raises `UpstreamError` (`UpstreamTimeout`,
+    `UpstreamConnectionLost`) when the answer cannot tell whether the call
+    took effect: the engine then marks the operation `unknown`.
+    """
+
+    send_method: str
+
+    def body_for(self, forwarded_key: str | None) -> bytes:
+        """The body to send, carrying the forwarded key where the protocol wants it."""
+
+    async def outcome(self, answer: UpstreamAnswer) -> AnswerOutcome:
+        """Read the answer (as far as needed) and say what it means."""
+
+
+class ProxyRequest(NamedTuple):
+    """A protected request a front end has parsed, scoped and fingerprinted.
+
+    `method` and `path` are what the record shows (`tools/call` and the tool
+    name on MCP routes); `wait_seconds` comes from `Prefer: wait=N`, already
+    capped by `max_wait`. `dialect`, when set, sends the call and reads its
+    answer instead of the plain HTTP exchange. `retention`, when set, replaces
+    both the receipt and the tombstone retention (derived MCP keys).
     """
 
     route: RouteSettings
@@ -105,6 +149,8 @@ class ProxyRequest(NamedTuple):
     fingerprint: str
     wait_seconds: float = 0.0
     trace: RequestTrace | None = None
+    dialect: Dialect | None = None
+    retention: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,8 +57,8 @@ class OutcomeWriter:
                 operation.token,
                 stored,
                 body_retained=retained,
-                retention_seconds=self._settings.retention,
-                tombstone_seconds=self._settings.tombstone_retention,
+                retention_seconds=request.retention or self._settings.retention,
+                tombstone_seconds=request.retention or self._settings.tombstone_retention,
                 resolution=Resolution(by="upstream", at=self._clock.time()),
             )
 
@@ -85,7 +85,7 @@ class OutcomeWriter:
                 operation.id,
                 operation.token,
                 evidence,
-                tombstone_seconds=self._settings.tombstone_retention,
+                tombstone_seconds=request.retention or self._settings.tombstone_retention,
             )
 
         return await self._fenced_write(request, operation, "release", write, lambda: evidence)

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from gateway.engine.errors import InvalidRequest, NoRoute
 
@@ -55,12 +55,22 @@ class RouteTable:
         for route in self._routes:
             prefix = route.prefix
             if raw_path == prefix or raw_path.startswith(prefix + "/"):
-                remainder = raw_path[len(prefix) :] or "/"
-                url = route.upstream + remainder
+                url = route.upstream + _remainder(route, raw_path[len(prefix) :])
                 if query_string:
                     url += "?" + query_string
                 return RouteMatch(route=route, upstream_url=url)
         raise NoRoute(f"no route matches the path {raw_path!r}")
+
+
+def _remainder(route: RouteSettings, remainder: str) -> str:
+    """The path after the prefix. The prefix itself reaches the upstream's root, except
+    on an MCP route, whose upstream URL is the server's one endpoint (`/mcp`), as is:
+    servers redirect `/mcp/` there, and MCP clients do not follow redirects."""
+    if remainder:
+        return remainder
+    if route.kind == "mcp" and urlsplit(route.upstream).path:
+        return ""
+    return "/"
 
 
 def check_path(raw_path: str) -> None:

@@ -78,14 +78,21 @@ def _refuse_own_path(path: str, method: str) -> None:
             raise MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
 
 
-async def proxy(request: web.Request) -> web.StreamResponse:
-    app = request.app
+def match_route(request: web.Request) -> RouteMatch:
+    """The route a proxied request belongs to (`no-route` and 405 on own paths raise)."""
     url = request.rel_url
     _refuse_own_path(request.path, request.method)
+    match = request.app[ROUTES].match(url.raw_path, url.raw_query_string)
+    request[TRACE].route = match.route.name
+    return match
+
+
+async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamResponse:
+    """Answer a request on a plain HTTP route."""
+    app = request.app
+    url = request.rel_url
     trace = request[TRACE]
-    match = app[ROUTES].match(url.raw_path, url.raw_query_string)
     route = match.route
-    trace.route = route.name
     caller = app[SCOPES].resolve(request.headers)
     trace.scope = caller.scope
     if route.clients is not None and caller.client not in route.clients:
@@ -98,7 +105,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
             f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
         )
     body = await read_in_time(
-        request, lambda: _read_body(request, route.max_body), app[SETTINGS].server.client_timeout
+        request, lambda: read_body(request, route.max_body), app[SETTINGS].server.client_timeout
     )
     engine = app[ENGINE]
     metrics = app[METRICS]
@@ -106,7 +113,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     if key is None:
         trace.outcome = "passthrough"
         metrics.passthrough.labels(route.name).inc()
-        headers = _forward_headers(request, caller)
+        headers = forward_headers(request, caller)
         return await write_reply(
             request,
             await _pass_through(app[FORWARDER], route, request.method, match, headers, body),
@@ -137,19 +144,19 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     try:
         reply = engine.answer_from_receipt(proxy_request)
         if reply is None:
-            headers = _forward_headers(request, caller)
-            reply = await _execute(app, proxy_request._replace(headers=headers))
+            headers = forward_headers(request, caller)
+            reply = await execute_detached(app, proxy_request._replace(headers=headers))
     except GatewayError as error:
-        trace.outcome, trace.state = _outcome_of(error), error.state
+        trace.outcome, trace.state = outcome_of(error), error.state
         metrics.request(route.name, trace.outcome)
         raise
-    trace.outcome = _outcome_of_reply(reply)
+    trace.outcome = outcome_of_reply(reply)
     trace.state = reply.state.value if reply.state is not None else None
     metrics.request(route.name, trace.outcome)
     return await write_reply(request, reply)
 
 
-async def _execute(app: web.Application, proxy_request: ProxyRequest) -> Reply:
+async def execute_detached(app: web.Application, proxy_request: ProxyRequest) -> Reply:
     """Run the engine in its own task: a caller that goes away cancels nothing."""
     task: asyncio.Task[Reply] = asyncio.ensure_future(app[ENGINE].execute(proxy_request))
     _keep_until_done(app, task)
@@ -179,7 +186,7 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
         # answer too large to keep is recorded with its last byte) for the retry.
         await _drain(reply.stream)
     except UpstreamError:
-        _cut_short(request)
+        cut_short(request)
     finally:
         if reply.close is not None:
             reply.close()
@@ -194,7 +201,7 @@ async def _drain(stream: AsyncIterator[bytes]) -> None:
         pass  # recorded by the engine; nobody is listening any more
 
 
-def _cut_short(request: web.Request) -> None:
+def cut_short(request: web.Request) -> None:
     """The upstream's body broke off after the status line went out with the first bytes:
     no problem response can follow. The caller sees the body end early, as the upstream's
     did, and its lookup says the rest (the engine recorded the key `unknown`)."""
@@ -236,7 +243,7 @@ def _preferred_wait(values: list[str], cap: float) -> float:
     return 0.0
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int) -> bytes:
     codings = [
         coding.strip().lower()
         for value in request.headers.getall("Transfer-Encoding", [])
@@ -253,7 +260,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise InvalidRequest(f"the request body could not be read: {exc}") from exc
 
 
-def _forward_headers(request: web.Request, caller: CallerScope) -> Pairs:
+def forward_headers(request: web.Request, caller: CallerScope) -> Pairs:
     drop = _NOT_FORWARDED | {"authorization"} if caller.strips_authorization else _NOT_FORWARDED
     pairs = end_to_end(
         ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers),
@@ -288,7 +295,7 @@ def _forget(background: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Reply]
     return done
 
 
-def _outcome_of_reply(reply: Reply) -> str:
+def outcome_of_reply(reply: Reply) -> str:
     if reply.replayed:
         return "replayed"
     if reply.state is not None and reply.state.value == "released":
@@ -296,7 +303,7 @@ def _outcome_of_reply(reply: Reply) -> str:
     return "forwarded"
 
 
-def _outcome_of(error: GatewayError) -> str:
+def outcome_of(error: GatewayError) -> str:
     if isinstance(error, KeyMismatch):
         return "mismatch"
     if isinstance(error, InProgress):

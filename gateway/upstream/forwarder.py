@@ -158,7 +158,7 @@ class Forwarder:
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=_AUTO_HEADERS,
-                timeout=aiohttp.ClientTimeout(total=route.timeout),
+                timeout=_timeout(route),
             )
             # aiohttp resends idempotent methods once on a dead pooled connection and
             # offers no public switch (aio-libs/aiohttp#10790); a resend is a second
@@ -199,6 +199,16 @@ class Forwarder:
         except BaseException as exc:
             raise _ambiguous(exc) from exc
         return UpstreamReply(response)
+
+
+def _timeout(route: RouteSettings) -> aiohttp.ClientTimeout:
+    """HTTP routes: `timeout` bounds the whole exchange. MCP routes: it bounds the
+    silence between bytes (servers send `: ping` on long calls, and a server
+    stream lives as long as its session); a protected call's total is `max_call`,
+    enforced by the engine."""
+    if route.kind == "mcp":
+        return aiohttp.ClientTimeout(total=None, connect=route.timeout, sock_read=route.timeout)
+    return aiohttp.ClientTimeout(total=route.timeout)
 
 
 def _with_route_headers(

@@ -91,7 +91,7 @@ async def resolve_operation(request: web.Request) -> web.Response:
         operation,
         outcome=body.outcome,
         by="admin",
-        response=body.response.stored() if body.response else None,
+        response=body.receipt_for(operation),
         note=body.note,
         expected_version=expected_version(request, operation),
     )

@@ -30,9 +30,10 @@ from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
 from gateway.engine.scopes import ScopeResolver
 from gateway.engine.sweeper import Sweeper
+from gateway.mcp.hints import ReadOnlyHints
+from gateway.mcp.sessions import SessionTags
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
-from gateway.proxy.view import proxy
 from gateway.store.factory import make_store
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.admin_view import (
@@ -45,12 +46,16 @@ from gateway.web.appkeys import (
     BACKGROUND,
     ENGINE,
     FORWARDER,
+    MCP_CALLS_IN_FLIGHT,
+    MCP_HINTS,
+    MCP_SESSIONS,
     METRICS,
     ROUTES,
     SCOPES,
     SETTINGS,
     STORE,
 )
+from gateway.web.dispatch import proxy
 from gateway.web.listeners import LISTENERS, Listeners, listener_middleware
 from gateway.web.metrics import GatewayMetrics
 from gateway.web.openapi import openapi_json
@@ -90,6 +95,8 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = GatewayMetrics(version=__version__)
     app[ROUTES] = RouteTable(settings.routes)
+    app[MCP_HINTS] = ReadOnlyHints()
+    app[MCP_CALLS_IN_FLIGHT] = {}
     app[BACKGROUND] = set()
     app.cleanup_ctx.append(_services)
 
@@ -146,6 +153,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         shared_scope=settings.idempotency.shared_scope,
         secret=scope_secret,
     )
+    app[MCP_SESSIONS] = SessionTags(scope_secret)
     try:
         yield
     finally:

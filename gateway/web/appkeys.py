@@ -11,6 +11,8 @@ from gateway.config import Settings
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.exchange import RequestTrace
 from gateway.engine.scopes import ScopeResolver
+from gateway.mcp.hints import ReadOnlyHints
+from gateway.mcp.sessions import SessionTags
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
 from gateway.upstream.forwarder import Forwarder
@@ -24,6 +26,13 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 ROUTES = web.AppKey("routes", RouteTable)
 SCOPES = web.AppKey("scopes", ScopeResolver)
 BACKGROUND = web.AppKey("background", set[asyncio.Task[Any]])
+MCP_HINTS = web.AppKey("mcp_hints", ReadOnlyHints)
+"""What each MCP route's server says is read-only, learned from its `tools/list` answers."""
+MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)
+"""Binds MCP session ids to the scope that opened them (with `[[clients]]`)."""
+MCP_CALLS_IN_FLIGHT = web.AppKey("mcp_calls_in_flight", dict[tuple[str, str, str], int])
+"""Protected MCP calls being sent, by (scope, session, request id): cancellations of
+these are held back."""
 
 TRACE = web.RequestKey("trace", RequestTrace)
 """What one request's log line reports; set by the request-log middleware."""

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.engine.models import Operation, State, StoredResponse
+from gateway.mcp.replies import TOOL_CALL, receipt_json
 
 
 def iso(ts: float | None) -> str | None:
@@ -91,6 +92,11 @@ def operation_json(
         "fencing_token": operation.token,
         "safe_to_retry": safe_to_retry(operation),
     }
+    if operation.method == TOOL_CALL:
+        # An MCP operation's receipt is the tool result (or the server's error).
+        del document["response"]
+        kept = operation.response if operation.receipt_available() else None
+        document.update(receipt_json(kept) if kept is not None else {"result": None})
     if lookup_url is not None:
         document["operation"] = lookup_url
     if include_scope:

@@ -127,7 +127,7 @@ async def resolve(request: web.Request) -> web.Response:
         operation,
         outcome=body.outcome,
         by="owner",
-        response=body.response.stored() if body.response else None,
+        response=body.receipt_for(operation),
         note=body.note,
         expected_version=expected_version(request, operation),
     )

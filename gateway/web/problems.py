@@ -10,6 +10,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
@@ -34,12 +35,34 @@ def operation_url(key: str) -> str:
 def problem_response(
     error: GatewayError, *, instance: str | None = None, request_id: str | None = None
 ) -> web.Response:
-    """The problem+json answer for one error, with the key headers when a key is concerned.
+    """The problem+json answer for one error, with the key headers when a key is concerned."""
+    document = problem_document(error, instance=instance, request_id=request_id)
+    headers: dict[str, str] = {}
+    if isinstance(error, MethodNotAllowed) and error.allow:
+        headers["Allow"] = error.allow
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+    if error.key is not None:
+        headers[IDEMPOTENCY_KEY] = format_key_header(error.key)
+        if error.state is not None:
+            headers[IDEMPOTENCY_STATUS] = error.state
+    return web.Response(
+        status=error.status,
+        body=json.dumps(document).encode(),
+        content_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+def problem_document(
+    error: GatewayError, *, instance: str | None = None, request_id: str | None = None
+) -> dict[str, Any]:
+    """The RFC 9457 document for one error (the MCP front end puts it in `_meta`).
 
     Only `detail` describes what went wrong; `error.internal` (hosts, driver
     text) never goes into it. `request_id` finds the log line that has it.
     """
-    document: dict[str, object] = {
+    document: dict[str, Any] = {
         "type": error.type_uri,
         "title": error.title,
         "status": error.status,
@@ -58,21 +81,7 @@ def problem_response(
         document["operation_id"] = error.operation_id
     if error.safe_to_retry is not None:
         document["safe_to_retry"] = error.safe_to_retry
-    headers: dict[str, str] = {}
-    if isinstance(error, MethodNotAllowed) and error.allow:
-        headers["Allow"] = error.allow
-    if error.retry_after is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
-    if error.key is not None:
-        headers[IDEMPOTENCY_KEY] = format_key_header(error.key)
-        if error.state is not None:
-            headers[IDEMPOTENCY_STATUS] = error.state
-    return web.Response(
-        status=error.status,
-        body=json.dumps(document).encode(),
-        content_type=PROBLEM_JSON,
-        headers=headers,
-    )
+    return document
 
 
 @web.middleware
@@ -97,6 +106,13 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 def _answer(request: web.Request, error: GatewayError) -> web.Response:
+    request_id = log_internal(request, error)
+    return problem_response(error, instance=request.path, request_id=request_id)
+
+
+def log_internal(request: web.Request, error: GatewayError) -> str | None:
+    """Log what the caller is never told (`error.internal`) on the request's line;
+    return the request id that finds it."""
     trace = request.get(TRACE)
     request_id = trace.request_id if trace is not None else None
     if error.internal is not None:
@@ -110,4 +126,4 @@ def _answer(request: web.Request, error: GatewayError) -> web.Response:
             error.internal,
             extra={"event": "problem", "request_id": request_id, "error": error.internal},
         )
-    return problem_response(error, instance=request.path, request_id=request_id)
+    return request_id

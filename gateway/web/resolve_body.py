@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -25,7 +25,8 @@ from pydantic import (
 )
 
 from gateway.engine.errors import InvalidRequest
-from gateway.engine.models import StoredResponse
+from gateway.engine.models import Operation, StoredResponse
+from gateway.mcp.replies import TOOL_CALL, stored_result
 from gateway.upstream.headers import end_to_end
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field name
@@ -112,13 +113,30 @@ class ResolveBody(BaseModel):
 
     outcome: Literal["applied", "not_applied"]
     response: ResolveResponse | None = None
+    result: dict[str, Any] | None = None
+    """For an MCP operation: the tool result (`content`, `structuredContent`, `isError`)."""
     note: StorableText | None = Field(default=None, max_length=2000)
 
     @model_validator(mode="after")
     def _response_only_when_applied(self) -> ResolveBody:
-        if self.outcome == "not_applied" and self.response is not None:
-            raise ValueError("a not_applied resolution carries no response")
+        if self.outcome == "not_applied" and (self.response or self.result) is not None:
+            raise ValueError("a not_applied resolution carries no response or result")
+        if self.response is not None and self.result is not None:
+            raise ValueError("send a response (HTTP operation) or a result (MCP), not both")
         return self
+
+    def receipt_for(self, operation: Operation) -> StoredResponse | None:
+        """The receipt to store, in the form the operation's front end replays."""
+        if operation.method == TOOL_CALL:
+            if self.response is not None:
+                raise InvalidRequest(
+                    'an MCP operation is resolved with a "result" (the tool result), '
+                    'not a "response"'
+                )
+            return stored_result(self.result) if self.result is not None else None
+        if self.result is not None:
+            raise InvalidRequest('an HTTP operation is resolved with a "response", not a "result"')
+        return self.response.stored() if self.response else None
 
 
 def parse_resolve_body(raw: bytes) -> ResolveBody:

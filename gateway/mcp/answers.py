@@ -1,0 +1,149 @@
+"""How a protected `tools/call` is sent, and how the server's answer becomes an outcome.
+
+The engine claims, sends and records; this module tells it, for one MCP call,
+what to send (the call with the forwarded key in `params._meta`) and what
+the answer means:
+
+- 404 (the server does not know the session: nothing was processed), 401,
+  403 and the route's `release_statuses` release the key and pass through as
+  the server sent them;
+- any other non-2xx, or a 2xx whose body or stream ends without the
+  response to this call, is `unknown`: the tool may have run;
+- the response to this call is the receipt, kept as the exact bytes
+  received, unless it is MCP's "request cancelled" (`-32800`): the tool may
+  have applied its effect before the cancellation, so that is `unknown` too.
+
+Progress notifications and other events that come before the response in a
+stream are handed to `on_event` as they arrive, so the caller sees them live;
+they are not part of the receipt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from gateway.engine.errors import UpstreamConnectionLost
+from gateway.engine.exchange import AnswerOutcome, Receipt, Released
+from gateway.engine.models import StoredResponse
+from gateway.mcp.calls import KEY_META, ToolCall
+from gateway.mcp.jsonrpc import REQUEST_CANCELLED, JsonRpcError, parse_message
+from gateway.mcp.replies import dumps, strip_owned_meta
+from gateway.mcp.sse import SseDecoder, encode_event
+
+if TYPE_CHECKING:
+    from gateway.config import RouteSettings
+    from gateway.engine.exchange import UpstreamAnswer
+
+__all__ = ["RELEASING_STATUSES", "McpCall"]
+
+RELEASING_STATUSES = frozenset({401, 403, 404})
+"""Statuses that prove the server did not process the call (404: unknown session)."""
+
+JSON_HEADERS = (("Content-Type", "application/json"),)
+
+EventSink = Callable[[bytes], Awaitable[None]]
+
+
+class McpCall:
+    """One protected call's dialect: the engine's `Dialect` for MCP."""
+
+    send_method = "POST"
+
+    def __init__(
+        self,
+        route: RouteSettings,
+        call: ToolCall,
+        document: dict[str, Any],
+        *,
+        on_event: EventSink | None = None,
+    ) -> None:
+        self._route = route
+        self._call = call
+        self._document = document
+        self._on_event = on_event
+
+    def body_for(self, forwarded_key: str | None) -> bytes:
+        """The call as sent upstream: the caller's key replaced by the forwarded key
+        (or removed, with `forward_key = false`)."""
+        params = dict(self._document.get("params") or {})
+        meta = {k: v for k, v in (params.get("_meta") or {}).items() if k != KEY_META}
+        if forwarded_key is not None:
+            meta[KEY_META] = forwarded_key
+        if meta:
+            params["_meta"] = meta
+        else:
+            params.pop("_meta", None)
+        return dumps({**self._document, "params": params})
+
+    async def outcome(self, answer: UpstreamAnswer) -> AnswerOutcome:
+        status = answer.status
+        if status in RELEASING_STATUSES or status in self._route.release_statuses:
+            body = await answer.read(self._route.max_stored_response) or b""
+            return Released(
+                status=status,
+                headers=answer.headers,
+                body=body,
+                detail=f"the MCP server refused the call with HTTP {status}; it was not processed",
+            )
+        if not 200 <= status < 300:
+            raise UpstreamConnectionLost(
+                f"the MCP server answered HTTP {status} instead of the tool's answer"
+            )
+        content_type = _header(answer.headers, "content-type") or ""
+        if content_type.split(";", 1)[0].strip().lower() == "text/event-stream":
+            return await self._from_stream(answer)
+        whole = await answer.read(self._route.max_stored_response)
+        if whole is None:
+            raise UpstreamConnectionLost(
+                "the MCP server's answer was larger than max_stored_response"
+            )
+        receipt = self._receipt_of(whole)
+        if receipt is None:
+            raise UpstreamConnectionLost("the MCP server's answer holds no response to this call")
+        return receipt
+
+    async def _from_stream(self, answer: UpstreamAnswer) -> AnswerOutcome:
+        decoder = SseDecoder()
+        limit = self._route.max_stored_response
+        async for chunk in answer.rest():
+            for event in decoder.feed(chunk):
+                data = event.data.encode()
+                receipt = self._receipt_of(data) if len(data) <= limit else None
+                if receipt is not None:
+                    return receipt
+                await self._forward(encode_event(event.data, event=_named(event.event)))
+        raise UpstreamConnectionLost("the MCP server's stream ended without the tool's answer")
+
+    def _receipt_of(self, data: bytes) -> Receipt | None:
+        """The receipt, when `data` is the response to this call; None otherwise."""
+        try:
+            message = parse_message(data)
+        except JsonRpcError:
+            return None
+        if message.kind != "response" or message.id != self._call.id:
+            return None
+        error = message.document.get("error")
+        if isinstance(error, dict) and error.get("code") == REQUEST_CANCELLED:
+            raise UpstreamConnectionLost(
+                "the MCP server answered 'request cancelled' (-32800): the tool may have "
+                "applied its effect before the cancellation"
+            )
+        cleaned = strip_owned_meta(message.document)
+        body = data if cleaned == message.document else dumps(cleaned)
+        return Receipt(StoredResponse(status=200, headers=JSON_HEADERS, body=body))
+
+    async def _forward(self, event: bytes) -> None:
+        if self._on_event is not None:
+            await self._on_event(event)
+
+
+def _named(event: str) -> str | None:
+    return None if event == "message" else event
+
+
+def _header(headers: Any, name: str) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return str(value)
+    return None

@@ -1,0 +1,167 @@
+"""What an MCP client gets back from the gateway itself: replays and refusals.
+
+A replay is the stored JSON-RPC response under the new request's `id` (its
+type kept: a client matches responses to requests by id), marked in
+`result._meta.idempotencyReplayed` (or `error.data` for an error receipt).
+
+A refusal the model must read is a tool result with `isError: true`, not a
+transport error: MCP reports tool failures in the result so the model can
+see them and act, and the SDKs turn an HTTP error body into a bare "Server
+returned an error response". The problem goes in `_meta.idempotency`.
+
+The gateway owns `_meta.idempotencyReplayed` and `_meta.idempotency`: copies
+an upstream server sent are removed from every answer, so a client can trust
+them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.engine.models import StoredResponse
+from gateway.mcp.jsonrpc import RequestId, parse_object
+
+__all__ = [
+    "OWNED_META",
+    "REPLAYED_META",
+    "STATE_META",
+    "refusal_result",
+    "replay_document",
+    "strip_owned_meta",
+]
+
+TOOL_CALL = "tools/call"
+"""The `method` of every MCP operation (its `path` is the tool name)."""
+
+REPLAYED_META = "idempotencyReplayed"
+STATE_META = "idempotency"
+OWNED_META = (REPLAYED_META, STATE_META)
+
+_SENTENCES = {
+    "outcome-unknown": (
+        "The gateway cannot tell whether this tool call took effect: its earlier attempt "
+        "was sent and no complete answer came back. Do not call it again, not even under a "
+        "new id: ask the user or look the operation up; an operator must settle it."
+    ),
+    "in-progress": (
+        "An earlier attempt of this exact call is still running. Wait, then retry the same "
+        "call with the same key."
+    ),
+    "key-mismatch": (
+        "This idempotency key was already used for a different tool call. Use a new key "
+        "for a new call; the earlier call's key cannot be reused for other arguments."
+    ),
+    "receipt-expired": (
+        "This call already took effect earlier, and its stored result has expired; it will "
+        "not be run again. Look it up instead of retrying."
+    ),
+    "receipt-not-retained": (
+        "This call already took effect earlier, and its result was too large to keep; it "
+        "will not be run again."
+    ),
+}
+
+
+def strip_owned_meta(response: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-RPC response without the gateway's own `_meta` keys (an upstream
+    cannot forge "replayed" or a state)."""
+    result = response.get("result")
+    if isinstance(result, dict) and isinstance(result.get("_meta"), dict):
+        meta = {k: v for k, v in result["_meta"].items() if k not in OWNED_META}
+        result = {**result, "_meta": meta} if meta else _without(result, "_meta")
+        response = {**response, "result": result}
+    error = response.get("error")
+    if isinstance(error, dict) and isinstance(error.get("data"), dict):
+        data = {k: v for k, v in error["data"].items() if k not in OWNED_META}
+        response = {**response, "error": {**error, "data": data}}
+    return response
+
+
+def replay_document(stored: bytes, new_id: RequestId) -> dict[str, Any]:
+    """The stored response, re-addressed to `new_id` and marked replayed.
+
+    >>> stored = b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'
+    >>> replay_document(stored, "a-7")["id"], replay_document(stored, "a-7")["result"]["_meta"]
+    ('a-7', {'idempotencyReplayed': True})
+    """
+    response = strip_owned_meta(parse_object(stored))
+    response["id"] = new_id
+    if isinstance(response.get("result"), dict):
+        result = response["result"]
+        result["_meta"] = {**result.get("_meta", {}), REPLAYED_META: True}
+    elif isinstance(response.get("error"), dict):
+        error = response["error"]
+        data = error.get("data")
+        error["data"] = (
+            {**data, REPLAYED_META: True}
+            if isinstance(data, dict)
+            else {
+                REPLAYED_META: True,
+                **({"original": data} if data is not None else {}),
+            }
+        )
+    return response
+
+
+def refusal_result(
+    message_id: RequestId, problem: dict[str, Any], *, sentence: str | None = None
+) -> dict[str, Any]:
+    """A tool result that tells the model, in one sentence, what happened and
+    what to do; the problem (type, state, key, operation, safe_to_retry) in
+    `_meta.idempotency` for code that reads it.
+
+    >>> doc = refusal_result(4, {"type": "outcome-unknown", "state": "unknown"})
+    >>> doc["result"]["isError"], doc["result"]["_meta"]["idempotency"]["type"]
+    (True, 'outcome-unknown')
+    """
+    kind = str(problem.get("type", "")).rsplit("/", 1)[-1]
+    text = sentence or _SENTENCES.get(kind) or _default_sentence(problem)
+    meta = {name: problem[name] for name in _PROBLEM_FIELDS if name in problem}
+    meta["type"] = kind
+    return {
+        "jsonrpc": "2.0",
+        "id": message_id,
+        "result": {
+            "isError": True,
+            "content": [{"type": "text", "text": text}],
+            "_meta": {STATE_META: meta},
+        },
+    }
+
+
+_PROBLEM_FIELDS = ("type", "title", "detail", "state", "key", "operation", "safe_to_retry")
+
+
+def _default_sentence(problem: dict[str, Any]) -> str:
+    detail = problem.get("detail") or problem.get("title") or "the gateway refused this call"
+    if problem.get("safe_to_retry"):
+        return f"The call was not made ({detail}). It is safe to retry it with the same key."
+    return f"The call was refused ({detail}). Do not retry it as it is."
+
+
+def _without(document: dict[str, Any], name: str) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k != name}
+
+
+def receipt_json(stored: StoredResponse) -> dict[str, Any]:
+    """An MCP receipt as the operation JSON shows it: `{"result": ...}` or `{"error": ...}`."""
+    try:
+        response = parse_object(stored.body)
+    except ValueError:
+        return {"result": None}
+    if isinstance(response, dict) and "error" in response:
+        return {"error": response["error"]}
+    return {"result": response.get("result") if isinstance(response, dict) else None}
+
+
+def stored_result(result: dict[str, Any]) -> StoredResponse:
+    """A tool result an operator vouches for, kept as a JSON-RPC response (its id is
+    replaced by each replay's)."""
+    body = dumps({"jsonrpc": "2.0", "id": None, "result": result})
+    return StoredResponse(status=200, headers=(("Content-Type", "application/json"),), body=body)
+
+
+def dumps(document: dict[str, Any]) -> bytes:
+    """Compact JSON bytes for an answer body."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

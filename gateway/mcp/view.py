@@ -1,0 +1,402 @@
+"""The MCP front end's handler: Streamable HTTP in, the engine for protected tool calls.
+
+A route with `kind = "mcp"` fronts one MCP server endpoint. Everything but a
+protected `tools/call` passes through as the server sent it, streamed live
+(initialize, discover, lists, notifications, the GET server stream, DELETE).
+A protected call is claimed, sent with the forwarded key in
+`params._meta.idempotencyKey`, and answered from the engine: live (progress
+events as they come, then the response), replayed under the new `id`, or
+refused as a tool result the model can read.
+
+Nothing here answers problem+json: the SDKs would turn it into a bare
+"Server returned an error response". Malformed messages get JSON-RPC errors
+with the problem in `error.data`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway.engine.errors import (
+    ClientNotAllowed,
+    GatewayError,
+    MissingKey,
+    UpstreamError,
+)
+from gateway.engine.exchange import ProxyRequest, Reply
+from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
+from gateway.engine.keys import format_key_header
+from gateway.engine.models import State
+from gateway.mcp.answers import McpCall
+from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
+from gateway.mcp.hints import ToolListing
+from gateway.mcp.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    JsonRpcError,
+    Message,
+    RequestId,
+    error_message,
+    parse_message,
+    parse_object,
+)
+from gateway.mcp.replies import dumps, refusal_result, replay_document
+from gateway.mcp.sessions import SESSION_HEADER
+from gateway.mcp.sse import encode_event
+from gateway.proxy.request_body import read_in_time
+from gateway.proxy.view import (
+    cut_short,
+    execute_detached,
+    forward_headers,
+    outcome_of,
+    outcome_of_reply,
+    read_body,
+)
+from gateway.web.appkeys import (
+    ENGINE,
+    FORWARDER,
+    MCP_CALLS_IN_FLIGHT,
+    MCP_HINTS,
+    MCP_SESSIONS,
+    METRICS,
+    SCOPES,
+    SETTINGS,
+    TRACE,
+)
+from gateway.web.problems import log_internal, problem_document
+
+if TYPE_CHECKING:
+    from gateway.config import RouteSettings
+    from gateway.engine.scopes import CallerScope
+    from gateway.proxy.routing import RouteMatch
+
+log = logging.getLogger("gateway.mcp")
+
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+
+
+async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamResponse:
+    """Answer one request on an MCP route; every refusal in JSON-RPC form."""
+    app = request.app
+    route = match.route
+    trace = request[TRACE]
+    message_id: RequestId | None = None
+    try:
+        caller = app[SCOPES].resolve(request.headers)
+        trace.scope = caller.scope
+        if route.clients is not None and caller.client not in route.clients:
+            raise ClientNotAllowed(f"route {route.name!r} is not open to this client")
+        if not _session_is_callers(request, caller):
+            return _json(error_message(None, INVALID_REQUEST, "Session not found"), 404)
+        body = await read_in_time(
+            request, lambda: read_body(request, route.max_body), app[SETTINGS].server.client_timeout
+        )
+        if request.method != "POST":
+            return await _pass_through(request, match, caller, body)
+        message = parse_message(body)
+        message_id = message.id
+        if message.kind == "request" and message.method == "tools/call":
+            return await _tool_call(request, match, caller, message, body)
+        if message.method == "notifications/cancelled" and _cancels_a_protected_call(
+            request, caller, message
+        ):
+            return web.Response(status=202)
+        listed = (
+            message.id if message.kind == "request" and message.method == "tools/list" else None
+        )
+        return await _pass_through(request, match, caller, body, tools_listed_by=listed)
+    except JsonRpcError as exc:
+        trace.outcome = "rejected"
+        return _json(error_message(message_id, exc.code, exc.message, exc.data or None), 400)
+    except GatewayError as error:
+        trace.outcome = "rejected"
+        request_id = log_internal(request, error)
+        problem = problem_document(error, instance=request.path, request_id=request_id)
+        code = INVALID_PARAMS if error.status == 400 else INVALID_REQUEST
+        return _json(error_message(message_id, code, error.detail, problem), error.status)
+
+
+async def _tool_call(
+    request: web.Request,
+    match: RouteMatch,
+    caller: CallerScope,
+    message: Message,
+    body: bytes,
+) -> web.StreamResponse:
+    app = request.app
+    route = match.route
+    trace = request[TRACE]
+    call = tool_call_of(
+        message,
+        header_keys=request.headers.getall(IDEMPOTENCY_KEY, []),
+        mcp_method=request.headers.get("Mcp-Method"),
+        mcp_name=request.headers.get("Mcp-Name"),
+    )
+    key, retention = call.key, None
+    if key is None:
+        if not _needs_a_key(app, route, call):
+            return await _pass_through(request, match, caller, body)
+        if route.derive_key == "arguments":
+            key, retention = derived_key(route.name, call), route.derived_key_retention
+        else:
+            raise MissingKey(
+                f"tool {call.name!r} on route {route.name!r} needs an idempotency key: "
+                "send params._meta.idempotencyKey"
+            )
+    trace.key = key
+    live = LiveAnswer(request) if _accepts(request, EVENT_STREAM) else None
+    proxy_request = ProxyRequest(
+        route=route,
+        upstream_url=match.upstream_url,
+        method="tools/call",
+        path=call.name,
+        headers=(),
+        body=body,
+        scope=caller.scope,
+        key=key,
+        fingerprint=fingerprint_call(route.name, call),
+        # A duplicate in flight waits for the outcome rather than being refused at once.
+        wait_seconds=route.timeout,
+        trace=trace,
+        dialect=McpCall(route, call, message.document, on_event=live.send if live else None),
+        retention=retention,
+    )
+    engine, metrics = app[ENGINE], app[METRICS]
+    in_flight = app[MCP_CALLS_IN_FLIGHT]
+    handle = _call_handle(request, caller, call.id)
+    try:
+        reply = engine.answer_from_receipt(proxy_request)
+        if reply is None:
+            headers = _upstream_headers(request, caller)
+            in_flight[handle] = in_flight.get(handle, 0) + 1
+            try:
+                reply = await execute_detached(app, proxy_request._replace(headers=headers))
+            finally:
+                _forget_call(in_flight, handle)
+    except GatewayError as error:
+        trace.outcome, trace.state = outcome_of(error), error.state
+        metrics.request(route.name, trace.outcome)
+        request_id = log_internal(request, error)
+        problem = problem_document(error, instance=request.path, request_id=request_id)
+        refused = _key_headers(key, error.state, replayed=False)
+        return await _answer(request, live, refusal_result(call.id, problem), refused)
+    trace.outcome = outcome_of_reply(reply)
+    trace.state = reply.state.value if reply.state is not None else None
+    metrics.request(route.name, trace.outcome)
+    return await _answer_reply(request, live, call, key, reply)
+
+
+CallHandle = tuple[str, str, str]
+"""(scope, session id, JSON of the request id): how a cancellation names a call."""
+
+
+def _call_handle(request: web.Request, caller: CallerScope, request_id: object) -> CallHandle:
+    session = request.headers.get("Mcp-Session-Id", "")
+    return caller.scope, session, json.dumps(request_id)
+
+
+def _forget_call(in_flight: dict[CallHandle, int], handle: CallHandle) -> None:
+    left = in_flight.pop(handle, 1) - 1
+    if left > 0:
+        in_flight[handle] = left
+
+
+def _cancels_a_protected_call(request: web.Request, caller: CallerScope, message: Message) -> bool:
+    """A client's `notifications/cancelled` for a protected call still in flight is
+    acknowledged and logged, never forwarded: a cancellation proves nothing about the
+    effect, and a server that stops the tool would turn one protocol generation's
+    timeout into a receipt (`-32800`) and the other's into a lost stream. The call runs
+    on; its outcome is recorded for the retry."""
+    handle = _call_handle(request, caller, message.params.get("requestId"))
+    if handle not in request.app[MCP_CALLS_IN_FLIGHT]:
+        return False
+    log.info(
+        "cancellation of a protected call held back",
+        extra={"event": "mcp_cancel", "route": request[TRACE].route},
+    )
+    return True
+
+
+def _needs_a_key(app: web.Application, route: RouteSettings, call: ToolCall) -> bool:
+    """Whether a call that came without a key must get one (or a derived one)."""
+    if not route.require_key and route.derive_key is False:
+        return False
+    if call.name in route.skip_tools:
+        return False
+    if "*" not in route.protect_tools and call.name not in route.protect_tools:
+        return False
+    return not (route.trust_read_only_hint and app[MCP_HINTS].read_only(route.name, call.name))
+
+
+async def _answer_reply(
+    request: web.Request, live: LiveAnswer | None, call: ToolCall, key: str, reply: Reply
+) -> web.StreamResponse:
+    headers = _key_headers(key, reply.state.value if reply.state else None, reply.replayed)
+    if reply.replayed:
+        return await _answer(request, live, replay_document(reply.body, call.id), headers)
+    if reply.state is State.RELEASED:
+        # The server did not process the call (unknown session, refusal): its answer as it came.
+        passed: CIMultiDict[str] = CIMultiDict(reply.headers)
+        passed.update(headers)
+        return web.Response(status=reply.status, headers=passed, body=reply.body)
+    return await _answer(request, live, parse_object(reply.body), headers)
+
+
+async def _answer(
+    request: web.Request,
+    live: LiveAnswer | None,
+    document: dict[str, Any],
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    """The final JSON-RPC message: the last event of a live stream already started,
+    else JSON when the caller takes it, else a one-event stream."""
+    if live is not None and (live.started or not _accepts(request, JSON)):
+        return await live.finish(encode_event(dumps(document).decode(), event="message"), headers)
+    return _json(document, 200, headers)
+
+
+class LiveAnswer:
+    """A protected call's answer as an event stream, started by its first event.
+
+    A caller that leaves cancels nothing: writes to it stop, the call runs on
+    and its outcome is recorded for the retry.
+    """
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._response: web.StreamResponse | None = None
+        self._gone = False
+
+    @property
+    def started(self) -> bool:
+        return self._response is not None
+
+    async def send(self, event: bytes) -> None:
+        if self._gone:
+            return
+        try:
+            if self._response is None:
+                self._response = web.StreamResponse(
+                    status=200,
+                    headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache"},
+                )
+                await self._response.prepare(self._request)
+            await self._response.write(event)
+        except ConnectionError:
+            self._gone = True
+
+    async def finish(self, event: bytes, headers: dict[str, str]) -> web.StreamResponse:
+        if self._response is None:
+            response = web.StreamResponse(
+                status=200,
+                headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", **headers},
+            )
+            self._response = response
+            try:
+                await response.prepare(self._request)
+            except ConnectionError:
+                return response
+        try:
+            await self._response.write(event)
+            await self._response.write_eof()
+        except ConnectionError:
+            pass
+        return self._response
+
+
+async def _pass_through(
+    request: web.Request,
+    match: RouteMatch,
+    caller: CallerScope,
+    body: bytes,
+    *,
+    tools_listed_by: RequestId | None = None,
+) -> web.StreamResponse:
+    """Forward as it came and stream the answer back as it arrives; no record.
+
+    The answer to a `tools/list` (`tools_listed_by` is its id) is also read as
+    it passes, to learn which tools the server marks read-only.
+    """
+    app = request.app
+    route = match.route
+    request[TRACE].outcome = "passthrough"
+    app[METRICS].passthrough.labels(route.name).inc()
+    forwarder = app[FORWARDER]
+    with forwarder.gate(route):
+        answer = await forwarder.send(
+            route, request.method, match.upstream_url, _upstream_headers(request, caller), body
+        )
+    headers: CIMultiDict[str] = CIMultiDict(answer.headers)
+    if caller.strips_authorization and (session := headers.get(SESSION_HEADER)) is not None:
+        headers[SESSION_HEADER] = app[MCP_SESSIONS].tag(caller.scope, session)
+    response = web.StreamResponse(status=answer.status, headers=headers)
+    listing = None
+    if tools_listed_by is not None:
+        content_type = response.headers.get("Content-Type", "")
+        listing = ToolListing(tools_listed_by, stream=content_type.startswith(EVENT_STREAM))
+    try:
+        await response.prepare(request)
+        async for chunk in answer.rest():
+            if listing is not None:
+                listing.feed(chunk)
+            await response.write(chunk)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the caller left; nothing here is recorded
+    except UpstreamError:
+        cut_short(request)
+    finally:
+        answer.close()
+    if listing is not None and (result := listing.result()) is not None:
+        app[MCP_HINTS].learn(route.name, result)
+    return response
+
+
+def _session_is_callers(request: web.Request, caller: CallerScope) -> bool:
+    """With `[[clients]]`, a session id must carry the caller's own tag (see
+    `gateway.mcp.sessions`); without, sessions are the server's business."""
+    tagged = request.headers.get(SESSION_HEADER)
+    if tagged is None or not caller.strips_authorization:
+        return True
+    return request.app[MCP_SESSIONS].untag(caller.scope, tagged) is not None
+
+
+def _upstream_headers(request: web.Request, caller: CallerScope) -> tuple[tuple[str, str], ...]:
+    """The caller's headers as forwarded, the session id with its tag removed."""
+    headers = forward_headers(request, caller)
+    tagged = request.headers.get(SESSION_HEADER)
+    if tagged is None or not caller.strips_authorization:
+        return headers
+    session = request.app[MCP_SESSIONS].untag(caller.scope, tagged) or ""
+    return tuple(
+        (name, session if name.lower() == SESSION_HEADER.lower() else value)
+        for name, value in headers
+    )
+
+
+def _accepts(request: web.Request, media_type: str) -> bool:
+    accept = request.headers.get("Accept", "")
+    return media_type in accept or "*/*" in accept or not accept
+
+
+def _key_headers(key: str, state: str | None, replayed: bool) -> dict[str, str]:
+    headers = {IDEMPOTENCY_KEY: format_key_header(key)}
+    if state is not None:
+        headers[IDEMPOTENCY_STATUS] = state
+    if replayed:
+        headers[IDEMPOTENT_REPLAYED] = "true"
+    return headers
+
+
+def _json(
+    document: dict[str, Any], status: int, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status, body=dumps(document), content_type=JSON, headers=headers or {}
+    )
