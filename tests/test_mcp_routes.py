@@ -387,3 +387,37 @@ async def test_an_unknown_session_releases_the_key(
         result = await call_with_key(client, "create_ticket", {"title": "s"}, "stale-session")
     assert result.is_error is False
     assert server.count == 1
+
+
+async def test_the_status_tool_answers_from_the_store_in_the_callers_scope(
+    gateway_factory: GatewayFactory, server: CountingMcpServer
+) -> None:
+    """status_tool = "operation_status": listed with the server's tools, answered by the
+    gateway (never forwarded) by key, or by tool and arguments for a derived key."""
+    gateway = await gateway_for(
+        gateway_factory, server, status_tool="operation_status", derive_key="arguments"
+    )
+    async with asyncio.timeout(TIMEOUT), mcp_client(gateway.url + PREFIX) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert "create_ticket" in tools
+        assert tools["operation_status"].annotations.read_only_hint is True  # type: ignore[union-attr]
+        await call_with_key(client, "create_ticket", {"title": "a"}, "known-1")
+        await call_with_key(client, "lose_connection", {"title": "b"}, "lost-2")
+        await call_with_key(client, "create_ticket", {"title": "derived"}, None)
+        done = await client.call_tool("operation_status", {"key": "known-1"})
+        lost = await client.call_tool("operation_status", {"key": "lost-2"})
+        derived = await client.call_tool(
+            "operation_status", {"tool": "create_ticket", "arguments": {"title": "derived"}}
+        )
+        never = await client.call_tool("operation_status", {"key": "never-used"})
+    assert done.structured_content is not None
+    assert done.structured_content["state"] == "completed"
+    assert done.structured_content["result"]["structuredContent"]["title"] == "a"
+    assert lost.structured_content is not None
+    assert lost.structured_content["state"] == "unknown"
+    assert "Do not call it again" in lost.content[0].text  # type: ignore[union-attr]
+    assert derived.structured_content is not None
+    assert derived.structured_content["state"] == "completed"
+    assert never.structured_content == {"key": "never-used", "state": None}
+    assert "operation_status" not in {call.tool for call in server.calls_seen}
+    assert server.count == 3

@@ -224,13 +224,6 @@ class RouteSettings(BaseModel):
             problems.append(
                 (("probe",), "an MCP route has no probe: a tool call cannot be looked up upstream")
             )
-        if self.status_tool is not None:
-            problems.append(
-                (
-                    ("status_tool",),
-                    "is not built yet: look operations up with GET /operations/<key>",
-                )
-            )
         if self.status_tool is not None and self.status_tool in self.protect_tools:
             problems.append(
                 (("status_tool",), "is answered by the gateway; it cannot be protected")

@@ -40,6 +40,10 @@ class ReadOnlyHints:
     def read_only(self, route: str, tool: str) -> bool:
         return self._routes.get(route, {}).get(tool, False)
 
+    def listed(self, route: str, tool: str) -> bool:
+        """Whether the route's server has listed a tool of this name."""
+        return tool in self._routes.get(route, {})
+
     def learn(self, route: str, result: dict[str, Any]) -> None:
         tools = result.get("tools")
         if not isinstance(tools, list):

@@ -26,7 +26,6 @@ from gateway.engine.errors import (
     ClientNotAllowed,
     GatewayError,
     MissingKey,
-    UpstreamError,
 )
 from gateway.engine.exchange import ProxyRequest, Reply
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
@@ -34,7 +33,6 @@ from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
 from gateway.mcp.answers import McpCall
 from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
-from gateway.mcp.hints import ToolListing
 from gateway.mcp.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -45,24 +43,28 @@ from gateway.mcp.jsonrpc import (
     parse_message,
     parse_object,
 )
+from gateway.mcp.passthrough import (
+    EVENT_STREAM,
+    JSON,
+    json_response,
+    pass_through,
+    session_is_callers,
+    upstream_headers,
+)
 from gateway.mcp.replies import dumps, refusal_result, replay_document
-from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import encode_event
+from gateway.mcp.status_view import is_status_call, list_tools_with_status, status_call
 from gateway.proxy.request_body import read_in_time
 from gateway.proxy.view import (
-    cut_short,
     execute_detached,
-    forward_headers,
     outcome_of,
     outcome_of_reply,
     read_body,
 )
 from gateway.web.appkeys import (
     ENGINE,
-    FORWARDER,
     MCP_CALLS_IN_FLIGHT,
     MCP_HINTS,
-    MCP_SESSIONS,
     METRICS,
     SCOPES,
     SETTINGS,
@@ -77,9 +79,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.mcp")
 
-JSON = "application/json"
-EVENT_STREAM = "text/event-stream"
-
 
 async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamResponse:
     """Answer one request on an MCP route; every refusal in JSON-RPC form."""
@@ -92,17 +91,21 @@ async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamRespon
         trace.scope = caller.scope
         if route.clients is not None and caller.client not in route.clients:
             raise ClientNotAllowed(f"route {route.name!r} is not open to this client")
-        if not _session_is_callers(request, caller):
-            return _json(error_message(None, INVALID_REQUEST, "Session not found"), 404)
+        if not session_is_callers(request, caller):
+            return json_response(error_message(None, INVALID_REQUEST, "Session not found"), 404)
         body = await read_in_time(
             request, lambda: read_body(request, route.max_body), app[SETTINGS].server.client_timeout
         )
         if request.method != "POST":
-            return await _pass_through(request, match, caller, body)
+            return await pass_through(request, match, caller, body)
         message = parse_message(body)
         message_id = message.id
         if message.kind == "request" and message.method == "tools/call":
+            if is_status_call(request, route, message):
+                return await status_call(request, route, caller, message)
             return await _tool_call(request, match, caller, message, body)
+        if message.kind == "request" and message.method == "tools/list" and route.status_tool:
+            return await list_tools_with_status(request, match, caller, message, body)
         if message.method == "notifications/cancelled" and _cancels_a_protected_call(
             request, caller, message
         ):
@@ -110,16 +113,18 @@ async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamRespon
         listed = (
             message.id if message.kind == "request" and message.method == "tools/list" else None
         )
-        return await _pass_through(request, match, caller, body, tools_listed_by=listed)
+        return await pass_through(request, match, caller, body, tools_listed_by=listed)
     except JsonRpcError as exc:
         trace.outcome = "rejected"
-        return _json(error_message(message_id, exc.code, exc.message, exc.data or None), 400)
+        return json_response(
+            error_message(message_id, exc.code, exc.message, exc.data or None), 400
+        )
     except GatewayError as error:
         trace.outcome = "rejected"
         request_id = log_internal(request, error)
         problem = problem_document(error, instance=request.path, request_id=request_id)
         code = INVALID_PARAMS if error.status == 400 else INVALID_REQUEST
-        return _json(error_message(message_id, code, error.detail, problem), error.status)
+        return json_response(error_message(message_id, code, error.detail, problem), error.status)
 
 
 async def _tool_call(
@@ -141,7 +146,7 @@ async def _tool_call(
     key, retention = call.key, None
     if key is None:
         if not _needs_a_key(app, route, call):
-            return await _pass_through(request, match, caller, body)
+            return await pass_through(request, match, caller, body)
         if route.derive_key == "arguments":
             key, retention = derived_key(route.name, call), route.derived_key_retention
         else:
@@ -173,7 +178,7 @@ async def _tool_call(
     try:
         reply = engine.answer_from_receipt(proxy_request)
         if reply is None:
-            headers = _upstream_headers(request, caller)
+            headers = upstream_headers(request, caller)
             in_flight[handle] = in_flight.get(handle, 0) + 1
             try:
                 reply = await execute_detached(app, proxy_request._replace(headers=headers))
@@ -258,7 +263,7 @@ async def _answer(
     else JSON when the caller takes it, else a one-event stream."""
     if live is not None and (live.started or not _accepts(request, JSON)):
         return await live.finish(encode_event(dumps(document).decode(), event="message"), headers)
-    return _json(document, 200, headers)
+    return json_response(document, 200, headers)
 
 
 class LiveAnswer:
@@ -310,76 +315,6 @@ class LiveAnswer:
         return self._response
 
 
-async def _pass_through(
-    request: web.Request,
-    match: RouteMatch,
-    caller: CallerScope,
-    body: bytes,
-    *,
-    tools_listed_by: RequestId | None = None,
-) -> web.StreamResponse:
-    """Forward as it came and stream the answer back as it arrives; no record.
-
-    The answer to a `tools/list` (`tools_listed_by` is its id) is also read as
-    it passes, to learn which tools the server marks read-only.
-    """
-    app = request.app
-    route = match.route
-    request[TRACE].outcome = "passthrough"
-    app[METRICS].passthrough.labels(route.name).inc()
-    forwarder = app[FORWARDER]
-    with forwarder.gate(route):
-        answer = await forwarder.send(
-            route, request.method, match.upstream_url, _upstream_headers(request, caller), body
-        )
-    headers: CIMultiDict[str] = CIMultiDict(answer.headers)
-    if caller.strips_authorization and (session := headers.get(SESSION_HEADER)) is not None:
-        headers[SESSION_HEADER] = app[MCP_SESSIONS].tag(caller.scope, session)
-    response = web.StreamResponse(status=answer.status, headers=headers)
-    listing = None
-    if tools_listed_by is not None:
-        content_type = response.headers.get("Content-Type", "")
-        listing = ToolListing(tools_listed_by, stream=content_type.startswith(EVENT_STREAM))
-    try:
-        await response.prepare(request)
-        async for chunk in answer.rest():
-            if listing is not None:
-                listing.feed(chunk)
-            await response.write(chunk)
-        await response.write_eof()
-    except ConnectionError:
-        pass  # the caller left; nothing here is recorded
-    except UpstreamError:
-        cut_short(request)
-    finally:
-        answer.close()
-    if listing is not None and (result := listing.result()) is not None:
-        app[MCP_HINTS].learn(route.name, result)
-    return response
-
-
-def _session_is_callers(request: web.Request, caller: CallerScope) -> bool:
-    """With `[[clients]]`, a session id must carry the caller's own tag (see
-    `gateway.mcp.sessions`); without, sessions are the server's business."""
-    tagged = request.headers.get(SESSION_HEADER)
-    if tagged is None or not caller.strips_authorization:
-        return True
-    return request.app[MCP_SESSIONS].untag(caller.scope, tagged) is not None
-
-
-def _upstream_headers(request: web.Request, caller: CallerScope) -> tuple[tuple[str, str], ...]:
-    """The caller's headers as forwarded, the session id with its tag removed."""
-    headers = forward_headers(request, caller)
-    tagged = request.headers.get(SESSION_HEADER)
-    if tagged is None or not caller.strips_authorization:
-        return headers
-    session = request.app[MCP_SESSIONS].untag(caller.scope, tagged) or ""
-    return tuple(
-        (name, session if name.lower() == SESSION_HEADER.lower() else value)
-        for name, value in headers
-    )
-
-
 def _accepts(request: web.Request, media_type: str) -> bool:
     accept = request.headers.get("Accept", "")
     return media_type in accept or "*/*" in accept or not accept
@@ -392,11 +327,3 @@ def _key_headers(key: str, state: str | None, replayed: bool) -> dict[str, str]:
     if replayed:
         headers[IDEMPOTENT_REPLAYED] = "true"
     return headers
-
-
-def _json(
-    document: dict[str, Any], status: int, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        status=status, body=dumps(document), content_type=JSON, headers=headers or {}
-    )
