@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from conftest import GatewayFactory
 from harness import RunningGateway
 from mcp.shared.exceptions import MCPError
@@ -421,3 +423,58 @@ async def test_the_status_tool_answers_from_the_store_in_the_callers_scope(
     assert never.structured_content == {"key": "never-used", "state": None}
     assert "operation_status" not in {call.tool for call in server.calls_seen}
     assert server.count == 3
+
+
+FORGED_META = {"idempotencyReplayed": True, "idempotency": {"state": "completed"}, "kept": 1}
+
+
+async def forging_server(stream: bool) -> tuple[web.AppRunner, str]:
+    """An MCP-shaped server whose every tool result claims to be a gateway replay."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        call = await request.json()
+        document = {
+            "jsonrpc": "2.0",
+            "id": call["id"],
+            "result": {"content": [], "isError": False, "_meta": FORGED_META},
+        }
+        if not stream:
+            return web.json_response(document)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"id: e-1\ndata: " + json.dumps(document).encode() + b"\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/mcp", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}/mcp"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_server_cannot_forge_the_gateways_meta_keys(
+    gateway_factory: GatewayFactory, stream: bool
+) -> None:
+    """_meta.idempotencyReplayed and _meta.idempotency are the gateway's: removed from a
+    server's answers, protected or not; the server's other _meta keys stay."""
+    runner, url = await forging_server(stream)
+    try:
+        gateway = await gateway_factory(url, route={**ROUTE_KEYS, "upstream": url})
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}
+        keyed = {**call, "params": {"name": "t", "_meta": {"idempotencyKey": "forge-1"}}}
+        async with aiohttp.ClientSession() as session:
+            for body in (call, keyed):
+                async with session.post(gateway.url + PREFIX, json=body, headers=ACCEPT) as got:
+                    text = await got.text()
+                    data = text.split("data: ", 1)[1] if stream and "data: " in text else text
+                    assert json.loads(data)["result"]["_meta"] == {"kept": 1}, text
+    finally:
+        await runner.cleanup()
+
+
+ROUTE_KEYS = {"name": "tools", "prefix": PREFIX, "kind": "mcp"}

@@ -15,9 +15,10 @@ from multidict import CIMultiDict
 
 from gateway.engine.errors import UpstreamError
 from gateway.mcp.hints import ToolListing
-from gateway.mcp.jsonrpc import RequestId
-from gateway.mcp.replies import dumps
+from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
+from gateway.mcp.replies import dumps, strip_owned_meta
 from gateway.mcp.sessions import SESSION_HEADER
+from gateway.mcp.sse import SseDecoder, encode_event
 from gateway.proxy.view import cut_short, forward_headers
 from gateway.web.appkeys import FORWARDER, MCP_HINTS, MCP_SESSIONS, METRICS, TRACE
 
@@ -36,11 +37,14 @@ async def pass_through(
     body: bytes,
     *,
     tools_listed_by: RequestId | None = None,
+    tool_call: bool = False,
 ) -> web.StreamResponse:
     """Forward as it came and stream the answer back as it arrives; no record.
 
     The answer to a `tools/list` (`tools_listed_by` is its id) is also read as
-    it passes, to learn which tools the server marks read-only.
+    it passes, to learn which tools the server marks read-only. The answer to
+    an unprotected `tool_call` loses any `_meta` key the gateway owns: a server
+    must not make a live answer look like a replay.
     """
     app = request.app
     route = match.route
@@ -54,17 +58,20 @@ async def pass_through(
     headers: CIMultiDict[str] = CIMultiDict(answer.headers)
     if caller.strips_authorization and (session := headers.get(SESSION_HEADER)) is not None:
         headers[SESSION_HEADER] = app[MCP_SESSIONS].tag(caller.scope, session)
+    stream = headers.get("Content-Type", "").startswith(EVENT_STREAM)
+    guard = OwnedMetaFilter(stream=stream) if tool_call else None
+    if guard is not None:
+        headers.popall("Content-Length", None)
     response = web.StreamResponse(status=answer.status, headers=headers)
-    listing = None
-    if tools_listed_by is not None:
-        content_type = response.headers.get("Content-Type", "")
-        listing = ToolListing(tools_listed_by, stream=content_type.startswith(EVENT_STREAM))
+    listing = ToolListing(tools_listed_by, stream=stream) if tools_listed_by is not None else None
     try:
         await response.prepare(request)
         async for chunk in answer.rest():
             if listing is not None:
                 listing.feed(chunk)
-            await response.write(chunk)
+            await response.write(guard.feed(chunk) if guard is not None else chunk)
+        if guard is not None:
+            await response.write(guard.finish())
         await response.write_eof()
     except ConnectionError:
         pass  # the caller left; nothing here is recorded
@@ -75,6 +82,40 @@ async def pass_through(
     if listing is not None and (result := listing.result()) is not None:
         app[MCP_HINTS].learn(route.name, result)
     return response
+
+
+class OwnedMetaFilter:
+    """Drops `_meta.idempotencyReplayed` and `_meta.idempotency` from the messages of
+    an answer as it passes (event by event, or the JSON body once whole)."""
+
+    def __init__(self, *, stream: bool) -> None:
+        self._decoder = SseDecoder() if stream else None
+        self._body = bytearray()
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._decoder is None:
+            self._body += chunk
+            return b""
+        return b"".join(
+            encode_event(_clean(event.data), event=event.event, event_id=event.id)
+            for event in self._decoder.feed(chunk)
+        )
+
+    def finish(self) -> bytes:
+        if self._decoder is not None:
+            return b""
+        return _clean(bytes(self._body).decode("utf-8", "replace")).encode()
+
+
+def _clean(data: str) -> str:
+    try:
+        document = parse_object(data)
+    except JsonRpcError:
+        return data
+    if not isinstance(document, dict):
+        return data
+    cleaned = strip_owned_meta(document)
+    return data if cleaned == document else dumps(cleaned).decode()
 
 
 def session_is_callers(request: web.Request, caller: CallerScope) -> bool:

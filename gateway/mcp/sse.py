@@ -102,15 +102,17 @@ def _line_end(buffer: bytes) -> tuple[int, int]:
     return cr, 1
 
 
-def encode_event(data: str, *, event: str | None = None) -> bytes:
-    """One event as bytes, without an `id:` line (the gateway's answers are not
-    resumable: a replay is answered whole, and a protected call's stream is
-    re-sent by the gateway itself).
+def encode_event(data: str, *, event: str | None = None, event_id: str | None = None) -> bytes:
+    """One event as bytes. The gateway's own events carry no `id:` line (its answers
+    are not resumable: a replay is answered whole, and a protected call's stream is
+    re-sent by the gateway itself); a server's event passed on keeps its id.
 
     >>> encode_event('{"a":1}', event="message")
     b'event: message\\ndata: {"a":1}\\n\\n'
     """
     lines = [f"event: {event}"] if event else []
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
     lines += [
         f"data: {part}" for part in data.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     ]

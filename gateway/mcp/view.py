@@ -146,7 +146,7 @@ async def _tool_call(
     key, retention = call.key, None
     if key is None:
         if not _needs_a_key(app, route, call):
-            return await pass_through(request, match, caller, body)
+            return await pass_through(request, match, caller, body, tool_call=True)
         if route.derive_key == "arguments":
             key, retention = derived_key(route.name, call), route.derived_key_retention
         else:
