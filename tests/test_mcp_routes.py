@@ -478,3 +478,29 @@ async def test_a_server_cannot_forge_the_gateways_meta_keys(
 
 
 ROUTE_KEYS = {"name": "tools", "prefix": PREFIX, "kind": "mcp"}
+
+
+async def test_a_saturated_route_refuses_with_its_retry_hint(
+    gateway_factory: GatewayFactory, server: CountingMcpServer
+) -> None:
+    """At max_concurrency the next call is refused before anything is recorded: a tool
+    result marked safe to retry, with the Retry-After hint in _meta and in the header."""
+    gateway = await gateway_for(gateway_factory, server, max_concurrency=1)
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT), mcp_client(url) as client:
+        slow = asyncio.create_task(
+            call_with_key(client, "slow_ticket", {"title": "s", "seconds": 1.0}, "busy-1")
+        )
+        await server.wait_for_count(1)
+        refused = await call_with_key(client, "create_ticket", {"title": "t"}, "busy-2")
+        await slow
+    state = meta(refused)["idempotency"]
+    assert refused.is_error is True
+    assert (state["type"], state["safe_to_retry"], state["retry_after"]) == (
+        "route-saturated",
+        True,
+        1,
+    )
+    assert server.count == 1
+    missing = await gateway.get("/operations/busy-2")
+    assert missing.status == 404  # nothing was recorded

@@ -11,7 +11,12 @@ the answer means:
   response to this call, is `unknown`: the tool may have run;
 - the response to this call is the receipt, kept as the exact bytes
   received, unless it is MCP's "request cancelled" (`-32800`): the tool may
-  have applied its effect before the cancellation, so that is `unknown` too.
+  have applied its effect before the cancellation, so that is `unknown` too;
+- a result with `resultType: "input_required"` (2026-07-28 multi-round
+  calls) is not an answer yet: the server asks the client for input and will
+  run the call when the client sends it again with that input (same tool,
+  same arguments, same key). The key is released and the round passes on, so
+  the next round is claimed and sent like the first.
 
 Progress notifications and other events that come before the response in a
 stream are handed to `on_event` as they arrive, so the caller sees them live;
@@ -115,7 +120,7 @@ class McpCall:
                 await self._forward(encode_event(event.data, event=_named(event.event)))
         raise UpstreamConnectionLost("the MCP server's stream ended without the tool's answer")
 
-    def _receipt_of(self, data: bytes) -> Receipt | None:
+    def _receipt_of(self, data: bytes) -> Receipt | Released | None:
         """The receipt, when `data` is the response to this call; None otherwise."""
         try:
             message = parse_message(data)
@@ -128,6 +133,14 @@ class McpCall:
             raise UpstreamConnectionLost(
                 "the MCP server answered 'request cancelled' (-32800): the tool may have "
                 "applied its effect before the cancellation"
+            )
+        result = message.document.get("result")
+        if isinstance(result, dict) and result.get("resultType") == "input_required":
+            return Released(
+                status=200,
+                headers=JSON_HEADERS,
+                body=data,
+                detail="the server asked for input (input_required); the call has not run yet",
             )
         cleaned = strip_owned_meta(message.document)
         body = data if cleaned == message.document else dumps(cleaned)

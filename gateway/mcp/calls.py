@@ -112,10 +112,17 @@ def _parse_key(values: list[str]) -> str | None:
 
 
 def _invalid_key(detail: str) -> JsonRpcError:
+    problem = InvalidKey(detail)
     return JsonRpcError(
         INVALID_PARAMS,
         f"invalid idempotency key: {detail}",
-        data={"type": "invalid-key", "detail": detail, "max_length": MAX_KEY_LENGTH},
+        data={
+            "type": problem.type_uri,
+            "title": problem.title,
+            "status": problem.status,
+            "detail": detail,
+            "max_length": MAX_KEY_LENGTH,
+        },
     )
 
 

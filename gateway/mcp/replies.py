@@ -130,7 +130,19 @@ def refusal_result(
     }
 
 
-_PROBLEM_FIELDS = ("type", "title", "detail", "state", "key", "operation", "safe_to_retry")
+_PROBLEM_FIELDS = (
+    "type",
+    "title",
+    "status",
+    "detail",
+    "state",
+    "key",
+    "operation",
+    "operation_id",
+    "safe_to_retry",
+    "retry_after",
+    "request_id",
+)
 
 
 def _default_sentence(problem: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -190,6 +191,11 @@ async def _tool_call(
         request_id = log_internal(request, error)
         problem = problem_document(error, instance=request.path, request_id=request_id)
         refused = _key_headers(key, error.state, replayed=False)
+        if error.retry_after is not None:
+            # The hint goes both ways: in the result for the model's code, and as the
+            # header an HTTP-level client honours.
+            problem["retry_after"] = max(1, math.ceil(error.retry_after))
+            refused["Retry-After"] = str(problem["retry_after"])
         return await _answer(request, live, refusal_result(call.id, problem), refused)
     trace.outcome = outcome_of_reply(reply)
     trace.state = reply.state.value if reply.state is not None else None
@@ -246,7 +252,11 @@ async def _answer_reply(
     if reply.replayed:
         return await _answer(request, live, replay_document(reply.body, call.id), headers)
     if reply.state is State.RELEASED:
-        # The server did not process the call (unknown session, refusal): its answer as it came.
+        # The call has not run (unknown session, a refusal, input required): the
+        # server's answer as it came, after any events already streamed.
+        if live is not None and live.started:
+            event = encode_event(reply.body.decode("utf-8", "replace"), event="message")
+            return await live.finish(event, headers)
         passed: CIMultiDict[str] = CIMultiDict(reply.headers)
         passed.update(headers)
         return web.Response(status=reply.status, headers=passed, body=reply.body)
