@@ -3,7 +3,9 @@
 Stable keys (`derive_key`), calls that turn gateway problems into typed
 exceptions (`GatewayClient`), lookups of what happened to an effect
 (`GatewayClient.lookup`), and a durable run journal (`Run` over a
-`FileJournal` or `SqliteJournal`) that follows the recovery protocol.
+`FileJournal` or `SqliteJournal`) that follows the recovery protocol, for
+HTTP tools (`HttpTool`) and for tools of an MCP server behind the gateway
+(`McpTool`, with the optional `mcp` extra).
 
 >>> async with GatewayClient("http://127.0.0.1:8080") as gw:
 ...     async with Run(FileJournal("run-77.json"), client=gw, run_id="run-77",
@@ -19,6 +21,7 @@ from idempotency_gateway_client._client import GatewayClient, canonical_json
 from idempotency_gateway_client._events import EventKind, RunEvent, RunObserver
 from idempotency_gateway_client._exceptions import (
     BadRequest,
+    CallUnconfirmed,
     GatewayClientError,
     GatewayConnectionError,
     GatewayProblem,
@@ -64,6 +67,7 @@ from idempotency_gateway_client._keys import (
     operation_path,
     validate_key,
 )
+from idempotency_gateway_client._mcp import McpSession, McpTool, mcp_result, mcp_tool_result
 from idempotency_gateway_client._models import (
     Evidence,
     Operation,
@@ -83,12 +87,13 @@ from idempotency_gateway_client._records import (
 )
 from idempotency_gateway_client._run import Run
 from idempotency_gateway_client._sqlite_journal import SqliteJournal
-from idempotency_gateway_client._tools import HttpTool, Planner, Tool
+from idempotency_gateway_client._tools import HttpTool, Planner, SendingTool, Tool
 
 __all__ = [
     "MAX_KEY_LENGTH",
     "Backoff",
     "BadRequest",
+    "CallUnconfirmed",
     "EventKind",
     "Evidence",
     "FileJournal",
@@ -109,6 +114,8 @@ __all__ = [
     "KeyFormatError",
     "KeyMismatch",
     "LeaseLost",
+    "McpSession",
+    "McpTool",
     "MethodNotAllowed",
     "MissingKey",
     "NoRoute",
@@ -135,6 +142,7 @@ __all__ = [
     "RunLeaseLost",
     "RunLeased",
     "RunObserver",
+    "SendingTool",
     "SqliteJournal",
     "StoreUnavailable",
     "StoredResponse",
@@ -152,6 +160,8 @@ __all__ = [
     "Worker",
     "canonical_json",
     "derive_key",
+    "mcp_result",
+    "mcp_tool_result",
     "operation_path",
     "validate_key",
 ]

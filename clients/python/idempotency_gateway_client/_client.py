@@ -197,18 +197,25 @@ class GatewayClient:
         outcome: Literal["applied", "not_applied"],
         *,
         response: StoredResponse | Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
         note: str | None = None,
         if_match: str | None = None,
     ) -> Operation:
         """Settle an `unknown` operation: `applied` (with the response as its receipt) or not.
 
+        For an MCP operation the receipt is the tool `result` to replay (wire
+        form: `content`, `structuredContent`, `isError`), not a `response`.
         `if_match` is the `etag` of the lookup the decision was based on; a
         changed operation is then refused (`PreconditionFailed`).
 
         >>> op = await gw.lookup(key)
         >>> await gw.resolve(key, "not_applied", note="no such ticket", if_match=op.etag)
         """
+        if response is not None and result is not None:
+            raise ValueError("pass response (HTTP) or result (MCP), not both")
         document: dict[str, Any] = {"outcome": outcome}
+        if result is not None:
+            document["result"] = dict(result)
         if response is not None:
             document["response"] = (
                 response.model_dump(include={"status", "headers", "body", "body_encoding"})

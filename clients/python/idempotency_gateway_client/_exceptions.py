@@ -37,6 +37,7 @@ never breaks an older client. Each problem keeps every field the gateway sent.
     │   │   └── LeaseLost              503 lease-lost
     │   └── UpstreamUnreachable        502 upstream-unreachable (not sent; safe to retry)
     ├── ReconciliationRequired         a run's call may or may not have happened: stop
+    ├── CallUnconfirmed                a call's answer could not be read (MCP); look the key up
     └── JournalError
         ├── JournalCorrupt             the journal cannot be read
         ├── IncompatibleJournal        another flow version, run id or journal format
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BadRequest",
+    "CallUnconfirmed",
     "GatewayClientError",
     "GatewayConnectionError",
     "GatewayProblem",
@@ -320,6 +322,25 @@ class ReconciliationRequired(GatewayClientError):
         self.call_id = call_id
         self.operation = operation
         self.problem = problem
+
+
+class CallUnconfirmed(GatewayClientError):
+    """A call may have reached the gateway, and what came back is no answer this client can read.
+
+    An MCP session raises the SDK's `MCPError` alike for a server's JSON-RPC
+    error answer (which the gateway keeps as the receipt), a read timeout and
+    a lost stream; only the gateway knows which it was. `Run` therefore looks
+    the key up at once and records the receipt it finds; it raises this when
+    the gateway has none to give (nothing recorded, the key released, or
+    still in flight past `settle_timeout`). The call then has no result, and
+    the next `resume()` looks it up again before sending. The SDK's error is
+    the `__cause__`.
+    """
+
+    def __init__(self, message: str, *, key: str, call_id: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.call_id = call_id
 
 
 class JournalError(GatewayClientError):

@@ -101,6 +101,12 @@ class Operation(BaseModel):
     expires_at: datetime | None = None
     forgotten_at: datetime | None = None
     response: StoredResponse | None = None
+    result: Any = None
+    """An MCP operation's receipt (method `tools/call`, path the tool name): the tool
+    result the server answered, shown here instead of `response`; None when it is gone."""
+    error: Any = None
+    """An MCP operation whose server answered a JSON-RPC error: that error (`code`,
+    `message`, `data`), its receipt."""
     resolution: Resolution | None = None
     evidence: list[Evidence] = Field(default_factory=list)
     safe_to_retry: bool
@@ -108,8 +114,10 @@ class Operation(BaseModel):
 
     @property
     def has_receipt(self) -> bool:
-        """Completed with its response still stored: the result can be taken from here."""
-        return self.state == "completed" and self.response is not None
+        """Completed with its response (an MCP result or error) still stored: the result
+        can be taken from here."""
+        stored = self.response is not None or self.result is not None or self.error is not None
+        return self.state == "completed" and stored
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,13 @@ class ToolCall(BaseModel):
 
 
 class ToolRequest(BaseModel):
-    """The HTTP request a tool call becomes, fixed in the plan so every retry sends it exactly.
+    """The request a tool call becomes, fixed in the plan so every retry sends it exactly.
 
-    `path` is the gateway path (with the route prefix); `json` is the body.
+    For an HTTP tool, `path` is the gateway path (with the route prefix) and
+    `json` the body. For an MCP tool (`McpTool`), `method` is `tools/call`,
+    `path` the tool's name on the server and `json` its arguments: the
+    method and path the gateway records for an MCP operation, so a lookup
+    can be checked against the plan the same way.
     """
 
     model_config = _FROZEN
@@ -84,6 +88,13 @@ class ToolResult(BaseModel):
     the key's state with that answer: `completed`, or `released` when the tool
     refused the request with one of the route's `release_statuses` (a 429,
     say): the tool's answer, but no effect.
+
+    An MCP tool's result (`McpTool`) has status 200 and a JSON body holding
+    the JSON-RPC answer as `GET /operations/<key>` shows it: `{"result":
+    <the tool result>}` or `{"error": <the JSON-RPC error>}` (canonical JSON,
+    the gateway's own `_meta` members removed, so a result read from a
+    receipt is the same bytes as the one the call returned); `mcp_result`
+    turns it back into the SDK's `CallToolResult`.
     """
 
     model_config = _FROZEN

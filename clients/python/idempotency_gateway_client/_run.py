@@ -8,7 +8,9 @@ The recovery protocol, in the order a step applies it:
 3. Persist each result before the next call.
 4. After a restart, for each call without a result, ask the gateway first:
    `completed` -> take the receipt; `in_flight` -> wait; `released` or 404 ->
-   send; `unknown` -> stop (`ReconciliationRequired`), never resend.
+   send; `unknown` -> stop (`ReconciliationRequired`), never resend. MCP
+   calls (`McpTool`) are looked up the same way: the gateway keeps their
+   JSON-RPC answer as the receipt.
 5. The journal is pinned to one flow version, and one worker holds the run's
    lease (with a fencing token) at a time.
 """
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Self
 
 from idempotency_gateway_client._events import EventKind, RunEvent, RunObserver
 from idempotency_gateway_client._exceptions import (
+    CallUnconfirmed,
     JournalError,
     OutcomeUnknown,
     ReceiptExpired,
@@ -32,6 +35,7 @@ from idempotency_gateway_client._exceptions import (
 )
 from idempotency_gateway_client._journal import JournalStore, Worker
 from idempotency_gateway_client._keys import derive_key
+from idempotency_gateway_client._mcp import MCP_METHOD, mcp_receipt
 from idempotency_gateway_client._models import Operation
 from idempotency_gateway_client._records import (
     JournalDocument,
@@ -40,6 +44,7 @@ from idempotency_gateway_client._records import (
     ToolResult,
     Turn,
 )
+from idempotency_gateway_client._tools import SendingTool
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -237,7 +242,8 @@ class Run:
                 call_id=planned.call_id,
                 operation=operation,
             )
-        if operation.response is None:
+        receipt = _receipt(operation)
+        if receipt is None:
             raise ReconciliationRequired(
                 f"{planned.key}: {planned.call.name} took effect, but its receipt is gone "
                 "(expired or too large to keep); read the result from the tool and record it "
@@ -246,28 +252,12 @@ class Run:
                 call_id=planned.call_id,
                 operation=operation,
             )
-        response = operation.response
-        return ToolResult(
-            status=response.status,
-            headers=response.headers,
-            body=response.body,
-            body_encoding=response.body_encoding,
-            replayed=True,
-            state="completed",
-            source="receipt",
-        )
+        return receipt
 
     async def _send(self, turn: int, planned: PlannedCall) -> ToolResult:
-        request = planned.request
         self._emit("sending", turn=turn, call=planned)
         try:
-            response = await self.client.request(
-                request.method,
-                request.path,
-                key=planned.key,
-                json=request.json_body,
-                headers=request.headers,
-            )
+            result = await self._deliver(planned)
         except (OutcomeUnknown, ReceiptExpired, ReceiptNotRetained) as problem:
             raise ReconciliationRequired(
                 f"{planned.key}: {planned.call.name} may have taken effect and no receipt says "
@@ -276,11 +266,38 @@ class Run:
                 call_id=planned.call_id,
                 problem=problem,
             ) from problem
+        except CallUnconfirmed as unconfirmed:
+            # What came back may hide an answer the gateway recorded: ask it, as a resume would.
+            receipt = await self._look_up(turn, planned)
+            if receipt is None:
+                raise unconfirmed from unconfirmed.__cause__
+            return await self._record(turn, planned, receipt)
+        self._emit("response", turn=turn, call=planned, result=result)
+        return await self._record(turn, planned, result)
+
+    async def _deliver(self, planned: PlannedCall) -> ToolResult:
+        """Send the planned request: by the tool itself (MCP), else through the HTTP client."""
+        tool = self.tools.get(planned.call.name)
+        if isinstance(tool, SendingTool):
+            return await tool.send(planned)
+        request = planned.request
+        if request.method == MCP_METHOD:
+            raise ValueError(
+                f"{planned.key}: the plan holds an MCP call of {planned.call.name!r}, but "
+                f"that tool is now {tool!r}; an MCP call is sent by an McpTool"
+            )
+        response = await self.client.request(
+            request.method,
+            request.path,
+            key=planned.key,
+            json=request.json_body,
+            headers=request.headers,
+        )
         headers: dict[str, str] = {}
         for name, value in response.headers.items():
             lower = name.lower()
             headers[lower] = f"{headers[lower]}, {value}" if lower in headers else value
-        result = ToolResult.from_bytes(
+        return ToolResult.from_bytes(
             response.status,
             headers,
             response.body,
@@ -288,8 +305,6 @@ class Run:
             state=response.state,
             source="response",
         )
-        self._emit("response", turn=turn, call=planned, result=result)
-        return await self._record(turn, planned, result)
 
     async def _record(self, turn: int, planned: PlannedCall, result: ToolResult) -> ToolResult:
         current = self.turns[turn]
@@ -346,6 +361,24 @@ class Run:
 
 def _state(operation: Operation | None) -> str:
     return operation.state if operation is not None else "absent"
+
+
+def _receipt(operation: Operation) -> ToolResult | None:
+    """The result a completed operation's receipt stands for; None when it is gone."""
+    if operation.method == MCP_METHOD:
+        return mcp_receipt(operation)
+    response = operation.response
+    if response is None:
+        return None
+    return ToolResult(
+        status=response.status,
+        headers=response.headers,
+        body=response.body,
+        body_encoding=response.body_encoding,
+        replayed=True,
+        state="completed",
+        source="receipt",
+    )
 
 
 def _check_same_request(planned: PlannedCall, operation: Operation) -> None:

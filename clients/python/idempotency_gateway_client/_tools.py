@@ -1,20 +1,22 @@
-"""How a model's tool call becomes an HTTP request through the gateway, and what plans.
+"""How a model's tool call becomes a request through the gateway, and what plans.
 
 The request is computed once, when the plan is saved, and stored with it: a
 retry after a restart sends the stored request, so a code change between two
 processes cannot change the bytes (and the fingerprint) of an effect already
-on its way.
+on its way. `Run` sends an `HttpTool`'s request with `GatewayClient.request`;
+a `SendingTool` (an `McpTool`) sends the stored request itself, over its own
+session, with the same key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from idempotency_gateway_client._records import ToolCall, ToolRequest, Turn
+from idempotency_gateway_client._records import PlannedCall, ToolCall, ToolRequest, ToolResult, Turn
 
-__all__ = ["HttpTool", "Planner", "Tool"]
+__all__ = ["HttpTool", "Planner", "SendingTool", "Tool"]
 
 Planner = Callable[[tuple[Turn, ...]], Awaitable[Sequence[ToolCall]] | Sequence[ToolCall]]
 """Asks the model for the next turn's calls, given every finished turn; no calls: the run is done.
@@ -34,6 +36,30 @@ class Tool(Protocol):
 
     def request(self, call: ToolCall) -> ToolRequest:
         """The request for `call`; raise ValueError for arguments the tool cannot take."""
+        ...
+
+
+@runtime_checkable
+class SendingTool(Tool, Protocol):
+    """A tool that sends its stored request itself rather than through `GatewayClient.request`.
+
+    For transports the HTTP client cannot speak (an MCP session: `McpTool`).
+    `Run` calls `send` with the planned call (its key and the request saved
+    in the plan) wherever it would have sent the request, and keeps every
+    other rule: the lookup before any resend, the result saved before the
+    next call. `send` must send `planned.request` with `planned.key`, and
+    report what came back as `Run` expects of the HTTP path:
+
+    - the tool's answer: return it as a `ToolResult` (`source="response"`);
+    - a gateway refusal: raise its typed `GatewayProblem` (`OutcomeUnknown`,
+      `ReceiptExpired` and `ReceiptNotRetained` then stop the run with
+      `ReconciliationRequired`);
+    - an answer it cannot read: raise `CallUnconfirmed`, and `Run` looks the
+      key up at once.
+    """
+
+    async def send(self, planned: PlannedCall) -> ToolResult:
+        """Send `planned.request` with `planned.key`; the tool's answer as a `ToolResult`."""
         ...
 
 
