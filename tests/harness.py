@@ -278,6 +278,52 @@ async def effects_for_key(
     return upstream.count_for(operation_id)
 
 
+@dataclass(frozen=True)
+class Finished:
+    """An agent process that ran to its end (or was killed)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def run_agent(
+    *args: str,
+    pause_at: str | None = None,
+    env: dict[str, str] | None = None,
+    seconds: float = 20.0,
+) -> Finished:
+    """Run `python *args` (an agent script); with `pause_at`, kill -9 it as soon as it
+    prints `PAUSED <pause_at>` (the step boundary it stopped at)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *args,
+        *(["--pause-at", pause_at] if pause_at else []),
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(seconds):
+            while line := (await process.stdout.readline()).decode():
+                lines.append(line)
+                if pause_at is not None and line.strip() == f"PAUSED {pause_at}":
+                    process.send_signal(signal.SIGKILL)
+            # Reaped before returning: a zombie's pid still looks alive to the next worker.
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    stderr = (await process.stderr.read()).decode()
+    assert process.returncode is not None
+    return Finished(process.returncode, "".join(lines), stderr)
+
+
 def is_stopped(process: GatewayProcess) -> bool:
     """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
     assert process.process is not None

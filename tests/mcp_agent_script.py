@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent_script import pauser
 from idempotency_gateway_client import (
     FileJournal,
     GatewayClient,
@@ -31,8 +31,6 @@ from idempotency_gateway_client import (
     Planner,
     ReconciliationRequired,
     Run,
-    RunEvent,
-    RunObserver,
     ToolCall,
     Turn,
     mcp_result,
@@ -63,18 +61,6 @@ def make_planner(log: Path, first_tool: str) -> Planner:
         return []
 
     return plan
-
-
-def pauser(boundary: str | None) -> RunObserver:
-    def on_event(event: RunEvent) -> None:
-        which = event.call.call_id if event.call else event.turn
-        here = f"{event.kind}:{'-' if which is None else which}"
-        print(f"EVENT {here}", flush=True)
-        if here == boundary:
-            print(f"PAUSED {here}", flush=True)
-            time.sleep(60)  # the test kills the process here
-
-    return on_event
 
 
 async def main(argv: Sequence[str]) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from conftest import GatewayFactory
-from harness import ROOT, RunningGateway
+from harness import ROOT, RunningGateway, run_agent
 from idempotency_gateway_client import FileJournal, GatewayClient, SqliteJournal
 
 from examples.tool_api import STATE, ToolState, create_app
@@ -49,15 +48,6 @@ class ToolAPI:
     state: ToolState
 
 
-@dataclass(frozen=True)
-class Finished:
-    """An agent process that ran to its end (or was killed)."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 @pytest_asyncio.fixture
 async def tool_api() -> AsyncIterator[ToolAPI]:
     """The example ticket API on loopback; its state counts tickets and emails."""
@@ -74,39 +64,6 @@ async def tool_api() -> AsyncIterator[ToolAPI]:
 async def tickets(gateway_factory: GatewayFactory, tool_api: ToolAPI) -> RunningGateway:
     """The gateway with route /tickets in front of the example ticket API."""
     return await gateway_factory(tool_api.url)
-
-
-async def run_agent(
-    *args: str, pause_at: str | None = None, env: dict[str, str] | None = None
-) -> Finished:
-    """Run an agent process; with `pause_at`, kill -9 it once it reports that boundary."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *args,
-        *(["--pause-at", pause_at] if pause_at else []),
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    assert process.stderr is not None
-    lines: list[str] = []
-    try:
-        async with asyncio.timeout(SECONDS):
-            while line := (await process.stdout.readline()).decode():
-                lines.append(line)
-                if pause_at is not None and line.strip() == f"PAUSED {pause_at}":
-                    process.send_signal(signal.SIGKILL)
-            # Reaped before returning: a zombie's pid still looks alive to the next worker.
-            await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    stderr = (await process.stderr.read()).decode()
-    assert process.returncode is not None
-    return Finished(process.returncode, "".join(lines), stderr)
 
 
 def agent_args(gateway: RunningGateway, tmp_path: Path, store: str = "file") -> list[str]:

@@ -11,18 +11,15 @@ the way, a client that stops waiting.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from conftest import GatewayFactory
-from harness import ROOT, RunningGateway
+from harness import ROOT, Finished, RunningGateway, run_agent
 from idempotency_gateway_client import (
     Backoff,
     CallUnconfirmed,
@@ -178,45 +175,9 @@ async def test_a_run_of_two_mcp_calls_runs_each_once_and_records_both(
                 assert receipt.body == result.body
 
 
-@dataclass(frozen=True)
-class Finished:
-    """An agent process that ran to its end (or was killed)."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-async def run_agent(*args: str, pause_at: str | None = None) -> Finished:
+async def run_mcp_agent(*args: str, pause_at: str | None = None) -> Finished:
     """Run the MCP agent; with `pause_at`, kill -9 it once it reports that boundary."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(AGENT),
-        *args,
-        *(["--pause-at", pause_at] if pause_at else []),
-        cwd=ROOT,
-        env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    assert process.stderr is not None
-    lines: list[str] = []
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while line := (await process.stdout.readline()).decode():
-                lines.append(line)
-                if pause_at is not None and line.strip() == f"PAUSED {pause_at}":
-                    process.send_signal(signal.SIGKILL)
-            # Reaped before returning: a zombie's pid still looks alive to the next worker.
-            await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    stderr = (await process.stderr.read()).decode()
-    assert process.returncode is not None
-    return Finished(process.returncode, "".join(lines), stderr)
+    return await run_agent(str(AGENT), *args, pause_at=pause_at, seconds=TIMEOUT)
 
 
 def agent_args(gateway: RunningGateway, tmp_path: Path) -> list[str]:
@@ -238,13 +199,13 @@ async def test_kill_9_after_an_mcp_effect_before_its_result_is_saved_then_resume
     A new process looks the call up, takes the gateway's receipt, and sends nothing twice:
     each tool runs once per call, every call ends with a result, no turn is planned twice."""
     args = agent_args(gateway, tmp_path)
-    killed = await run_agent(*args, pause_at=boundary)
+    killed = await run_mcp_agent(*args, pause_at=boundary)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     _, _, call = boundary.partition(":")
     turn = 1 if call == "c3" else 0
     assert call not in saved(tmp_path / "run.json")[turn].results  # the effect, no result
 
-    resumed = await run_agent(*args)
+    resumed = await run_mcp_agent(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert "DONE" in resumed.stdout
     assert f"EVENT lookup:{call}" in resumed.stdout
@@ -330,10 +291,10 @@ async def test_an_unknown_call_stops_the_agent_and_a_new_process_does_not_resend
     """The same as an agent process: it exits for reconciliation; so does the next one,
     after a lookup, without sending anything."""
     args = [*agent_args(gateway, tmp_path), "--first-tool", "lose_connection"]
-    first = await run_agent(*args)
+    first = await run_mcp_agent(*args)
     assert first.returncode == 4, first.stderr
     assert "RECONCILE run-1:0:c1 upstream-connection-lost" in first.stdout
-    second = await run_agent(*args)
+    second = await run_mcp_agent(*args)
     assert second.returncode == 4, second.stderr
     assert "RECONCILE run-1:0:c1 unknown" in second.stdout
     assert "EVENT lookup:c1" in second.stdout
