@@ -286,14 +286,8 @@ class IdempotencyEngine:
             )
             self._inject_fault("after_send")
             body = await _read_or_close(reply, route.max_stored_response)
-        except UpstreamUnreachable as exc:
-            self._upstream_done(request, started)
-            state = await self._outcomes.release(request, operation, exc.detail)
-            raise exc.about(request.key, state.value) from exc
         except UpstreamError as exc:
-            self._upstream_done(request, started)
-            state = await self._outcomes.mark_unknown(request, operation, exc)
-            raise exc.about(request.key, state.value) from exc
+            raise await self._send_failed(request, operation, started, exc) from exc
         if body is None and reply.status not in route.release_statuses:
             return self._relay(request, operation, reply, started), True
         self._upstream_done(request, started)
@@ -327,14 +321,8 @@ class IdempotencyEngine:
                 raise UpstreamTimeout(
                     f"no complete answer within the route's max_call ({route.max_call:g}s)"
                 ) from exc
-        except UpstreamUnreachable as exc:
-            self._upstream_done(request, started)
-            state = await self._outcomes.release(request, operation, exc.detail)
-            raise exc.about(request.key, state.value) from exc
         except UpstreamError as exc:
-            self._upstream_done(request, started)
-            state = await self._outcomes.mark_unknown(request, operation, exc)
-            raise exc.about(request.key, state.value) from exc
+            raise await self._send_failed(request, operation, started, exc) from exc
         finally:
             if answer is not None:
                 answer.close()
@@ -349,6 +337,18 @@ class IdempotencyEngine:
         state = await self._outcomes.complete(request, operation, stored, retained=True)
         self._inject_fault("after_receipt")
         return Reply(stored.status, stored.headers, stored.body, state, key=request.key)
+
+    async def _send_failed(
+        self, request: ProxyRequest, operation: Operation, started: float, error: UpstreamError
+    ) -> UpstreamError:
+        """Record what a failed send proves, and return the error to answer with: nothing
+        sent (`UpstreamUnreachable`) releases the key, anything later makes it `unknown`."""
+        self._upstream_done(request, started)
+        if isinstance(error, UpstreamUnreachable):
+            state = await self._outcomes.release(request, operation, error.detail)
+        else:
+            state = await self._outcomes.mark_unknown(request, operation, error)
+        return error.about(request.key, state.value)
 
     def _upstream_done(self, request: ProxyRequest, started: float) -> None:
         seconds = self._clock.monotonic() - started
