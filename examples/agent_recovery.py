@@ -12,6 +12,14 @@ ticket API on :9000:
     python -m examples.agent_recovery                        # everything is in the journal
 
 The ticket API ends with exactly one ticket and one email.
+
+With `--mcp` the same run calls the same two tools on the example MCP server
+(:9100) through the gateway's MCP route `/mcp`, with the official MCP client:
+the key goes in `_meta.idempotencyKey`, and the crash and resume go the same
+way (its journal is `data/agent-run-mcp.json`):
+
+    CRASH_AFTER_EFFECT=1 python -m examples.agent_recovery --mcp
+    python -m examples.agent_recovery --mcp
 """
 
 from __future__ import annotations
@@ -32,14 +40,19 @@ from idempotency_gateway_client import (
     GatewayConnectionError,
     HttpTool,
     JournalError,
+    McpTool,
     ReconciliationRequired,
     Run,
     RunEvent,
     ToolCall,
     ToolResult,
     Turn,
+    mcp_result,
     operation_path,
 )
+
+JOURNAL = Path("data/agent-run.json")
+MCP_JOURNAL = Path("data/agent-run-mcp.json")
 
 FLOW_VERSION = "ticket-triage-v1"
 """Pinned in the journal: a run started by this flow is resumed only by this flow."""
@@ -48,10 +61,10 @@ FLOW_VERSION = "ticket-triage-v1"
 def plan(turns: tuple[Turn, ...]) -> list[ToolCall]:
     """The "model": what to do next, given every finished turn."""
     if not turns:
-        ticket = {"title": "Printer on fire"}
-        return [ToolCall(call_id="c1", name="create_ticket", arguments=ticket)]
+        first = {"title": "Printer on fire"}
+        return [ToolCall(call_id="c1", name="create_ticket", arguments=first)]
     if len(turns) == 1:
-        ticket = turns[0].result("c1").body_json()
+        ticket = fields(turns[0].result("c1"))
         subject = f"Ticket {ticket['id']} opened: {ticket['title']}"
         return [
             ToolCall(
@@ -92,13 +105,22 @@ class Printer:
             say("run finished")
 
 
-def describe(result: ToolResult) -> str:
-    """The status and the id the tool gave the new object (or the body, when it has no id)."""
+def fields(result: ToolResult) -> dict[str, object]:
+    """What the tool answered, over HTTP (the JSON body) or MCP (the structured content)."""
     try:
         body = result.body_json()
     except ValueError:
-        body = None
-    if isinstance(body, dict) and "id" in body:
+        return {}
+    if isinstance(body, dict) and "result" in body:  # an MCP tool result
+        structured = mcp_result(result).structured_content
+        return dict(structured) if isinstance(structured, dict) else {}
+    return body if isinstance(body, dict) else {}
+
+
+def describe(result: ToolResult) -> str:
+    """The status and the id the tool gave the new object (or the body, when it has no id)."""
+    body = fields(result)
+    if "id" in body:
         return f"{result.status} {body['id']}"
     return f"{result.status} {result.body[:80]}"
 
@@ -118,11 +140,13 @@ async def run_agent(args: argparse.Namespace) -> int:
         say(f"run {run_id}: finished in an earlier process; everything is in {args.journal}")
     else:
         say(f"run {run_id}: resuming from {args.journal} ({len(existing.turns)} turn(s) saved)")
+    printer = Printer(crash_after_effect=os.environ.get("CRASH_AFTER_EFFECT") == "1")
+    if args.mcp:
+        return await run_mcp_agent(args, journal, run_id, printer)
     tools = {
         "create_ticket": HttpTool("POST", f"{args.prefix}/v1/issues"),
         "send_email": HttpTool("POST", f"{args.prefix}/v1/emails"),
     }
-    printer = Printer(crash_after_effect=os.environ.get("CRASH_AFTER_EFFECT") == "1")
     async with (
         GatewayClient(args.gateway) as gateway,
         Run(
@@ -147,6 +171,42 @@ async def run_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+async def run_mcp_agent(
+    args: argparse.Namespace, journal: FileJournal, run_id: str, printer: Printer
+) -> int:
+    """The same run through the gateway's MCP route, with the official MCP client."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    endpoint = args.gateway.rstrip("/") + args.mcp_prefix
+    async with (
+        GatewayClient(args.gateway) as gateway,
+        Client(streamable_http_client(endpoint)) as client,
+    ):
+        tools = {"create_ticket": McpTool(client), "send_email": McpTool(client)}
+        async with Run(
+            journal,
+            client=gateway,
+            run_id=run_id,
+            flow_version=FLOW_VERSION,
+            tools=tools,
+            on_event=printer,
+        ) as run:
+            while not run.finished:
+                await run.step(plan)
+            for turn in run.turns:
+                for planned in turn.calls:
+                    result = turn.result(planned.call_id)
+                    say(
+                        f"journal: turn {turn.index} {planned.call.name} {planned.call_id}: "
+                        f"{describe(result)} ({result.source})"
+                    )
+        listed = await client.call_tool("list_tickets", {})
+        items = (listed.structured_content or {}).get("items", [])
+        say(f"MCP server: {len(items)} ticket(s)")
+    return 0
+
+
 async def print_stats(tool_api: str) -> None:
     try:
         async with (
@@ -165,11 +225,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m examples.agent_recovery", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--gateway", default="http://127.0.0.1:8080", help="gateway base URL")
-    parser.add_argument("--journal", type=Path, default=Path("data/agent-run.json"))
+    parser.add_argument("--journal", type=Path, default=JOURNAL)
     parser.add_argument("--tool-api", default="http://127.0.0.1:9000", help="for the stats line")
     parser.add_argument("--prefix", default="/tickets", help="the gateway route of the tool API")
     parser.add_argument("--run-id", help="for a new journal (default: a fresh id)")
+    parser.add_argument(
+        "--mcp", action="store_true", help="call the tools on the example MCP server instead"
+    )
+    parser.add_argument("--mcp-prefix", default="/mcp", help="the gateway's MCP route")
     args = parser.parse_args(argv)
+    if args.mcp and args.journal == JOURNAL:
+        args.journal = MCP_JOURNAL
     try:
         return asyncio.run(run_agent(args))
     except ReconciliationRequired as exc:

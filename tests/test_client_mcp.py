@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -473,3 +474,55 @@ async def test_a_refusal_that_is_safe_to_retry_is_resent_with_the_same_key() -> 
 class NeverCalled:
     async def call_tool(self, *args: Any, **kwargs: Any) -> CallToolResult:
         raise AssertionError("not called")
+
+
+@pytest_asyncio.fixture
+async def example_mcp_server() -> AsyncIterator[str]:
+    """examples/mcp_server.py as `make run` starts it, on a port the OS picks."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "examples.mcp_server",
+        "--port",
+        "0",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            line = (await process.stdout.readline()).decode()
+        assert "listening on" in line, line
+        yield line.strip().rsplit(" ", 1)[-1]
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def test_the_example_agent_crashes_after_an_mcp_effect_and_resumes(
+    gateway_factory: GatewayFactory, example_mcp_server: str, tmp_path: Path
+) -> None:
+    """`python -m examples.agent_recovery --mcp`, the README's MCP crash and resume."""
+    route = {"name": "mcp-tools", "prefix": "/mcp", "upstream": example_mcp_server, "kind": "mcp"}
+    gateway = await gateway_factory(example_mcp_server, route=route)
+    journal = str(tmp_path / "agent-run-mcp.json")
+    args = [
+        "-m",
+        "examples.agent_recovery",
+        "--mcp",
+        "--gateway",
+        gateway.url,
+        "--journal",
+        journal,
+    ]
+    crashed = await run_agent(*args, env={"CRASH_AFTER_EFFECT": "1"}, seconds=TIMEOUT)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert "kill -9 before its result is saved" in crashed.stdout
+
+    resumed = await run_agent(*args, seconds=TIMEOUT)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "-> completed" in resumed.stdout
+    assert "receipt found, not sent again" in resumed.stdout
+    assert "tools/call create_ticket" not in resumed.stdout
+    assert resumed.stdout.count("tools/call send_email") == 1
+    assert "MCP server: 1 ticket(s)" in resumed.stdout
