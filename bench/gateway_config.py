@@ -2,22 +2,34 @@
 
 Built through the gateway's own `Settings` model and written back with
 `render_effective`, so a setting the gateway would refuse fails here, before
-any server starts, naming the key. One route, "tickets" at `/tickets`, in
-front of the tool API; everything else is the production default (24 h
+any server starts, naming the key. One route: "tickets" at `/tickets` in
+front of the tool API, or for the MCP rows "tools" at `/tools` (`kind = "mcp"`)
+in front of the MCP server; everything else is the production default (24 h
 retention, 60 s sweep, no quotas) because that is what operators run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 from gateway.config import Settings, render_effective
 
-__all__ = ["ROUTE_PREFIX", "LogLevel", "sqlite_url", "write_gateway_config"]
+__all__ = [
+    "MCP_PREFIX",
+    "ROUTE_PREFIX",
+    "LogLevel",
+    "sqlite_url",
+    "write_gateway_config",
+    "write_mcp_gateway_config",
+]
 
 ROUTE_PREFIX = "/tickets"
 """Where the gateway exposes the tool API: POST {gateway}/tickets/v1/issues."""
+
+MCP_PREFIX = "/tools"
+"""Where the gateway exposes the MCP server's endpoint: POST {gateway}/tools."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -32,18 +44,35 @@ def write_gateway_config(
 
     >>> # write_gateway_config(tmp / "gw.toml", upstream=api.url, store_url="sqlite:////tmp/g.db")
     """
+    route = {"name": "tickets", "prefix": ROUTE_PREFIX, "upstream": upstream, "timeout": "10s"}
+    return _write(path, route, store_url, log_level)
+
+
+def write_mcp_gateway_config(
+    path: Path, *, upstream: str, store_url: str, log_level: LogLevel = "warning"
+) -> Path:
+    """Like `write_gateway_config`, with one MCP route "tools" at `/tools` instead.
+
+    `upstream` is the MCP endpoint itself (`http://host:port/mcp`): a
+    Streamable HTTP server has one URL. Everything else on the route is the
+    MCP default: every tool protected, a call without a key passed through.
+    """
+    route = {
+        "name": "tools",
+        "prefix": MCP_PREFIX,
+        "upstream": upstream,
+        "kind": "mcp",
+        "timeout": "10s",
+    }
+    return _write(path, route, store_url, log_level)
+
+
+def _write(path: Path, route: Mapping[str, object], store_url: str, log_level: LogLevel) -> Path:
     settings = Settings.model_validate(
         {
             "server": {"host": "127.0.0.1", "port": 0},
             "store": {"url": store_url},
-            "routes": [
-                {
-                    "name": "tickets",
-                    "prefix": ROUTE_PREFIX,
-                    "upstream": upstream,
-                    "timeout": "10s",
-                }
-            ],
+            "routes": [route],
             "logging": {"level": log_level, "format": "json"},
             "idempotency": {"shared_scope": True},  # the load generators send no credential
         }

@@ -5,6 +5,10 @@ the store-scale run; the whole run stays well under 10 minutes on 2 cores.
 Quick: c=8, 2 s a row, 10k stored operations and no PostgreSQL, so the smoke
 test finishes in well under its 90 s budget.
 
+The MCP rows (`bench.mcp_rows`) run at c=1 and c=16 whatever the HTTP rows'
+concurrency: full, three answer forms at the HTTP rows' duration, plus the
+gateway's key-less pass-through; quick, the JSON form only, 1 s a row.
+
 Both run on the aiohttp load generator unless told otherwise: `bench.run`
 picks wrk when it is installed (`--client auto`), and passes it in `client`.
 """
@@ -32,7 +36,15 @@ class Plan:
     large_store: int = 1_000_000
     postgres: bool = True
     client: Client = "aiohttp"
-    """The load generator of every row; one for all, so the rows stay comparable."""
+    """The load generator of every HTTP row; one for all, so the rows stay comparable."""
+    mcp_forms: tuple[str, ...] = ("session-json", "session-sse", "stateless")
+    """The MCP answer forms measured (`bench.mcp_rows.FORMS`); empty: no MCP rows."""
+    mcp_concurrency: int = 16
+    """Concurrency of the MCP throughput rows (their latency rows run at c=1)."""
+    mcp_duration: float | None = None
+    """Measured seconds of every MCP row (None: `duration`)."""
+    mcp_pass_through: bool = True
+    """Also run the first MCP form through the gateway without keys (the hop alone)."""
 
     def spec(
         self,
@@ -72,4 +84,7 @@ QUICK = Plan(
     small_store=1_000,
     large_store=10_000,
     postgres=False,
+    mcp_forms=("session-json",),
+    mcp_duration=1.0,
+    mcp_pass_through=False,
 )

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ROOT", "ServerProcess", "gateway", "plain_proxy", "tool_api"]
+__all__ = ["ROOT", "ServerProcess", "gateway", "mcp_server", "plain_proxy", "tool_api"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _STOP_GRACE = 20.0
@@ -108,6 +108,15 @@ def plain_proxy(log_dir: Path, upstream: str) -> ServerProcess:
     """The baseline: a pass-through aiohttp proxy in front of `upstream`."""
     argv = [sys.executable, "-m", "bench.plain_proxy", "--port", "0", "--upstream", upstream]
     return ServerProcess("plain proxy", argv, log_path=log_dir / "plain_proxy.log")
+
+
+def mcp_server(log_dir: Path, *, json_response: bool) -> ServerProcess:
+    """The MCP rows' upstream (`bench.mcp_server`); its `url` is the MCP endpoint (`.../mcp`)."""
+    argv = [sys.executable, "-m", "bench.mcp_server", "--port", "0"]
+    if json_response:
+        argv.append("--json-response")
+    form = "json" if json_response else "sse"
+    return ServerProcess(f"MCP server ({form})", argv, log_path=log_dir / f"mcp_server_{form}.log")
 
 
 def gateway(config_path: Path, *, name: str = "gateway") -> ServerProcess:

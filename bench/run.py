@@ -9,9 +9,12 @@ the machine's description, to bench/RESULTS.md.
 
     python -m bench.run --write      # the full run, under 10 minutes on 2 cores
     python -m bench.run --quick      # a smoke run of well under a minute
+    python -m bench.run --only mcp   # only the MCP rows (prints; never writes)
 
-Every row's load comes from wrk when it is installed (`bench.wrk`), else
-from the aiohttp generator (`bench.loadgen`); `--client` chooses.
+Every HTTP row's load comes from wrk when it is installed (`bench.wrk`), else
+from the aiohttp generator (`bench.loadgen`); `--client` chooses. The MCP
+rows (`bench.mcp_rows`: an official-SDK MCP server, direct and through a
+gateway MCP route) always run on their own aiohttp generator, `bench.mcp_load`.
 """
 
 from __future__ import annotations
@@ -25,42 +28,72 @@ from pathlib import Path
 
 from bench import processes
 from bench.loadgen import Client
+from bench.mcp_rows import (
+    FORMS,
+    McpRows,
+    mcp_comparison,
+    mcp_detail_table,
+    mcp_summary_table,
+    measure_mcp_rows,
+)
 from bench.plan import FULL, QUICK, Plan
 from bench.report import machine_info, write_results
-from bench.scale import measure_scale_point, scale_table
-from bench.scenarios import latency_table, measure_http_rows, throughput_table
+from bench.scale import ScalePoint, measure_scale_point, scale_table
+from bench.scenarios import DIRECT, Rows, latency_table, measure_http_rows, throughput_table
 from bench.wrk import SCRIPT, wrk_available, wrk_version
 
 __all__ = ["main"]
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+HTTP_MISS = "gateway sqlite miss"
+"""The HTTP row the MCP rows' added latency is compared with (`bench.scenarios`)."""
+SECTIONS = ("http", "scale", "mcp")
+"""What `--only` can pick: the HTTP rows, the store-scale rows, the MCP rows."""
 
 
-def run(plan: Plan) -> str:
-    """Run every row of `plan` and return the results as Markdown."""
+def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
+    """Run every row of `plan` in `sections` and return the results as Markdown."""
     started, machine = time.monotonic(), machine_info()
-    generator = _generator_note(plan.client)
+    http_or_scale = "http" in sections or "scale" in sections
+    generator = _generator_note(plan.client) if http_or_scale else None
+    rows: Rows | None = None
+    scale: tuple[ScalePoint, ScalePoint] | None = None
+    mcp: McpRows | None = None
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         workdir = Path(tmp)
-        with processes.tool_api(workdir) as api:
-            print("HTTP rows:", file=sys.stderr, flush=True)
-            rows = measure_http_rows(plan, workdir, api)
-            print("store-scale rows:", file=sys.stderr, flush=True)
-            small = measure_scale_point(plan, workdir, api, plan.small_store)
-            large = measure_scale_point(plan, workdir, api, plan.large_store)
+        if http_or_scale:
+            with processes.tool_api(workdir) as api:
+                if "http" in sections:
+                    print("HTTP rows:", file=sys.stderr, flush=True)
+                    rows = measure_http_rows(plan, workdir, api)
+                if "scale" in sections:
+                    print("store-scale rows:", file=sys.stderr, flush=True)
+                    small = measure_scale_point(plan, workdir, api, plan.small_store)
+                    large = measure_scale_point(plan, workdir, api, plan.large_store)
+                    scale = (small, large)
+        if "mcp" in sections and plan.mcp_forms:
+            print("MCP rows:", file=sys.stderr, flush=True)
+            mcp = measure_mcp_rows(plan, workdir)
     minutes = (time.monotonic() - started) / 60
-    return "\n".join(
-        [
-            "# Benchmark results",
-            "",
-            "Written by `make bench` (`python -m bench.run --write`). Compare ratios "
-            "within one run, not absolute numbers across runs (PERF-NOTES).",
-            "",
-            *machine,
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by `make bench` (`python -m bench.run --write`). Compare ratios "
+        "within one run, not absolute numbers across runs (PERF-NOTES).",
+        "",
+        *machine,
+    ]
+    if generator is not None:
+        lines += [
             f"- plan: c={plan.concurrency}, {plan.duration:g} s measured per row after "
             f"{plan.warmup:g} s warm-up, POST of a 200-byte JSON body; whole run "
             f"{minutes:.1f} min",
             f"- load generator: {generator}",
+        ]
+    else:
+        lines.append(f"- plan: {', '.join(sections)} rows only; whole run {minutes:.1f} min")
+    if rows is not None:
+        lines += [
             "",
             "## Throughput",
             "",
@@ -73,14 +106,45 @@ def run(plan: Plan) -> str:
             "## Latency at c=1",
             "",
             latency_table(rows).render(),
-            "",
-            "## Store scale",
-            "",
-            scale_table(small, large).render(),
-            "",
-            *(f"- {note}" for note in rows.notes),
         ]
-    )
+    if scale is not None:
+        lines += ["", "## Store scale", "", scale_table(*scale).render()]
+    if mcp is not None and mcp.measured:
+        lines += ["", *_mcp_section(plan, mcp, rows)]
+    notes = [*(rows.notes if rows else []), *(mcp.notes if mcp else [])]
+    if notes:
+        lines += ["", *(f"- {note}" for note in notes)]
+    return "\n".join(lines)
+
+
+def _mcp_section(plan: Plan, mcp: McpRows, http: Rows | None) -> list[str]:
+    duration = plan.mcp_duration or plan.duration
+    compare = mcp_comparison(mcp)
+    direct, miss = (http.find(DIRECT, 1), http.find(HTTP_MISS, 1)) if http else (None, None)
+    if direct is not None and miss is not None:
+        added = miss.result.p50_ms - direct.result.p50_ms
+        compare.append(f"the HTTP miss row of this run added {added:+.2f} ms at c=1")
+    return [
+        "## MCP tool calls",
+        "",
+        "`create_ticket` (a side effect, answered as structured content) on an "
+        "official-SDK MCP server over Streamable HTTP, called directly and through a "
+        "gateway MCP route (SQLite store), with a fresh `params._meta.idempotencyKey` "
+        f"every call (the miss path); c=1 for latency, c={plan.mcp_concurrency} for "
+        f"throughput, {duration:g} s measured per row after {plan.warmup:g} s warm-up.",
+        "",
+        mcp_summary_table(mcp).render(),
+        *(["", "For comparison: " + "; ".join(compare) + "."] if compare else []),
+        "",
+        mcp_detail_table(mcp).render(),
+        "",
+        "CPU is per answered call, over the measured window. The gateway's time split "
+        "is its own /metrics over the whole row (warm-up included): the whole request, "
+        "the wait for the MCP server's answer, and the claim's and the receipt's "
+        "durable commits (each including its wait for a group commit). `not ok` are "
+        "answers other than the tool's own success (counted by kind in the notes); "
+        '"gateway, no key" is a call the gateway passes on unrecorded (the hop alone).',
+    ]
 
 
 def _generator_note(client: Client) -> str:
@@ -117,6 +181,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, help="measured seconds per row")
     parser.add_argument("--rows", type=int, help="operations stored for the large scale run")
     parser.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        help="run only these rows (repeatable; prints, cannot --write)",
+    )
+    parser.add_argument(
+        "--mcp-form",
+        action="append",
+        choices=FORMS,
+        help="MCP answer forms to measure (repeatable; default: the plan's)",
+    )
+    parser.add_argument(
         "--client",
         choices=("auto", "wrk", "aiohttp"),
         default="auto",
@@ -136,10 +212,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.concurrency is not None:
         overrides["concurrency"] = args.concurrency
     if args.duration is not None:
-        overrides["duration"] = args.duration
+        overrides["duration"] = overrides["mcp_duration"] = args.duration
     if args.rows is not None:
         overrides["large_store"] = args.rows
-    text = run(plan.with_overrides(**overrides))
+    if args.mcp_form:
+        overrides["mcp_forms"] = tuple(dict.fromkeys(args.mcp_form))
+    if args.only and args.write:
+        parser.error("--only: a partial run cannot --write (RESULTS.md holds the whole run)")
+    text = run(plan.with_overrides(**overrides), tuple(args.only or SECTIONS))
     print(text, flush=True)
     if args.write:
         write_results(RESULTS, text)

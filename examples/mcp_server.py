@@ -134,8 +134,18 @@ class _Server(uvicorn.Server):
 
 
 def _listen(host: str, port: int) -> socket.socket:
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for a
+    # socket that says it is TCP (else each keep-alive answer waits for a delayed ACK).
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 async def _serve(sock: socket.socket, *, json_response: bool, stateless: bool) -> None:

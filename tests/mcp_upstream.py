@@ -264,7 +264,10 @@ class CountingMcpServer:
             stateless_http=self.stateless,
             host=HOST,
         )
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for a
+        # socket that says it is TCP; without it every keep-alive answer waits ~40 ms for
+        # the client's delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.bind((HOST, 0))
             port = sock.getsockname()[1]

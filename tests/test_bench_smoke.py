@@ -75,6 +75,12 @@ def test_quick_run_prints_every_row() -> None:
         assert throughput[name][6] == "0/0", f"{name}: non-2xx/errors {throughput[name][6]}"
     assert set(LATENCY_ROWS) <= set(_table_rows(output, "## Latency at c=1")), output
     assert set(SCALE_ROWS) <= set(_table_rows(output, "## Store scale")), output
+    mcp = _table_rows(output, "## MCP tool calls")
+    assert "2025-11-25 session, JSON answers" in mcp, output
+    for line in output.split("## MCP tool calls", 1)[1].splitlines():
+        cells = line.split("|")
+        if line.startswith(("| MCP direct", "| MCP gateway")):
+            assert cells[9].strip() == "0/0", f"failed MCP calls: {line}"
     after = RESULTS.read_bytes() if RESULTS.exists() else None
     assert after == before, "bench/RESULTS.md changed without --write"
 

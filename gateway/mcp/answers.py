@@ -25,10 +25,12 @@ they are not part of the receipt.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.engine.errors import UpstreamConnectionLost
+from gateway.engine.errors import UpstreamConnectionLost, UpstreamError
 from gateway.engine.exchange import AnswerOutcome, Receipt, Released
 from gateway.engine.models import StoredResponse
 from gateway.mcp.calls import KEY_META, ToolCall
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from gateway.engine.exchange import UpstreamAnswer
 
 __all__ = ["RELEASING_STATUSES", "McpCall"]
+
+STREAM_END_GRACE = 0.1
+"""Seconds to wait for a stream's end once its response arrived (see `_finish_quietly`)."""
 
 RELEASING_STATUSES = frozenset({401, 403, 404})
 """Statuses that prove the server did not process the call (404: unknown session)."""
@@ -111,11 +116,13 @@ class McpCall:
     async def _from_stream(self, answer: UpstreamAnswer) -> AnswerOutcome:
         decoder = SseDecoder()
         limit = self._route.max_stored_response
-        async for chunk in answer.rest():
+        chunks = answer.rest()
+        async for chunk in chunks:
             for event in decoder.feed(chunk):
                 data = event.data.encode()
                 receipt = self._receipt_of(data) if len(data) <= limit else None
                 if receipt is not None:
+                    await _finish_quietly(chunks)
                     return receipt
                 await self._forward(encode_event(event.data, event=_named(event.event)))
         raise UpstreamConnectionLost("the MCP server's stream ended without the tool's answer")
@@ -149,6 +156,17 @@ class McpCall:
     async def _forward(self, event: bytes) -> None:
         if self._on_event is not None:
             await self._on_event(event)
+
+
+async def _finish_quietly(chunks: AsyncIterator[bytes]) -> None:
+    """Read what a stream still holds once the response is in (servers close it right
+    after): a stream read to its end leaves its connection reusable, where one cut
+    short is closed and the next call pays a new connection. Bounded: the receipt
+    does not wait on a server that keeps its stream open."""
+    with contextlib.suppress(TimeoutError, UpstreamError):
+        async with asyncio.timeout(STREAM_END_GRACE):
+            async for _ in chunks:
+                pass
 
 
 def _named(event: str) -> str | None:
