@@ -21,6 +21,11 @@ the answer means:
 Progress notifications and other events that come before the response in a
 stream are handed to `on_event` as they arrive, so the caller sees them live;
 they are not part of the receipt.
+
+A stream that ends (or breaks) before the response, after the server gave
+its events ids, is resumed as Streamable HTTP allows: a GET with
+`Last-Event-ID`, within the route's `timeout`. Only when that fails too is
+the call `unknown`.
 """
 
 from __future__ import annotations
@@ -51,8 +56,11 @@ RELEASING_STATUSES = frozenset({401, 403, 404})
 """Statuses that prove the server did not process the call (404: unknown session)."""
 
 JSON_HEADERS = (("Content-Type", "application/json"),)
+EVENT_STREAM = "text/event-stream"
 
 EventSink = Callable[[bytes], Awaitable[None]]
+Resumer = Callable[[str], Awaitable["UpstreamAnswer"]]
+"""Opens the server's stream again after the event with this id (a GET with Last-Event-ID)."""
 
 
 class McpCall:
@@ -67,11 +75,13 @@ class McpCall:
         document: dict[str, Any],
         *,
         on_event: EventSink | None = None,
+        resume: Resumer | None = None,
     ) -> None:
         self._route = route
         self._call = call
         self._document = document
         self._on_event = on_event
+        self._resume = resume
 
     def body_for(self, forwarded_key: str | None) -> bytes:
         """The call as sent upstream: the caller's key replaced by the forwarded key
@@ -114,18 +124,74 @@ class McpCall:
         return receipt
 
     async def _from_stream(self, answer: UpstreamAnswer) -> AnswerOutcome:
+        last_id: str | None = None
+        try:
+            return await self._read_events(answer)
+        except _StreamEnded as ended:
+            last_id, cause = ended.last_id, ended.cause
+        if last_id is None or self._resume is None:
+            raise UpstreamConnectionLost(
+                "the MCP server's stream ended without the tool's answer"
+            ) from cause
+        return await self._resumed(last_id)
+
+    async def _resumed(self, last_id: str) -> AnswerOutcome:
+        """Open the stream again after `last_id` until the response comes, within the
+        route's `timeout`; a server that cannot resume leaves the call `unknown`."""
+        assert self._resume is not None
+        try:
+            async with asyncio.timeout(self._route.timeout):
+                while True:
+                    try:
+                        answer = await self._resume(last_id)
+                    except UpstreamError as exc:  # never "unreachable": the call went out
+                        raise UpstreamConnectionLost(
+                            "the MCP server's stream ended without the tool's answer, and "
+                            "it could not be reached to resume it"
+                        ) from exc
+                    try:
+                        content_type = _header(answer.headers, "content-type") or ""
+                        if answer.status != 200 or not content_type.startswith(EVENT_STREAM):
+                            raise UpstreamConnectionLost(
+                                "the MCP server's stream ended without the tool's answer, "
+                                f"and resuming it was answered HTTP {answer.status}"
+                            )
+                        return await self._read_events(answer, last_id)
+                    except _StreamEnded as ended:
+                        if ended.last_id == last_id:  # no progress: do not loop
+                            raise UpstreamConnectionLost(
+                                "the MCP server's resumed stream ended without the answer"
+                            ) from ended.cause
+                        last_id = ended.last_id or last_id
+                    finally:
+                        answer.close()
+        except TimeoutError as exc:
+            raise UpstreamConnectionLost(
+                "the MCP server's stream ended without the tool's answer and could not be "
+                "resumed in time"
+            ) from exc
+
+    async def _read_events(
+        self, answer: UpstreamAnswer, last_id: str | None = None
+    ) -> AnswerOutcome:
+        """Read events until the response to this call; `_StreamEnded` (with the last
+        event id seen) when the stream ends or breaks first."""
         decoder = SseDecoder()
         limit = self._route.max_stored_response
         chunks = answer.rest()
-        async for chunk in chunks:
-            for event in decoder.feed(chunk):
-                data = event.data.encode()
-                receipt = self._receipt_of(data) if len(data) <= limit else None
-                if receipt is not None:
-                    await _finish_quietly(chunks)
-                    return receipt
-                await self._forward(encode_event(event.data, event=_named(event.event)))
-        raise UpstreamConnectionLost("the MCP server's stream ended without the tool's answer")
+        try:
+            async for chunk in chunks:
+                for event in decoder.feed(chunk):
+                    last_id = event.id if event.id is not None else last_id
+                    data = event.data.encode()
+                    receipt = self._receipt_of(data) if len(data) <= limit else None
+                    if receipt is not None:
+                        await _finish_quietly(chunks)
+                        return receipt
+                    await self._forward(encode_event(event.data, event=_named(event.event)))
+        except UpstreamError as exc:
+            raise _StreamEnded(last_id, exc) from exc
+        raise _StreamEnded(last_id, None)
 
     def _receipt_of(self, data: bytes) -> Receipt | Released | None:
         """The receipt, when `data` is the response to this call; None otherwise."""
@@ -156,6 +222,16 @@ class McpCall:
     async def _forward(self, event: bytes) -> None:
         if self._on_event is not None:
             await self._on_event(event)
+
+
+class _StreamEnded(Exception):
+    """A stream ended (or broke: `cause`) before the response; `last_id` is the id of
+    the last event it carried, where it could be resumed."""
+
+    def __init__(self, last_id: str | None, cause: BaseException | None) -> None:
+        super().__init__(last_id)
+        self.last_id = last_id
+        self.cause = cause
 
 
 async def _finish_quietly(chunks: AsyncIterator[bytes]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -28,7 +29,7 @@ from gateway.engine.errors import (
     GatewayError,
     MissingKey,
 )
-from gateway.engine.exchange import ProxyRequest, Reply
+from gateway.engine.exchange import ProxyRequest, Reply, UpstreamAnswer
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
 from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
@@ -64,6 +65,7 @@ from gateway.proxy.view import (
 )
 from gateway.web.appkeys import (
     ENGINE,
+    FORWARDER,
     MCP_CALLS_IN_FLIGHT,
     MCP_HINTS,
     METRICS,
@@ -170,7 +172,13 @@ async def _tool_call(
         # A duplicate in flight waits for the outcome rather than being refused at once.
         wait_seconds=route.timeout,
         trace=trace,
-        dialect=McpCall(route, call, message.document, on_event=live.send if live else None),
+        dialect=McpCall(
+            route,
+            call,
+            message.document,
+            on_event=live.send if live else None,
+            resume=_resumer(request, match, caller),
+        ),
         retention=retention,
     )
     engine, metrics = app[ENGINE], app[METRICS]
@@ -232,6 +240,26 @@ def _cancels_a_protected_call(request: web.Request, caller: CallerScope, message
         extra={"event": "mcp_cancel", "route": request[TRACE].route},
     )
     return True
+
+
+def _resumer(
+    request: web.Request, match: RouteMatch, caller: CallerScope
+) -> Callable[[str], Awaitable[UpstreamAnswer]]:
+    """How to reopen a protected call's stream after an event id: a GET on the same
+    endpoint, with the caller's (forwarded) headers and `Last-Event-ID`."""
+    replaced = {"accept", "last-event-id", "content-type", "content-length"}
+    headers = [
+        (name, value)
+        for name, value in upstream_headers(request, caller)
+        if name.lower() not in replaced
+    ]
+
+    async def resume(last_id: str) -> UpstreamAnswer:
+        sent = (*headers, ("Accept", EVENT_STREAM), ("Last-Event-ID", last_id))
+        forwarder = request.app[FORWARDER]
+        return await forwarder.send(match.route, "GET", match.upstream_url, sent, b"")
+
+    return resume
 
 
 def _needs_a_key(app: web.Application, route: RouteSettings, call: ToolCall) -> bool:
