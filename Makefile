@@ -24,8 +24,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict gateway clients/python/idempotency_gateway_client
 
+# One pytest worker per core: the tests are independent (port 0, tmp_path, a
+# PostgreSQL schema each), and the suite stays a few minutes on 2 cores.
 test: lint typecheck
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 # The gateway against a plain aiohttp proxy and the store at 1M operations, in one
 # run (under 10 minutes on 2 cores); writes bench/RESULTS.md. With the `fast` extra
