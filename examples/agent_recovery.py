@@ -158,17 +158,22 @@ async def run_agent(args: argparse.Namespace) -> int:
             on_event=printer,
         ) as run,
     ):
-        while not run.finished:
-            await run.step(plan)
-        for turn in run.turns:
-            for planned in turn.calls:
-                result = turn.result(planned.call_id)
-                say(
-                    f"journal: turn {turn.index} {planned.call.name} {planned.call_id}: "
-                    f"{describe(result)} ({result.source})"
-                )
+        await finish(run)
     await print_stats(args.tool_api)
     return 0
+
+
+async def finish(run: Run) -> None:
+    """Step the run to its end, then show what the journal holds."""
+    while not run.finished:
+        await run.step(plan)
+    for turn in run.turns:
+        for planned in turn.calls:
+            result = turn.result(planned.call_id)
+            say(
+                f"journal: turn {turn.index} {planned.call.name} {planned.call_id}: "
+                f"{describe(result)} ({result.source})"
+            )
 
 
 async def run_mcp_agent(
@@ -192,15 +197,7 @@ async def run_mcp_agent(
             tools=tools,
             on_event=printer,
         ) as run:
-            while not run.finished:
-                await run.step(plan)
-            for turn in run.turns:
-                for planned in turn.calls:
-                    result = turn.result(planned.call_id)
-                    say(
-                        f"journal: turn {turn.index} {planned.call.name} {planned.call_id}: "
-                        f"{describe(result)} ({result.source})"
-                    )
+            await finish(run)
         listed = await client.call_tool("list_tickets", {})
         items = (listed.structured_content or {}).get("items", [])
         say(f"MCP server: {len(items)} ticket(s)")
