@@ -504,3 +504,21 @@ async def test_a_saturated_route_refuses_with_its_retry_hint(
     assert server.count == 1
     missing = await gateway.get("/operations/busy-2")
     assert missing.status == 404  # nothing was recorded
+
+
+async def test_a_derived_key_always_forwards_the_operation_id(
+    gateway_factory: GatewayFactory, server: CountingMcpServer
+) -> None:
+    """Even on a route that forwards callers' keys as they came, a derived operation
+    forwards its operation id: the derived key names arguments, not a chosen effect."""
+    gateway = await gateway_factory(
+        server.url,
+        route=mcp_route(server, derive_key="arguments", forward_key="key"),
+        idempotency={"scope_headers": [], "shared_scope": True},
+    )
+    async with asyncio.timeout(TIMEOUT), mcp_client(gateway.url + PREFIX) as client:
+        await call_with_key(client, "create_ticket", {"title": "derived"}, None)
+        await call_with_key(client, "create_ticket", {"title": "chosen"}, "chosen-1")
+    derived, chosen = (effect.meta.get("idempotencyKey") for effect in server.effects)
+    assert str(derived).startswith("op_")
+    assert chosen == "chosen-1"

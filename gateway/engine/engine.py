@@ -265,8 +265,13 @@ class IdempotencyEngine:
         self._keeper.drop(operation.id, operation.token)
         self._records.notify(operation.id)
 
+    def _forwarded_key(self, request: ProxyRequest, operation: Operation) -> str | None:
+        if request.forward_operation_id:
+            return operation.id
+        return self._forwarded_keys.of(request.route, operation)
+
     def _with_forwarded_key(self, request: ProxyRequest, operation: Operation) -> Pairs:
-        value = self._forwarded_keys.of(request.route, operation)
+        value = self._forwarded_key(request, operation)
         return request.headers if value is None else (*request.headers, (IDEMPOTENCY_KEY, value))
 
     async def _send(self, request: ProxyRequest, operation: Operation) -> tuple[Reply, bool]:
@@ -311,7 +316,7 @@ class IdempotencyEngine:
                 dialect.send_method,
                 request.upstream_url,
                 self._with_forwarded_key(request, operation),
-                dialect.body_for(self._forwarded_keys.of(route, operation)),
+                dialect.body_for(self._forwarded_key(request, operation)),
             )
             self._inject_fault("after_send")
             try:

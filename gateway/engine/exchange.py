@@ -135,7 +135,8 @@ class ProxyRequest(NamedTuple):
     name on MCP routes); `wait_seconds` comes from `Prefer: wait=N`, already
     capped by `max_wait`. `dialect`, when set, sends the call and reads its
     answer instead of the plain HTTP exchange. `retention`, when set, replaces
-    both the receipt and the tombstone retention (derived MCP keys).
+    both the receipt and the tombstone retention (derived MCP keys), which
+    also always forward the operation id (`forward_operation_id`).
     """
 
     route: RouteSettings
@@ -151,6 +152,9 @@ class ProxyRequest(NamedTuple):
     trace: RequestTrace | None = None
     dialect: Dialect | None = None
     retention: float | None = None
+    forward_operation_id: bool = False
+    """Forward the operation id whatever the route's `forward_key` (derived MCP keys:
+    the derived key names arguments, not an effect the caller chose)."""
 
 
 @dataclass(frozen=True, slots=True)

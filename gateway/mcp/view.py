@@ -43,7 +43,6 @@ from gateway.mcp.jsonrpc import (
     RequestId,
     error_message,
     parse_message,
-    parse_object,
 )
 from gateway.mcp.passthrough import (
     EVENT_STREAM,
@@ -180,6 +179,7 @@ async def _tool_call(
             resume=_resumer(request, match, caller),
         ),
         retention=retention,
+        forward_operation_id=retention is not None,
     )
     engine, metrics = app[ENGINE], app[METRICS]
     in_flight = app[MCP_CALLS_IN_FLIGHT]
@@ -288,20 +288,22 @@ async def _answer_reply(
         passed: CIMultiDict[str] = CIMultiDict(reply.headers)
         passed.update(headers)
         return web.Response(status=reply.status, headers=passed, body=reply.body)
-    return await _answer(request, live, parse_object(reply.body), headers)
+    return await _answer(request, live, reply.body, headers)
 
 
 async def _answer(
     request: web.Request,
     live: LiveAnswer | None,
-    document: dict[str, Any],
+    message: dict[str, Any] | bytes,
     headers: dict[str, str],
 ) -> web.StreamResponse:
     """The final JSON-RPC message: the last event of a live stream already started,
-    else JSON when the caller takes it, else a one-event stream."""
+    else JSON when the caller takes it, else a one-event stream. A fresh answer
+    comes as the receipt's bytes (its id is the request's): sent as they are."""
+    body = message if isinstance(message, bytes) else dumps(message)
     if live is not None and (live.started or not _accepts(request, JSON)):
-        return await live.finish(encode_event(dumps(document).decode(), event="message"), headers)
-    return json_response(document, 200, headers)
+        return await live.finish(encode_event(body.decode(), event="message"), headers)
+    return web.Response(status=200, body=body, content_type=JSON, headers=headers)
 
 
 class LiveAnswer:
