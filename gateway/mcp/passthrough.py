@@ -14,6 +14,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.engine.errors import UpstreamError
+from gateway.mcp.answers import EVENT_STREAM
 from gateway.mcp.hints import ToolListing
 from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
 from gateway.mcp.replies import dumps, strip_owned_meta
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from gateway.proxy.routing import RouteMatch
 
 JSON = "application/json"
-EVENT_STREAM = "text/event-stream"
 
 
 async def pass_through(

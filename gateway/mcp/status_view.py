@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import CIMultiDict
 
+from gateway.mcp.answers import EVENT_STREAM
 from gateway.mcp.calls import tool_call_of
 from gateway.mcp.hints import MAX_LISTING_BYTES
 from gateway.mcp.jsonrpc import JsonRpcError, Message, parse_object
-from gateway.mcp.passthrough import EVENT_STREAM, json_response, upstream_headers
+from gateway.mcp.passthrough import json_response, upstream_headers
 from gateway.mcp.replies import dumps
 from gateway.mcp.sse import SseDecoder, encode_event
 from gateway.mcp.status_tool import definition, key_asked_about, status_result

@@ -33,7 +33,7 @@ from gateway.engine.exchange import ProxyRequest, Reply, UpstreamAnswer
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
 from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
-from gateway.mcp.answers import McpCall
+from gateway.mcp.answers import EVENT_STREAM, McpCall
 from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
 from gateway.mcp.jsonrpc import (
     INVALID_PARAMS,
@@ -45,7 +45,6 @@ from gateway.mcp.jsonrpc import (
     parse_message,
 )
 from gateway.mcp.passthrough import (
-    EVENT_STREAM,
     JSON,
     json_response,
     pass_through,
