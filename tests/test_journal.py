@@ -162,7 +162,7 @@ async def test_the_plan_is_durable_before_any_call_runs(
         "headers": {},
     }
     assert on_disk["results"] == {}
-    assert sorted(os.listdir(path.parent)) == ["run.json", "run.json.lock"]  # no temporary left
+    assert sorted(os.listdir(path.parent)) == ["run.json"]  # no temporary, the lock released
 
 
 async def test_resume_takes_the_receipt_of_an_effect_whose_result_was_not_saved(

@@ -8,12 +8,12 @@ failure becomes `GatewayConnectionError`, a gateway problem its typed
 from __future__ import annotations
 
 import asyncio
-import json as jsonlib
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import aiohttp
+import rfc8785
 from yarl import URL
 
 from idempotency_gateway_client._backoff import Backoff
@@ -35,15 +35,25 @@ _UNSET: Any = object()
 
 
 def canonical_json(value: Any) -> bytes:
-    """JSON with sorted keys, no spaces, ASCII only: the same value gives the same bytes.
+    """RFC 8785 canonical JSON (JCS): the same value gives the same bytes, in every client.
 
-    The gateway fingerprints the body bytes, so a retry from another process
-    must serialize the arguments exactly as the first attempt did.
+    The gateway fingerprints the body bytes, so a retry, from this process or
+    from a Node worker resuming the same journal, must serialize the arguments
+    exactly as the first attempt did. RFC 8785 fixes those bytes across
+    languages: members sorted by UTF-16 code units, no whitespace, minimal
+    string escapes, numbers as ECMAScript prints them (`1.0` is `1`). A value
+    JSON cannot carry exactly to every client (an integer beyond 2^53, NaN) is a
+    ValueError, raised before anything is sent.
 
-    >>> canonical_json({"b": 1, "a": "é"})
-    b'{"a":"\\\\u00e9","b":1}'
+    >>> canonical_json({"b": 1.0, "a": "é"})
+    b'{"a":"\xc3\xa9","b":1}'
     """
-    return jsonlib.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    try:
+        return rfc8785.dumps(value)
+    except rfc8785.CanonicalizationError as exc:
+        raise ValueError(
+            f"not sendable as canonical JSON: {exc}; send an integer beyond 2^53 as a string"
+        ) from exc
 
 
 def key_header(key: str) -> str:

@@ -16,6 +16,8 @@ never breaks an older client. Each problem keeps every field the gateway sent.
     │   │   ├── PayloadTooLarge        413 payload-too-large
     │   │   └── RequestTimeout         408 request-timeout (the body came too slowly; safe)
     │   ├── Unauthorized               401 unauthorized
+    │   │   └── MissingCredentials     401 missing-credentials (no scope credential sent)
+    │   ├── ClientNotAllowed           403 client-not-allowed (the route names other clients)
     │   ├── NotFound
     │   │   ├── NoRoute                404 no-route
     │   │   └── UnknownKey             404 unknown-key
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BadRequest",
     "CallUnconfirmed",
+    "ClientNotAllowed",
     "GatewayClientError",
     "GatewayConnectionError",
     "GatewayProblem",
@@ -69,6 +72,7 @@ __all__ = [
     "KeyMismatch",
     "LeaseLost",
     "MethodNotAllowed",
+    "MissingCredentials",
     "MissingKey",
     "NoRoute",
     "NotFound",
@@ -196,6 +200,18 @@ class RequestTimeout(BadRequest):
 
 class Unauthorized(GatewayProblem):
     problem_type = "unauthorized"
+
+
+class MissingCredentials(Unauthorized):
+    """No scope credential was sent, and the gateway does not let callers share one scope."""
+
+    problem_type = "missing-credentials"
+
+
+class ClientNotAllowed(GatewayProblem):
+    """This client may not use the route (`clients = [...]` on the route names others)."""
+
+    problem_type = "client-not-allowed"
 
 
 class NotFound(GatewayProblem):
@@ -382,7 +398,10 @@ PROBLEM_CLASSES: dict[str, type[GatewayProblem]] = {
         InvalidKey,
         InvalidRequest,
         PayloadTooLarge,
+        RequestTimeout,
         Unauthorized,
+        MissingCredentials,
+        ClientNotAllowed,
         NoRoute,
         NotFound,
         UnknownKey,

@@ -2,22 +2,21 @@
 
 Every write goes to a temporary file in the same directory, is fsynced,
 renamed over the journal, and the directory is fsynced, so a crash at any
-instant leaves either the old journal or the new one. Writers serialize on an
-exclusive `flock` of a sidecar `<journal>.lock` file (never the journal
-itself, which the rename replaces), and re-read the journal under that lock
-to check their lease before writing.
+instant leaves either the old journal or the new one. Writers serialize on the
+journal's lock file `<journal>.lock` (`_lock_file.py`: a protocol the Node
+client shares, so Python and Node workers exclude each other), and re-read the
+journal under it to check their lease before writing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from idempotency_gateway_client._exceptions import IncompatibleJournal, JournalError
+from idempotency_gateway_client._exceptions import IncompatibleJournal
 from idempotency_gateway_client._journal import (
     Worker,
     fence,
@@ -26,6 +25,7 @@ from idempotency_gateway_client._journal import (
     released,
     renewed,
 )
+from idempotency_gateway_client._lock_file import LockFile
 from idempotency_gateway_client._records import JournalDocument
 
 __all__ = ["FileJournal"]
@@ -45,6 +45,7 @@ class FileJournal:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout = lock_timeout
+        self._lock = LockFile(self.lock_path, lock_timeout)
 
     def __repr__(self) -> str:
         return f"FileJournal({str(self.path)!r})"
@@ -91,26 +92,13 @@ class FileJournal:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            deadline = time.monotonic() + self.lock_timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise JournalError(
-                            f"{self.lock_path} stayed locked for {self.lock_timeout} s; "
-                            "is a worker stopped (SIGSTOP) in the middle of a write?"
-                        ) from None
-                    time.sleep(0.01)
+        with self._lock.held():
             yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
 
     def _replace(self, document: JournalDocument) -> None:
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        temporary = self.path.with_name(
+            f".{self.path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        )
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             data = document.to_json()

@@ -27,6 +27,7 @@ rest of the package works without it.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, cast
@@ -76,6 +77,7 @@ _STATUS_OF: Final = {
     "request-timeout": 408,
     "payload-too-large": 413,
     "unauthorized": 401,
+    "client-not-allowed": 403,
     "no-route": 404,
     "unknown-key": 404,
     "key-mismatch": 422,
@@ -274,11 +276,23 @@ def _tool_result(
     return ToolResult(
         status=200,
         headers=dict(_JSON_HEADERS),
-        body=canonical_json(document).decode("ascii"),
+        body=_record_json(document),
         replayed=replayed,
         state="completed",
         source=source,
     )
+
+
+def _record_json(document: dict[str, Any]) -> str:
+    """A tool's answer as the journal keeps it: canonical JSON, as the Node client writes it.
+
+    What a server answered is recorded, never refused: an integer beyond what
+    canonical JSON carries exactly is written with sorted keys instead.
+    """
+    try:
+        return canonical_json(document).decode("utf-8")
+    except ValueError:
+        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _meta_of(document: Mapping[str, Any]) -> dict[str, Any]:
