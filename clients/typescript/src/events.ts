@@ -1,0 +1,32 @@
+/** What a run reports while it advances, for progress output, logs and tests. */
+
+import type { PlannedCall, ToolResult } from "./records.js";
+
+/**
+ * - `planned`: a turn's calls are durably in the journal; none has run yet.
+ * - `lookup`: a call left without a result was looked up at the gateway; `state`
+ *   is the answer (`absent` for a 404).
+ * - `sending`: the call is about to be sent through the gateway.
+ * - `response`: the gateway answered with the tool's answer (the effect exists);
+ *   `result` is not in the journal yet.
+ * - `recorded`: the call's `result` is durably in the journal.
+ * - `finished`: the run is durably marked finished.
+ */
+export type EventKind = "planned" | "lookup" | "sending" | "response" | "recorded" | "finished";
+
+/** One thing a `Run` did, reported to its `onEvent` observer when it happens. */
+export interface RunEvent {
+  readonly kind: EventKind;
+  readonly runId: string;
+  readonly turn: number | null;
+  readonly call: PlannedCall | null;
+  readonly state: string | null;
+  readonly result: ToolResult | null;
+  /** The model's id of the call, for events about a call. */
+  readonly callId: string | null;
+  /** The call's idempotency key, for events about a call. */
+  readonly key: string | null;
+}
+
+/** Called synchronously; an exception it throws propagates out of the `Run` method that reported. */
+export type RunObserver = (event: RunEvent) => void;

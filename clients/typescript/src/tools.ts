@@ -1,0 +1,66 @@
+/**
+ * How a model's tool call becomes a request through the gateway, and what plans.
+ *
+ * The request is computed once, when the plan is saved, and stored with it: a
+ * retry after a restart sends the stored request, so a code change between two
+ * processes cannot change the bytes (and the fingerprint) of an effect already
+ * on its way. `Run` sends an `HttpTool`'s request with `GatewayClient.request`; a
+ * `SendingTool` (an `McpTool`) sends the stored request itself, with the same key.
+ */
+
+import type { PlannedCall, ToolCall, ToolRequest, ToolResult, Turn } from "./records.js";
+
+/**
+ * Asks the model for the next turn's calls, given every finished turn; no calls: the run is done.
+ *
+ * It is called at most once per turn whose plan reaches the journal: a restart
+ * resumes the saved plan and never asks the model to choose again.
+ */
+export type Planner = (turns: readonly Turn[]) => readonly ToolCall[] | Promise<readonly ToolCall[]>;
+
+/**
+ * Turns one call of this tool into the request to send through the gateway.
+ *
+ * Must be deterministic (the same call gives the same request) and must not
+ * perform the effect itself: `Run` sends the request, with the call's key, after
+ * the plan is saved.
+ */
+export interface Tool {
+  request(call: ToolCall): ToolRequest;
+}
+
+/**
+ * A tool that sends its stored request itself rather than through `GatewayClient.request`.
+ *
+ * `send` must send `planned.request` with `planned.key`, and report what came back
+ * as `Run` expects of the HTTP path: the tool's answer as a `ToolResult` (source
+ * `response`); a gateway refusal as its typed `GatewayProblem`; an answer it
+ * cannot read as `CallUnconfirmed`, and `Run` looks the key up at once.
+ */
+export interface SendingTool extends Tool {
+  send(planned: PlannedCall): Promise<ToolResult>;
+}
+
+export function isSendingTool(tool: Tool | undefined): tool is SendingTool {
+  return tool !== undefined && typeof (tool as Partial<SendingTool>).send === "function";
+}
+
+/** A tool that is one HTTP endpoint behind the gateway: the arguments are the JSON body. */
+export class HttpTool implements Tool {
+  readonly method: string;
+  readonly path: string;
+  readonly headers: Readonly<Record<string, string>>;
+
+  constructor(method: string, path: string, headers: Readonly<Record<string, string>> = {}) {
+    if (!path.startsWith("/")) {
+      throw new TypeError(`HttpTool path must start with '/', got ${JSON.stringify(path)}`);
+    }
+    this.method = method.toUpperCase();
+    this.path = path;
+    this.headers = { ...headers };
+  }
+
+  request(call: ToolCall): ToolRequest {
+    return { method: this.method, path: this.path, json: { ...call.arguments }, headers: { ...this.headers } };
+  }
+}

@@ -1,0 +1,166 @@
+// The Node client against the shared vectors in clients/vectors/ (the Python client reads them too):
+// keys, canonical JSON, the gateway's problem bodies, journal files at each step, the lease rules.
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { describe, test } from "node:test";
+
+import {
+  canonicalJson,
+  deriveKey,
+  fence,
+  grant,
+  keyHeader,
+  operationPath,
+  parseJournal,
+  pendingCalls,
+  problemFrom,
+  serializeJournal,
+  validateKey,
+} from "../dist/index.js";
+
+const VECTORS = new URL("../../vectors/", import.meta.url);
+const load = (name) => JSON.parse(readFileSync(new URL(name, VECTORS), "utf-8"));
+const KEYS = load("keys.json");
+const CANONICAL = load("canonical-json.json");
+const PROBLEMS = load("problems.json");
+const JOURNALS = load("journals/index.json");
+const LEASES = load("leases.json");
+
+const errorName = (fn) => {
+  try {
+    fn();
+  } catch (error) {
+    return error;
+  }
+  assert.fail("expected an error");
+};
+
+describe("keys", () => {
+  for (const vector of KEYS.derive) {
+    test(`derive ${JSON.stringify(vector).slice(0, 60)}`, () => {
+      if (vector.error) {
+        assert.equal(errorName(() => deriveKey(vector.run_id, vector.turn, vector.call_id)).name, vector.error);
+      } else {
+        assert.equal(deriveKey(vector.run_id, vector.turn, vector.call_id), vector.key);
+      }
+    });
+  }
+  for (const vector of KEYS.validate) {
+    test(`validate ${JSON.stringify(vector.key).slice(0, 40)}`, () => {
+      if (vector.valid) {
+        assert.equal(validateKey(vector.key), vector.key);
+      } else {
+        assert.equal(errorName(() => validateKey(vector.key)).name, "KeyFormatError");
+      }
+    });
+  }
+  for (const vector of KEYS.operation_path) {
+    test(`operation path of ${vector.key}`, () => assert.equal(operationPath(vector.key), vector.path));
+  }
+  for (const vector of KEYS.header) {
+    test(`header of ${JSON.stringify(vector.key)}`, () => assert.equal(keyHeader(vector.key), vector.header));
+  }
+});
+
+describe("canonical JSON (RFC 8785)", () => {
+  for (const vector of CANONICAL.canonical) {
+    test(vector.canonical.slice(0, 50), () => assert.equal(canonicalJson(vector.value), vector.canonical));
+  }
+  for (const vector of CANONICAL.beyond_2_53.cases) {
+    test(`beyond 2^53: ${vector.json} is the nearest double`, () => {
+      assert.equal(canonicalJson(JSON.parse(vector.json)), vector.javascript);
+    });
+  }
+});
+
+describe("problem bodies", () => {
+  for (const vector of PROBLEMS.cases) {
+    test(vector.description, () => {
+      const problem = problemFrom(vector.status, new Headers(vector.headers), new TextEncoder().encode(vector.body));
+      const expect = vector.expect;
+      if (!expect.problem) {
+        assert.equal(problem, null);
+        return;
+      }
+      assert.ok(problem);
+      assert.equal(problem.name, expect.class);
+      assert.equal(problem.kind, expect.kind);
+      assert.equal(problem.status, vector.status);
+      assert.equal(problem.safeToRetry, expect.safe_to_retry);
+      assert.equal(problem.state, expect.state);
+      assert.equal(problem.key, expect.key);
+      assert.equal(problem.operation, expect.operation);
+      if (expect.retry_after === null) {
+        assert.equal(problem.retryAfter, null);
+      } else {
+        assert.ok(Math.abs(problem.retryAfter - expect.retry_after) <= 1, `retryAfter ${problem.retryAfter}`);
+      }
+    });
+  }
+});
+
+describe("journal files", () => {
+  for (const vector of JOURNALS) {
+    test(`${vector.file}: ${vector.description}`, () => {
+      const raw = readFileSync(new URL(`journals/${vector.file}`, VECTORS));
+      if (!vector.valid) {
+        assert.equal(errorName(() => parseJournal(raw, vector.file)).name, vector.error);
+        return;
+      }
+      const document = parseJournal(raw, vector.file);
+      assert.equal(document.run_id, vector.run_id);
+      assert.equal(document.flow_version, vector.flow_version);
+      assert.equal(document.finished, vector.finished);
+      assert.equal(document.turns.length, vector.turns);
+      const current = document.turns.at(-1);
+      assert.deepEqual(current ? pendingCalls(current).map((planned) => planned.key) : [], vector.pending);
+      assert.deepEqual(document.lease && { holder: document.lease.holder, token: document.lease.token }, vector.lease);
+      const results = {};
+      for (const turn of document.turns) {
+        for (const [callId, result] of Object.entries(turn.results)) {
+          const bytes = result.body_encoding === "base64" ? Buffer.from(result.body, "base64") : Buffer.from(result.body, "utf-8");
+          results[callId] = { status: result.status, source: result.source, body_base64: bytes.toString("base64") };
+        }
+      }
+      assert.deepEqual(results, vector.results);
+      // What this client writes back reads as the same journal (in either client).
+      const rewritten = serializeJournal(document);
+      assert.deepEqual(parseJournal(rewritten, "rewritten"), document);
+      if (!vector.file.includes("defaults")) {
+        assert.deepEqual(JSON.parse(rewritten), JSON.parse(raw.toString("utf-8")));
+      }
+    });
+  }
+});
+
+describe("lease rules", () => {
+  const worker = LEASES.worker;
+  for (const vector of LEASES.grant) {
+    test(`grant: ${vector.description}`, () => {
+      const run = () =>
+        grant(vector.existing, vector.run_id, vector.flow_version, worker, { now: LEASES.now, duration: LEASES.duration });
+      if (vector.expect.error) {
+        const error = errorName(run);
+        assert.equal(error.name, vector.expect.error);
+        if (vector.expect.holder) {
+          assert.deepEqual([error.holder, error.token], [vector.expect.holder, vector.expect.token]);
+        }
+        return;
+      }
+      const granted = run();
+      assert.deepEqual([granted.lease.holder, granted.lease.token], [worker.name, vector.expect.token]);
+      assert.equal(granted.lease.expires_at, vector.expect.expires_at);
+    });
+  }
+  for (const vector of LEASES.fence) {
+    test(`fence: ${vector.description}`, () => {
+      if (vector.expect.ok) {
+        fence(vector.stored, vector.mine);
+        return;
+      }
+      const error = errorName(() => fence(vector.stored, vector.mine));
+      assert.equal(error.name, vector.expect.error);
+      assert.deepEqual([error.holder, error.token], [vector.expect.holder, vector.expect.token]);
+    });
+  }
+});
