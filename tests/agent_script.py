@@ -1,5 +1,8 @@
 """A small agent for the kill -9 tests: two turns, three effects, a planner that logs each call.
 
+Its Node twin, `clients/typescript/test/support/agent.mjs`, has the same plan, flags and
+output, so a run crashed in one language is resumed in the other (tests/test_cross_language.py).
+
 Turn 0 creates two tickets (c1, c2); turn 1 emails about both (c3); turn 2
 plans nothing, which finishes the run. `--pause-at KIND:WHICH` (a step
 boundary, e.g. `response:c1`, `planned:0`, `finished:-`) prints
@@ -40,7 +43,12 @@ def make_planner(log: Path) -> Planner:
             handle.write(f"{len(turns)}\n")
         if not turns:
             return [
-                ToolCall(call_id="c1", name="create_ticket", arguments={"title": "first"}),
+                # A float and non-ASCII text: the bytes both clients send for them must agree.
+                ToolCall(
+                    call_id="c1",
+                    name="create_ticket",
+                    arguments={"title": "first — café", "estimate": 1.0},
+                ),
                 ToolCall(call_id="c2", name="create_ticket", arguments={"title": "second"}),
             ]
         if len(turns) == 1:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from harness import GatewayProcess, RunningGateway, settings_for, start_gateway, stop_gateway
 from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
+
+from examples.tool_api import STATE, ToolState, create_app
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -91,3 +95,27 @@ async def postgres_url() -> AsyncIterator[str]:
         yield url_for(schema)
     finally:
         await drop_schema(schema)
+
+
+@dataclass
+class ToolAPI:
+    url: str
+    state: ToolState
+
+
+@pytest_asyncio.fixture
+async def tool_api() -> AsyncIterator[ToolAPI]:
+    """The example ticket API on loopback; its state counts tickets and emails."""
+    app = create_app()
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    yield ToolAPI(url=f"http://{host}:{port}", state=app[STATE])
+    await runner.cleanup()
+
+
+@pytest_asyncio.fixture
+async def tickets(gateway_factory: GatewayFactory, tool_api: ToolAPI) -> RunningGateway:
+    """The gateway with route /tickets in front of the example ticket API."""
+    return await gateway_factory(tool_api.url)

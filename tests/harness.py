@@ -292,11 +292,13 @@ async def run_agent(
     pause_at: str | None = None,
     env: dict[str, str] | None = None,
     seconds: float = 20.0,
+    program: str = sys.executable,
 ) -> Finished:
-    """Run `python *args` (an agent script); with `pause_at`, kill -9 it as soon as it
-    prints `PAUSED <pause_at>` (the step boundary it stopped at)."""
+    """Run `python *args` (an agent script; `program="node"` for a Node one); with
+    `pause_at`, kill -9 it as soon as it prints `PAUSED <pause_at>` (the step boundary
+    it stopped at)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
+        program,
         *args,
         *(["--pause-at", pause_at] if pause_at else []),
         cwd=ROOT,

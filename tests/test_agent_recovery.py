@@ -10,18 +10,12 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from aiohttp import web
-from conftest import GatewayFactory
+from conftest import ToolAPI
 from harness import ROOT, RunningGateway, run_agent
 from idempotency_gateway_client import FileJournal, GatewayClient, SqliteJournal
-
-from examples.tool_api import STATE, ToolState, create_app
 
 pytestmark = pytest.mark.slow
 
@@ -40,30 +34,6 @@ BOUNDARIES = [
     "recorded:c3",
     "finished:-",
 ]
-
-
-@dataclass
-class ToolAPI:
-    url: str
-    state: ToolState
-
-
-@pytest_asyncio.fixture
-async def tool_api() -> AsyncIterator[ToolAPI]:
-    """The example ticket API on loopback; its state counts tickets and emails."""
-    app = create_app()
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    yield ToolAPI(url=f"http://{host}:{port}", state=app[STATE])
-    await runner.cleanup()
-
-
-@pytest_asyncio.fixture
-async def tickets(gateway_factory: GatewayFactory, tool_api: ToolAPI) -> RunningGateway:
-    """The gateway with route /tickets in front of the example ticket API."""
-    return await gateway_factory(tool_api.url)
 
 
 def agent_args(gateway: RunningGateway, tmp_path: Path, store: str = "file") -> list[str]:

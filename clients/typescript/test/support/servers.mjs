@@ -1,0 +1,140 @@
+// Real servers for the Node tests, all on 127.0.0.1 with ports the OS picks:
+// the project's gateway (`python -m gateway serve`, from the project's .venv, as
+// production runs it), the example ticket tool API, and a slow upstream of our own.
+import { spawn } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+export const ROOT = fileURLToPath(new URL("../../../../", import.meta.url));
+
+/** The project's Python (the gateway and the tool API run from the project's .venv). */
+export function python() {
+  const interpreter = process.env.GATEWAY_PYTHON ?? join(ROOT, ".venv", "bin", "python");
+  if (!existsSync(interpreter)) {
+    throw new Error(`${interpreter} is missing: run \`make .venv/.installed\` in ${ROOT} first (make test does)`);
+  }
+  return interpreter;
+}
+
+/** A temporary directory removed when the test process ends. */
+export function temporaryDirectory(prefix = "igw-") {
+  const directory = mkdtempSync(join(tmpdir(), prefix));
+  process.once("exit", () => rmSync(directory, { recursive: true, force: true }));
+  return directory;
+}
+
+/** Start `command`, resolve with its first stdout line matching `ready` (bounded by `seconds`). */
+export function startProcess(command, args, { ready, seconds = 20, env = {}, cwd = ROOT } = {}) {
+  const child = spawn(command, args, { cwd, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  let stderr = "";
+  child.stderr.on("data", (chunk) => (stderr += chunk));
+  const lines = createInterface({ input: child.stdout });
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL");
+      reject(new Error(`${command} ${args.join(" ")}: no ready line in ${seconds} s\n${stderr}`));
+    }, seconds * 1000);
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`${command} ${args.join(" ")} exited with ${code} before it was ready\n${stderr}`));
+    });
+    lines.on("line", (line) => {
+      if (ready.test(line)) {
+        clearTimeout(timer);
+        child.removeAllListeners("exit");
+        resolve({ child, line, stderr: () => stderr });
+      }
+    });
+  });
+}
+
+/** Stop a started process: SIGTERM, then SIGKILL after `seconds`. */
+export async function stopProcess(child, seconds = 10) {
+  if (child.exitCode !== null || child.signalCode !== null) {
+    return;
+  }
+  const exited = new Promise((resolve) => child.once("exit", resolve));
+  child.kill("SIGTERM");
+  const timer = setTimeout(() => child.kill("SIGKILL"), seconds * 1000);
+  await exited;
+  clearTimeout(timer);
+}
+
+/** The example ticket API (`python -m examples.tool_api --port 0`); `stats()` counts its effects. */
+export async function startToolApi() {
+  const { child, line } = await startProcess(python(), ["-m", "examples.tool_api", "--port", "0"], {
+    ready: /tool API listening on /,
+  });
+  const url = line.trim().split(" ").at(-1);
+  return {
+    url,
+    async stats() {
+      const response = await fetch(`${url}/v1/stats`);
+      return response.json();
+    },
+    async issues() {
+      const response = await fetch(`${url}/v1/issues`);
+      return (await response.json()).items;
+    },
+    stop: () => stopProcess(child),
+  };
+}
+
+/** An upstream that answers `POST /wait-<ms>` after that many ms, and counts the effects it applied. */
+export async function startSlowUpstream() {
+  let effects = 0;
+  const server = createServer((request, response) => {
+    const delayMs = Number(/\/wait-(\d+)/.exec(request.url ?? "")?.[1] ?? 0);
+    request.resume();
+    request.on("end", () => {
+      effects += 1;
+      setTimeout(() => {
+        response.writeHead(201, { "Content-Type": "application/json" });
+        response.end(JSON.stringify({ id: `S-${effects}` }));
+      }, delayMs);
+    });
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address();
+  return {
+    url: `http://127.0.0.1:${port}`,
+    effects: () => effects,
+    stop: () => new Promise((resolve) => server.close(resolve)).then(() => server.closeAllConnections?.()),
+  };
+}
+
+const toml = (value) => JSON.stringify(value);
+
+/**
+ * The gateway, as production runs it, with route /tickets in front of `upstream`
+ * (and route /slow in front of `slowUpstream` with a short timeout, when given).
+ */
+export async function startGateway({ upstream, slowUpstream, directory = temporaryDirectory(), extraToml = "" }) {
+  const config = join(directory, "gateway.toml");
+  const routes = [
+    `[[routes]]\nname = "tickets"\nprefix = "/tickets"\nupstream = ${toml(upstream)}\ntimeout = "5s"\n`,
+  ];
+  if (slowUpstream) {
+    routes.push(`[[routes]]\nname = "slow"\nprefix = "/slow"\nupstream = ${toml(slowUpstream)}\ntimeout = "300ms"\n`);
+  }
+  writeFileSync(
+    config,
+    [
+      `[server]\nhost = "127.0.0.1"\nport = 0\n`,
+      `[store]\nurl = ${toml(`sqlite:///${join(directory, "gateway.db")}`)}\n`,
+      // One agent without credentials, as most tests here: callers share one scope.
+      `[idempotency]\nshared_scope = true\n`,
+      `[logging]\nlevel = "warning"\nformat = "text"\n`,
+      extraToml,
+      ...routes,
+    ].join("\n"),
+  );
+  const { child, line, stderr } = await startProcess(python(), ["-m", "gateway", "serve", "--config", config], {
+    ready: /idempotency gateway listening on /,
+  });
+  return { url: line.trim().split(" ").at(-1), directory, stderr, stop: () => stopProcess(child) };
+}
