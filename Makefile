@@ -4,13 +4,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench soak fuzz simulate clean
+.PHONY: run test lint typecheck ts-build ts-test bench soak fuzz simulate clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
 	touch $(STAMP)
+
+# The TypeScript client (clients/typescript): exactly the dev dependencies of its lockfile.
+TS := clients/typescript
+TS_STAMP := $(TS)/node_modules/.installed
+
+$(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json
+	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(TS_STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m examples.run_demo --config config/gateway.toml
@@ -24,9 +32,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict gateway clients/python/idempotency_gateway_client
 
+# The TypeScript client built into clients/typescript/dist (examples/agent_recovery.mjs uses it).
+ts-build: $(TS_STAMP)
+	cd $(TS) && npm run --silent build
+
+# The TypeScript client: built, type-checked (sources and framework examples, strict),
+# then `node --test` against gateways started from .venv (hence $(STAMP)).
+ts-test: $(STAMP) $(TS_STAMP)
+	cd $(TS) && npm run --silent build && npm run --silent typecheck && npm test
+
 # One pytest worker per core: the tests are independent (port 0, tmp_path, a
 # PostgreSQL schema each), and the suite stays a few minutes on 2 cores.
-test: lint typecheck
+test: lint typecheck ts-test
 	$(BIN)/python -m pytest -n auto
 
 # The gateway against a plain aiohttp proxy and the store at 1M operations, in one
@@ -54,4 +71,4 @@ simulate: $(STAMP)
 	$(BIN)/python -m tests.simulation --seconds $(SECONDS) $(foreach class,$(TOLERATE),--tolerate $(class))
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache $(TS)/node_modules $(TS)/dist

@@ -1,64 +1,62 @@
-// MCP TypeScript SDK (@modelcontextprotocol/sdk 1.32): call a tool over
-// Streamable HTTP, passing the idempotency key in params._meta.
+// The official MCP TypeScript SDK through the gateway's MCP route: one call with its key in
+// `_meta.idempotencyKey` (`callToolWithKey`), and a whole run whose tools are MCP tools
+// (`McpTool`), journaled and resumed like HTTP tools.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { ErrorCode, McpError, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import {
+  callToolWithKey,
+  deriveKey,
+  FileJournal,
+  GatewayClient,
+  McpTool,
+  mcpResult,
+  OutcomeUnknown,
+  Run,
+  type Turn,
+} from "idempotency-gateway-client";
 
-declare function keyFor(runId: string, turn: number, callId: string): string;
-declare function postThroughGateway(path: string, key: string, body: unknown): Promise<unknown>;
+const GATEWAY = "http://127.0.0.1:8080";
+const credential = { Authorization: `Bearer ${process.env["AGENT_TOKEN"] ?? ""}` };
 
-export async function createTicketViaMcp(): Promise<CallToolResult> {
-  const transport = new StreamableHTTPClientTransport(new URL("http://127.0.0.1:8080/mcp"), {
-    // requestInit?: RequestInit — merged into every fetch the transport makes.
-    requestInit: { headers: { "x-run-id": "run-1" } },
-  });
-  const client = new Client({ name: "idempotency-example", version: "0.1.0" });
-  await client.connect(transport);
+export async function connect(): Promise<Client> {
+  const client = new Client({ name: "ticket-agent", version: "1.0.0" });
+  await client.connect(
+    new StreamableHTTPClientTransport(new URL(`${GATEWAY}/mcp`), { requestInit: { headers: credential } }),
+  );
+  return client;
+}
 
+/** One call: the retry after a crash sends the same key, and gets the receipt. */
+export async function createTicketOnce(client: Client, runId: string, callId: string): Promise<unknown> {
   try {
-    // params._meta is a loose object ({ [x: string]: unknown; progressToken?; ... }),
-    // so `idempotencyKey` type-checks without a cast.
-    const result = await client.callTool({
-      name: "create_ticket",
-      arguments: { title: "x" },
-      _meta: { idempotencyKey: "run-1:0:c1" },
-    });
-
-    // Same call with per-request RequestOptions (3rd arg; 2nd is the result schema,
-    // undefined = CallToolResultSchema). Default timeout is 60_000 ms.
-    await client.callTool(
-      { name: "create_ticket", arguments: { title: "x" }, _meta: { idempotencyKey: "run-1:0:c1" } },
-      undefined,
-      { timeout: 30_000, signal: AbortSignal.timeout(60_000) },
-    );
-
-    // The declared return type is CallToolResult | { toolResult: unknown } (the
-    // legacy compatibility shape), both with an index signature. `"content" in result`
-    // does NOT narrow (content stays `unknown`); `!("toolResult" in result)` does.
-    if ("toolResult" in result) {
-      throw new Error("legacy toolResult response not supported");
+    const result = await callToolWithKey(client, { name: "create_ticket", arguments: { title: "x" } }, deriveKey(runId, 0, callId));
+    return result["structuredContent"];
+  } catch (error) {
+    if (error instanceof OutcomeUnknown) {
+      return { state: "unknown" }; // stop and reconcile; never resend with a new key
     }
-    for (const block of result.content) {
-      if (block.type === "text") console.log(block.text);
-    }
-    if (result.isError === true) {
-      // Tool-level failure: reported in the result, not thrown.
-      console.error("tool error", result.structuredContent, result._meta);
-    }
-    return result;
-  } catch (err) {
-    if (err instanceof McpError && err.code === ErrorCode.RequestTimeout) {
-      // err.code: number; err.message: string ("MCP error -32001: ..."); err.data?: unknown
-      console.error("timed out", err.data);
-    }
-    throw err;
-  } finally {
-    await client.close();
+    throw error;
   }
 }
 
-// For symmetry with the framework examples: derive the key from a call id.
-export async function createTicket(input: { title: string }, callId: string): Promise<unknown> {
-  const key = keyFor("run-1", 0, callId);
-  return postThroughGateway("/tickets", key, input);
+/** A run whose tools are MCP tools: planned, keyed, recorded and resumed as over HTTP. */
+export async function runWithMcpTools(client: Client, runId: string): Promise<void> {
+  const tools = { create_ticket: new McpTool(client), send_email: new McpTool(client) };
+  const plan = (turns: readonly Turn[]) => {
+    if (turns.length === 0) {
+      return [{ call_id: "c1", name: "create_ticket", arguments: { title: "Printer on fire" } }];
+    }
+    const first = turns[0]?.results["c1"];
+    const ticket = first ? mcpResult(first)["structuredContent"] : undefined;
+    return turns.length === 1 ? [{ call_id: "c2", name: "send_email", arguments: { about: ticket } }] : [];
+  };
+  await Run.with(
+    new FileJournal(`runs/${runId}.json`),
+    { client: new GatewayClient(GATEWAY, { headers: credential }), runId, flowVersion: "mcp-v1", tools },
+    async (run) => {
+      while (!run.finished) {
+        await run.step(plan);
+      }
+    },
+  );
 }

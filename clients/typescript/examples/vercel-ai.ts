@@ -1,20 +1,30 @@
-// Vercel AI SDK (ai v6): the tool-call id arrives as `options.toolCallId`
-// (ToolExecutionOptions, re-exported from @ai-sdk/provider-utils).
-import { tool, type ToolExecutionOptions } from "ai";
+// Vercel AI SDK (ai v6): a tool whose effect goes through the gateway with a stable key.
+// The SDK hands `execute` the model's id for the call as `options.toolCallId`
+// (`ToolExecutionOptions`); `vercelKey` turns it into `runId:turn:callId`.
+import { tool } from "ai";
+import { GatewayClient, OutcomeUnknown, type RunPosition, vercelKey } from "idempotency-gateway-client";
 import { z } from "zod";
 
-declare function keyFor(runId: string, turn: number, callId: string): string;
-declare function postThroughGateway(path: string, key: string, body: unknown): Promise<unknown>;
-
-const RUN_ID = "run-1";
-const TURN = 0;
-
-export const createTicket = tool({
-  description: "Create a support ticket",
-  inputSchema: z.object({ title: z.string() }),
-  execute: async ({ title }, options: ToolExecutionOptions) => {
-    // toolCallId: string (required); abortSignal?: AbortSignal; messages: ModelMessage[]
-    const key = keyFor(RUN_ID, TURN, options.toolCallId);
-    return postThroughGateway("/tickets", key, { title });
-  },
+const gateway = new GatewayClient("http://127.0.0.1:8080", {
+  headers: { Authorization: `Bearer ${process.env["AGENT_TOKEN"] ?? ""}` },
 });
+
+/** The tool for one model decision: `at` is the run (its id stored by your agent) and the turn. */
+export function createTicketTool(at: RunPosition) {
+  return tool({
+    description: "Create a support ticket",
+    inputSchema: z.object({ title: z.string() }),
+    execute: async ({ title }, options) => {
+      try {
+        const response = await gateway.post("/tickets/v1/issues", { key: vercelKey(at, options), json: { title } });
+        return { status: response.status, replayed: response.replayed, ticket: response.json() };
+      } catch (error) {
+        if (error instanceof OutcomeUnknown) {
+          // Never retry with a new key: tell the model to stop, and reconcile.
+          return { status: "unknown", detail: "the outcome is unknown; do not call this tool again" };
+        }
+        throw error;
+      }
+    },
+  });
+}

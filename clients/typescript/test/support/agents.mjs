@@ -12,9 +12,10 @@ export const PYTHON_AGENT = `${ROOT}tests/agent_script.py`;
  * Resolves once the process is reaped (a zombie's pid would still look alive to the
  * next worker) with its exit code, signal, stdout and stderr. Bounded by `seconds`.
  */
-export function runAgent(command, args, { pauseAt, seconds = 30 } = {}) {
+export function runAgent(command, args, { pauseAt, seconds = 30, env = process.env } = {}) {
   const child = spawn(command, [...args, ...(pauseAt ? ["--pause-at", pauseAt] : [])], {
     cwd: ROOT,
+    env,
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stdout = "";

@@ -113,7 +113,7 @@ const toml = (value) => JSON.stringify(value);
  * The gateway, as production runs it, with route /tickets in front of `upstream`
  * (and route /slow in front of `slowUpstream` with a short timeout, when given).
  */
-export async function startGateway({ upstream, slowUpstream, directory = temporaryDirectory(), extraToml = "" }) {
+export async function startGateway({ upstream, slowUpstream, directory = temporaryDirectory(), extraRoutes = [] }) {
   const config = join(directory, "gateway.toml");
   const routes = [
     `[[routes]]\nname = "tickets"\nprefix = "/tickets"\nupstream = ${toml(upstream)}\ntimeout = "5s"\n`,
@@ -121,6 +121,7 @@ export async function startGateway({ upstream, slowUpstream, directory = tempora
   if (slowUpstream) {
     routes.push(`[[routes]]\nname = "slow"\nprefix = "/slow"\nupstream = ${toml(slowUpstream)}\ntimeout = "300ms"\n`);
   }
+  routes.push(...extraRoutes);
   writeFileSync(
     config,
     [
@@ -129,7 +130,6 @@ export async function startGateway({ upstream, slowUpstream, directory = tempora
       // One agent without credentials, as most tests here: callers share one scope.
       `[idempotency]\nshared_scope = true\n`,
       `[logging]\nlevel = "warning"\nformat = "text"\n`,
-      extraToml,
       ...routes,
     ].join("\n"),
   );
@@ -137,4 +137,17 @@ export async function startGateway({ upstream, slowUpstream, directory = tempora
     ready: /idempotency gateway listening on /,
   });
   return { url: line.trim().split(" ").at(-1), directory, stderr, stop: () => stopProcess(child) };
+}
+
+/** The example MCP server (`python -m examples.mcp_server --port 0`): its endpoint URL. */
+export async function startMcpServer() {
+  const { child, line } = await startProcess(python(), ["-m", "examples.mcp_server", "--port", "0"], {
+    ready: /MCP server listening on /,
+  });
+  return { url: line.trim().split(" ").at(-1), stop: () => stopProcess(child) };
+}
+
+/** The gateway's MCP route `/mcp` in front of an MCP server's endpoint (as config/gateway.toml has it). */
+export function mcpRoute(endpoint) {
+  return `[[routes]]\nname = "mcp-tools"\nkind = "mcp"\nprefix = "/mcp"\nupstream = ${toml(endpoint)}\ntimeout = "5s"\n`;
 }
