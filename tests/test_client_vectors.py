@@ -9,6 +9,7 @@ other sends, and a journal one writes, the other resumes.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from idempotency_gateway_client._client import key_header
 from idempotency_gateway_client._journal import fence, grant, parse_document
 from idempotency_gateway_client._problems import problem_from
 from multidict import CIMultiDict
+
+from gateway.engine import errors
 
 VECTORS = Path(__file__).resolve().parent.parent / "clients" / "vectors"
 
@@ -175,3 +178,15 @@ def test_lease_fences(case: dict[str, Any]) -> None:
         fence(stored, mine)
     assert type(raised.value).__name__ == expect["error"]
     assert (raised.value.holder, raised.value.token) == (expect["holder"], expect["token"])  # type: ignore[attr-defined]
+
+
+def test_the_problem_vectors_cover_every_problem_the_gateway_answers() -> None:
+    """A problem type the gateway gains must get a vector, so both clients learn it together."""
+    answered = {
+        cls.problem_type
+        for _, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.GatewayError) and getattr(cls, "problem_type", "")
+    }
+    internal = {"internal-error", "invalid-config"}  # never a client's to handle by type
+    covered = {case["expect"].get("kind") for case in PROBLEMS["cases"]}
+    assert answered - internal <= covered, sorted(answered - internal - covered)
