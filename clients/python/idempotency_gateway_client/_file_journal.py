@@ -3,9 +3,9 @@
 Every write goes to a temporary file in the same directory, is fsynced,
 renamed over the journal, and the directory is fsynced, so a crash at any
 instant leaves either the old journal or the new one. Writers serialize on the
-journal's lock file `<journal>.lock` (`_lock_file.py`: a protocol the Node
-client shares, so Python and Node workers exclude each other), and re-read the
-journal under it to check their lease before writing.
+journal's lock, files `<journal>.lock.<n>` (`_lock_file.py`: a protocol the
+Node client shares, so Python and Node workers exclude each other), and re-read
+the journal under it to check their lease before writing.
 """
 
 from __future__ import annotations

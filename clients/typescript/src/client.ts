@@ -110,27 +110,30 @@ export class GatewayClient {
     if (options.json !== undefined && options.body !== undefined) {
       throw new TypeError("pass json or body, not both");
     }
-    const headers: Record<string, string> = { ...this.headers, ...options.headers };
+    if (options.key !== null && new Headers(options.headers).has("Idempotency-Key")) {
+      throw new TypeError("pass the key as options.key, not also as a header");
+    }
+    // One value per header name, whatever its case: a later value replaces an earlier one.
+    const merged = new Headers(this.headers);
+    new Headers(options.headers).forEach((value, name) => merged.set(name, value));
     const key = options.key;
     if (key !== null) {
-      if (Object.keys(options.headers ?? {}).some((name) => name.toLowerCase() === "idempotency-key")) {
-        throw new TypeError("pass the key as options.key, not also as a header");
-      }
-      headers["Idempotency-Key"] = keyHeader(validateKey(key));
+      merged.set("Idempotency-Key", keyHeader(validateKey(key)));
     }
     let body: string | Uint8Array | null = options.body ?? null;
     if (options.json !== undefined) {
       body = canonicalJson(options.json);
-      if (!Object.keys(headers).some((name) => name.toLowerCase() === "content-type")) {
-        headers["Content-Type"] = "application/json";
+      if (!merged.has("Content-Type")) {
+        merged.set("Content-Type", "application/json");
       }
     }
+    const headers = Object.fromEntries(merged);
     let limit = this.timeout;
     if (options.wait !== undefined) {
       if (!(options.wait > 0)) {
         throw new RangeError(`wait must be > 0 seconds, got ${options.wait}`);
       }
-      headers["Prefer"] = `wait=${options.wait}`;
+      headers["prefer"] = `wait=${options.wait}`;
       limit = Math.max(limit, options.wait + 10);
     }
     return this.exchange({

@@ -29,7 +29,7 @@ export { deriveKey, keyHeader, MAX_KEY_LENGTH, operationPath, unquoteKey, valida
 export { currentWorker, fence, grant, isLive, released, renewed } from "./lease.js";
 export type { JournalStore, Worker } from "./lease.js";
 export { LockFile } from "./lock-file.js";
-export type { LockRecord } from "./lock-file.js";
+export type { LockGrant, LockRecord } from "./lock-file.js";
 export {
   callToolWithKey,
   KEY_META,

@@ -344,7 +344,8 @@ export class Run {
     });
     const headers: Record<string, string> = {};
     response.headers.forEach((value, name) => {
-      headers[name.toLowerCase()] = value;
+      const lower = name.toLowerCase();
+      headers[lower] = lower in headers ? `${headers[lower]}, ${value}` : value;
     });
     return resultFromBytes(response.status, headers, response.body, {
       replayed: response.replayed,
