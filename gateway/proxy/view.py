@@ -81,6 +81,9 @@ def _refuse_own_path(path: str, method: str) -> None:
 def match_route(request: web.Request) -> RouteMatch:
     """The route a proxied request belongs to (`no-route` and 405 on own paths raise)."""
     url = request.rel_url
+    if "#" in request.raw_path:
+        # The parsed URL drops a fragment: the checks would not see what follows `#`.
+        raise InvalidRequest("the request target may not contain '#': a fragment is never sent")
     _refuse_own_path(request.path, request.method)
     match = request.app[ROUTES].match(url.raw_path, url.raw_query_string)
     request[TRACE].route = match.route.name
