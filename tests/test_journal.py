@@ -162,7 +162,13 @@ async def test_the_plan_is_durable_before_any_call_runs(
         "headers": {},
     }
     assert on_disk["results"] == {}
-    assert sorted(os.listdir(path.parent)) == ["run.json"]  # no temporary, the lock released
+    # No temporary left; the lock's last generation stays, marked released.
+    entries = sorted(os.listdir(path.parent))
+    assert len(entries) == 3, entries
+    assert entries[0] == "run.json"
+    generation = entries[1].removeprefix("run.json.lock.")
+    assert generation.isdigit(), entries
+    assert entries[2] == f"run.json.lock.{generation}.released"
 
 
 async def test_resume_takes_the_receipt_of_an_effect_whose_result_was_not_saved(

@@ -2,25 +2,27 @@
 
 Neither language has a lock the other can see without native code (Node has
 no `flock`), so the lock is made of files both can create atomically. It has
-generations: the writer holding the lock holds the file `<journal>.lock.<n>`
-with the highest `n`, a record `{"host", "pid", "nonce", "at"}` hard-linked
-into place from a fully written temporary file (so it appears whole or not at
-all, and `link` refuses a name that exists). No such file: the lock is free.
+generations, `<journal>.lock.<n>`, each a record `{"host", "pid", "nonce",
+"at"}` hard-linked into place from a fully written temporary file (so it
+appears whole or not at all, and `link` refuses a name that exists). The
+highest generation decides: the lock is free when there is none, when it is
+released (a marker `<journal>.lock.<n>.released` beside it), or when its
+holder is dead; otherwise its holder holds the lock.
 
-- To take the lock, a writer links its record to generation `top + 1`, where
-  `top` is the highest generation it sees, once `top` is free: none, or
-  held by a dead holder. `link` lets one writer win each generation. The
+- To take the lock, a writer links its record to `top + 1` once the highest
+  generation `top` is free. `link` lets one writer win each generation. The
   winner then checks that no higher generation exists (a writer that looked
   long ago may have linked a low one); if one does, it withdraws. Then it
   removes the older generations.
-- To release, the holder unlinks its own generation.
+- To release, the holder creates its generation's `.released` marker. It
+  never removes its own file: the highest generation is never removed, so
+  numbers only grow and no name is reused, and a verdict about generation
+  `n` ("released", "dead") can never be taken for one about a newer holder
+  of the same name.
 - A holder is dead when it is a process of this host that no longer exists,
-  or a process of this one that holds no such grant, or when its file holds
-  no lock record. A dead holder's generation is never renamed or removed
-  before a newer one exists, and names grow, so a writer never mistakes a
-  live lock for the stale one it judged (the trap of breaking stale lock
-  files by rename or unlink). A holder on another host is never judged dead:
-  after `timeout` the waiter gives up, naming it.
+  or when its file holds no lock record. A holder on another host, or this
+  very process (another thread), is never judged dead: after `timeout` the
+  waiter gives up, naming it.
 
 The critical section is one read-check-write of the journal (milliseconds);
 the run's lease and fencing token, checked inside it, stay the guard against
@@ -50,10 +52,6 @@ __all__ = ["LockFile"]
 
 _POLL_SECONDS = 0.01
 
-_HELD: set[str] = set()
-"""Nonces of the grants this process holds now: a record of this pid with another nonce is
-left over from an earlier grant of this process, and dead."""
-
 
 class LockFile:
     """`<journal>.lock.<n>`: held for one read-check-write at a time."""
@@ -65,12 +63,11 @@ class LockFile:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        generation, nonce = self._acquire()
+        generation = self._acquire()
         try:
             yield
         finally:
-            _HELD.discard(nonce)
-            self._file(generation).unlink(missing_ok=True)
+            self._release(generation)
 
     def generations(self) -> list[int]:
         """The generations on disk, lowest first."""
@@ -84,7 +81,10 @@ class LockFile:
     def _file(self, generation: int) -> Path:
         return self.path.with_name(f"{self.path.name}.{generation}")
 
-    def _acquire(self) -> tuple[int, str]:
+    def _marker(self, generation: int) -> Path:
+        return self.path.with_name(f"{self.path.name}.{generation}.released")
+
+    def _acquire(self) -> int:
         nonce = secrets.token_hex(8)
         record = {
             "host": socket.gethostname(),
@@ -95,26 +95,26 @@ class LockFile:
         staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.{nonce}")
         staging.write_text(json.dumps(record))
         deadline = time.monotonic() + self.timeout
-        _HELD.add(nonce)  # before the link: a record of ours is never judged dead by us
         try:
             while True:
                 seen = self.generations()
                 top = seen[-1] if seen else 0
-                holder = _read(self._file(top)) if top else None
-                if top and holder is None:
-                    continue  # released between the listing and the read
-                if not top or _is_dead(holder):
+                holder = None if not top or self._marker(top).exists() else _read(self._file(top))
+                if holder is None or _is_dead(holder):
                     mine = top + 1
                     try:
                         os.link(staging, self._file(mine))
                     except FileExistsError:
                         continue  # another writer won this generation
-                    if any(generation > mine for generation in self.generations()):
-                        self._file(mine).unlink(missing_ok=True)  # we looked too long ago
-                        continue
-                    for older in seen:
-                        self._file(older).unlink(missing_ok=True)
-                    return mine, nonce
+                    try:
+                        if any(generation > mine for generation in self.generations()):
+                            self._file(mine).unlink(missing_ok=True)  # we looked too long ago
+                            continue
+                        self._clean(seen)
+                    except BaseException:
+                        self._release(mine)  # never leave a live-looking grant nobody holds
+                        raise
+                    return mine
                 if time.monotonic() > deadline:
                     raise JournalError(
                         f"{self._file(top)} stayed locked for {self.timeout} s by "
@@ -122,26 +122,39 @@ class LockFile:
                         "of a write? If that process is gone, delete the file"
                     )
                 time.sleep(_POLL_SECONDS)
-        except BaseException:
-            _HELD.discard(nonce)
-            raise
         finally:
             staging.unlink(missing_ok=True)
+
+    def _release(self, generation: int) -> None:
+        with contextlib.suppress(FileExistsError):
+            self._marker(generation).touch(exist_ok=False)
+
+    def _clean(self, older: list[int]) -> None:
+        """Remove older generations, their markers, and staging files of dead writers."""
+        for generation in older:
+            self._file(generation).unlink(missing_ok=True)
+            self._marker(generation).unlink(missing_ok=True)
+        prefix = f".{self.path.name}."
+        for entry in os.listdir(self.path.parent):
+            pid = entry[len(prefix) :].split(".", 1)[0] if entry.startswith(prefix) else ""
+            if pid.isdigit() and not _process_exists(int(pid)):
+                self.path.with_name(entry).unlink(missing_ok=True)
 
 
 _NO_RECORD: dict[str, Any] = {}
 """What `_read` gives for a file that holds no lock record (its holder is dead)."""
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    """The lock record in `path`; `_NO_RECORD` when it holds none; None when there is no file."""
+def _read(path: Path) -> dict[str, Any]:
+    """The lock record in `path`; `_NO_RECORD` when it holds none (or is gone: a winner
+    removed it, so a newer generation exists, and the next look finds it)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return None
+        return _NO_RECORD
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except ValueError:  # not UTF-8, or not JSON
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except ValueError:  # not UTF-8 (a byte-order mark included), not JSON, or NaN
         return _NO_RECORD
     if not isinstance(value, dict):
         return _NO_RECORD
@@ -160,20 +173,28 @@ def _read(path: Path) -> dict[str, Any] | None:
     return {**value, "pid": pid} if typed else _NO_RECORD
 
 
-def _is_dead(holder: dict[str, Any] | None) -> bool:
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_dead(holder: dict[str, Any]) -> bool:
     if not holder:
         return True
-    if holder["host"] != socket.gethostname():
+    if holder["host"] != socket.gethostname() or holder["pid"] == os.getpid():
         return False
-    if holder["pid"] == os.getpid():
-        return holder["nonce"] not in _HELD
+    return not _process_exists(holder["pid"])
+
+
+def _process_exists(pid: int) -> bool:
     try:
-        os.kill(holder["pid"], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return True
+        return False
     except PermissionError:
-        return False  # a process of another user: alive
-    return False
+        return True  # a process of another user: alive
+    except (OverflowError, ValueError):
+        return False  # no process has such a pid
+    return True
 
 
 def _describe(holder: dict[str, Any] | None) -> str:

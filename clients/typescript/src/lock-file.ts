@@ -3,23 +3,25 @@
  *
  * Neither language has a lock the other can see without native code (Node has no
  * `flock`), so the lock is made of files both can create atomically. It has
- * generations: the writer holding the lock holds the file `<journal>.lock.<n>` with
- * the highest `n`, a record `{"host", "pid", "nonce", "at"}` hard-linked into place
- * from a fully written temporary file (so it appears whole or not at all, and
- * `link` refuses a name that exists). No such file: the lock is free.
+ * generations, `<journal>.lock.<n>`, each a record `{"host", "pid", "nonce", "at"}`
+ * hard-linked into place from a fully written temporary file (so it appears whole or
+ * not at all, and `link` refuses a name that exists). The highest generation
+ * decides: the lock is free when there is none, when it is released (a marker
+ * `<journal>.lock.<n>.released` beside it), or when its holder is dead; otherwise
+ * its holder holds the lock.
  *
- * - To take the lock, a writer links its record to generation `top + 1`, where
- *   `top` is the highest generation it sees, once `top` is free: none, or held by a
- *   dead holder. `link` lets one writer win each generation. The winner then checks
- *   that no higher generation exists (a writer that looked long ago may have linked
- *   a low one); if one does, it withdraws. Then it removes the older generations.
- * - To release, the holder unlinks its own generation.
- * - A holder is dead when it is a process of this host that no longer exists, or a
- *   process of this one that holds no such grant, or when its file holds no lock
- *   record. A dead holder's generation is never renamed or removed before a newer
- *   one exists, and names grow, so a writer never mistakes a live lock for the stale
- *   one it judged. A holder on another host is never judged dead: after `timeout`
- *   the waiter gives up, naming it.
+ * - To take the lock, a writer links its record to `top + 1` once the highest
+ *   generation `top` is free. `link` lets one writer win each generation. The winner
+ *   then checks that no higher generation exists (a writer that looked long ago may
+ *   have linked a low one); if one does, it withdraws. Then it removes the older
+ *   generations.
+ * - To release, the holder creates its generation's `.released` marker. It never
+ *   removes its own file: the highest generation is never removed, so numbers only
+ *   grow and no name is reused, and a verdict about generation `n` ("released",
+ *   "dead") can never be taken for one about a newer holder of the same name.
+ * - A holder is dead when it is a process of this host that no longer exists, or
+ *   when its file holds no lock record. A holder on another host, or this very
+ *   process, is never judged dead: after `timeout` the waiter gives up, naming it.
  *
  * The critical section is one read-check-write of the journal (milliseconds); the
  * run's lease and fencing token, checked inside it, stay the guard against a worker
@@ -29,7 +31,7 @@
  */
 
 import { randomBytes } from "node:crypto";
-import { link, readdir, readFile, unlink, writeFile } from "node:fs/promises";
+import { link, readdir, readFile, stat, unlink, writeFile } from "node:fs/promises";
 import { hostname } from "node:os";
 import { basename, dirname, join } from "node:path";
 
@@ -52,9 +54,6 @@ export interface LockGrant {
 }
 
 const POLL_SECONDS = 0.01;
-
-/** Nonces of the grants this process holds now (a record of this pid with another is dead). */
-const HELD = new Set<string>();
 
 /** A file with no lock record in it: its holder is dead. */
 const NO_RECORD = null;
@@ -97,16 +96,12 @@ export class LockFile {
     const staging = join(this.directory, `.${this.name}.${process.pid}.${record.nonce}`);
     await writeFile(staging, JSON.stringify(record), { mode: 0o644 });
     const deadline = performance.now() + this.timeout * 1000;
-    HELD.add(record.nonce); // before the link: a record of ours is never judged dead by us
     try {
       for (;;) {
         const seen = await this.generations();
         const top = seen.at(-1) ?? 0;
-        const holder = top ? await readHolder(this.file(top)) : undefined;
-        if (top && holder === undefined) {
-          continue; // released between the listing and the read
-        }
-        if (!top || isDead(holder ?? NO_RECORD)) {
+        const holder = !top || (await exists(this.marker(top))) ? NO_RECORD : await readHolder(this.file(top));
+        if (holder === NO_RECORD || isDead(holder)) {
           const mine = top + 1;
           try {
             await link(staging, this.file(mine));
@@ -116,54 +111,91 @@ export class LockFile {
             }
             throw error;
           }
-          if ((await this.generations()).some((generation) => generation > mine)) {
-            await unlink(this.file(mine)).catch(() => undefined); // we looked too long ago
-            continue;
+          try {
+            if ((await this.generations()).some((generation) => generation > mine)) {
+              await unlink(this.file(mine)).catch(() => undefined); // we looked too long ago
+              continue;
+            }
+            await this.clean(seen);
+          } catch (error) {
+            await this.release({ generation: mine, record }); // never leave a grant nobody holds
+            throw error;
           }
-          await Promise.all(seen.map((older) => unlink(this.file(older)).catch(() => undefined)));
           return { generation: mine, record };
         }
         if (performance.now() > deadline) {
           throw new JournalError(
-            `${this.file(top)} stayed locked for ${this.timeout} s by ${describe(holder ?? NO_RECORD)}; is a ` +
+            `${this.file(top)} stayed locked for ${this.timeout} s by ${describe(holder)}; is a ` +
               "worker stopped (SIGSTOP) in the middle of a write? If that process is gone, delete the file",
           );
         }
         await sleep(POLL_SECONDS);
       }
-    } catch (error) {
-      HELD.delete(record.nonce);
-      throw error;
     } finally {
       await unlink(staging).catch(() => undefined);
     }
   }
 
-  /** Give the lock up. */
+  /** Give the lock up: mark the generation released (its file stays until a newer one). */
   async release(grant: LockGrant): Promise<void> {
-    HELD.delete(grant.record.nonce);
-    await unlink(this.file(grant.generation)).catch(() => undefined);
+    try {
+      await writeFile(this.marker(grant.generation), "", { flag: "wx" });
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EEXIST") {
+        throw error;
+      }
+    }
   }
 
   private file(generation: number): string {
     return join(this.directory, `${this.name}.${generation}`);
   }
+
+  private marker(generation: number): string {
+    return join(this.directory, `${this.name}.${generation}.released`);
+  }
+
+  /** Remove older generations, their markers, and staging files of dead writers. */
+  private async clean(older: readonly number[]): Promise<void> {
+    const gone = (path: string) => unlink(path).catch(() => undefined);
+    await Promise.all(older.flatMap((generation) => [gone(this.file(generation)), gone(this.marker(generation))]));
+    const prefix = `.${this.name}.`;
+    for (const entry of await readdir(this.directory)) {
+      const pid = entry.startsWith(prefix) ? entry.slice(prefix.length).split(".", 1)[0] ?? "" : "";
+      if (/^\d+$/.test(pid) && !processExists(Number(pid))) {
+        await gone(join(this.directory, entry));
+      }
+    }
+  }
 }
 
-/** The record in `path`; null when it holds none; undefined when there is no file. */
-async function readHolder(path: string): Promise<LockRecord | null | undefined> {
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") {
+      return false;
+    }
+    throw error;
+  }
+}
+
+/** The record in `path`; null when it holds none (or is gone: a newer generation removed it). */
+async function readHolder(path: string): Promise<LockRecord | null> {
   let raw: Buffer;
   try {
     raw = await readFile(path);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") {
-      return undefined;
+      return NO_RECORD;
     }
     throw error;
   }
   let value: unknown;
   try {
-    value = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(raw));
+    // A byte-order mark is kept, and refused by JSON.parse, as Python refuses it.
+    value = JSON.parse(new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(raw));
   } catch {
     return NO_RECORD; // not UTF-8, or not JSON
   }
@@ -183,15 +215,9 @@ async function readHolder(path: string): Promise<LockRecord | null | undefined> 
   return typed ? (record as unknown as LockRecord) : NO_RECORD;
 }
 
-function isDead(holder: LockRecord | null): boolean {
-  if (holder === null) {
-    return true;
-  }
-  if (holder.host !== hostname()) {
+function isDead(holder: LockRecord): boolean {
+  if (holder.host !== hostname() || holder.pid === process.pid) {
     return false;
-  }
-  if (holder.pid === process.pid) {
-    return !HELD.has(holder.nonce);
   }
   return !processExists(holder.pid);
 }
