@@ -36,10 +36,10 @@ typecheck: $(STAMP)
 ts-build: $(TS_STAMP)
 	cd $(TS) && npm run --silent build
 
-# The TypeScript client: built, type-checked (sources and framework examples, strict),
+# The TypeScript client: type-checked (sources and framework examples, strict; each script builds first),
 # then `node --test` against gateways started from .venv (hence $(STAMP)).
 ts-test: $(STAMP) $(TS_STAMP)
-	cd $(TS) && npm run --silent build && npm run --silent typecheck && npm test
+	cd $(TS) && npm run --silent typecheck && npm test
 
 # One pytest worker per core: the tests are independent (port 0, tmp_path, a
 # PostgreSQL schema each), and the suite stays a few minutes on 2 cores.
