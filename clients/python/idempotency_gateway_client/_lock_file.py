@@ -137,7 +137,7 @@ class LockFile:
         prefix = f".{self.path.name}."
         for entry in os.listdir(self.path.parent):
             pid = entry[len(prefix) :].split(".", 1)[0] if entry.startswith(prefix) else ""
-            if pid.isdigit() and not _process_exists(int(pid)):
+            if pid.isascii() and pid.isdigit() and not _process_exists(int(pid)):
                 self.path.with_name(entry).unlink(missing_ok=True)
 
 
@@ -154,7 +154,7 @@ def _read(path: Path) -> dict[str, Any]:
         return _NO_RECORD
     try:
         value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except ValueError:  # not UTF-8 (a byte-order mark included), not JSON, or NaN
+    except (ValueError, RecursionError):  # not UTF-8 (a BOM included), not JSON, NaN, too deep
         return _NO_RECORD
     if not isinstance(value, dict):
         return _NO_RECORD
