@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -324,6 +325,40 @@ async def run_agent(
     stderr = (await process.stderr.read()).decode()
     assert process.returncode is not None
     return Finished(process.returncode, "".join(lines), stderr)
+
+
+def journal_agent_args(gateway_url: str, tmp_path: Path) -> list[str]:
+    """The flags of the test agents (`tests/agent_script.py`, `tests/mcp_agent_script.py` and
+    the Node twin): this gateway, a journal and a planner log in `tmp_path`."""
+    return [
+        "--gateway",
+        gateway_url,
+        "--journal",
+        str(tmp_path / "run.json"),
+        "--plan-log",
+        str(tmp_path / "plans.log"),
+    ]
+
+
+@contextlib.asynccontextmanager
+async def paused_agent(
+    *args: str, pause_at: str, program: str = sys.executable, seconds: float = 20.0
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """An agent process (`program *args`) stopped at the step boundary `pause_at`, holding
+    its run; killed and reaped when the block ends."""
+    process = await asyncio.create_subprocess_exec(
+        program, *args, "--pause-at", pause_at, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(seconds):
+            while not (line := await process.stdout.readline()).startswith(b"PAUSED"):
+                assert line, f"the agent exited before it paused at {pause_at}"
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
 
 
 def is_stopped(process: GatewayProcess) -> bool:

@@ -6,15 +6,13 @@ talking to a real gateway in front of the example ticket API, all on loopback.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import ToolAPI
-from harness import ROOT, RunningGateway, run_agent
+from harness import ROOT, RunningGateway, paused_agent, run_agent
 from idempotency_gateway_client import FileJournal, GatewayClient, SqliteJournal
 
 pytestmark = pytest.mark.slow
@@ -114,30 +112,13 @@ async def test_two_workers_on_one_run_only_one_advances(
 ) -> None:
     """A second worker is refused with the holder's name; after the holder dies, it resumes."""
     args = agent_args(tickets, tmp_path)
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *args,
-        "--worker",
-        "worker-a",
-        "--pause-at",
-        "recorded:c1",
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert holder.stdout is not None
-    try:
-        async with asyncio.timeout(SECONDS):
-            while not (await holder.stdout.readline()).startswith(b"PAUSED"):
-                pass
+    async with paused_agent(*args, "--worker", "worker-a", pause_at="recorded:c1") as holder:
         second = await run_agent(*args, "--worker", "worker-b")
         assert second.returncode == 3
         assert "RunLeased: run 'run-1' is held by worker 'worker-a'" in second.stderr
         assert f"pid {holder.pid}" in second.stderr
         assert "EVENT" not in second.stdout  # it did nothing at all
         assert len(tool_api.state.issues) == 1
-    finally:
-        holder.kill()
-        await holder.wait()
     resumed = await run_agent(*args, "--worker", "worker-b")
     assert resumed.returncode == 0, resumed.stderr
     await assert_each_effect_once(tickets, tool_api)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from conftest import GatewayFactory
-from harness import ROOT, Finished, RunningGateway, run_agent
+from harness import ROOT, Finished, RunningGateway, journal_agent_args, run_agent
 from idempotency_gateway_client import (
     Backoff,
     CallUnconfirmed,
@@ -182,14 +182,7 @@ async def run_mcp_agent(*args: str, pause_at: str | None = None) -> Finished:
 
 
 def agent_args(gateway: RunningGateway, tmp_path: Path) -> list[str]:
-    return [
-        "--gateway",
-        gateway.url,
-        "--journal",
-        str(tmp_path / "run.json"),
-        "--plan-log",
-        str(tmp_path / "plans.log"),
-    ]
+    return journal_agent_args(gateway.url, tmp_path)
 
 
 @pytest.mark.parametrize("boundary", ["response:c1", "response:c3"])

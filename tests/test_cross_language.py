@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ToolAPI
-from harness import ROOT, RunningGateway, run_agent
+from harness import ROOT, RunningGateway, journal_agent_args, paused_agent, run_agent
 from idempotency_gateway_client import FileJournal, GatewayClient
 
 pytestmark = pytest.mark.slow
@@ -47,14 +47,7 @@ def node() -> str:
 
 
 def agent_args(gateway: RunningGateway, tmp_path: Path) -> list[str]:
-    return [
-        "--gateway",
-        gateway.url,
-        "--journal",
-        str(tmp_path / "run.json"),
-        "--plan-log",
-        str(tmp_path / "plans.log"),
-    ]
+    return journal_agent_args(gateway.url, tmp_path)
 
 
 async def assert_each_effect_once(
@@ -106,30 +99,15 @@ async def test_a_python_worker_is_refused_while_a_node_worker_holds_the_run(
 ) -> None:
     """The lease in the journal binds both languages: one worker per run, whichever it is."""
     args = agent_args(tickets, tmp_path)
-    holder = await asyncio.create_subprocess_exec(
-        node,
-        str(NODE_AGENT),
-        *args,
-        "--worker",
-        "node-a",
-        "--pause-at",
-        "recorded:c1",
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert holder.stdout is not None
-    try:
-        async with asyncio.timeout(20):
-            while not (await holder.stdout.readline()).startswith(b"PAUSED"):
-                pass
+    worker_a = ["--worker", "node-a"]
+    async with paused_agent(
+        str(NODE_AGENT), *args, *worker_a, pause_at="recorded:c1", program=node
+    ) as holder:
         second = await run_agent(str(PYTHON_AGENT), *args, "--worker", "python-b")
         assert second.returncode == 3
         assert "RunLeased: run 'run-1' is held by worker 'node-a'" in second.stderr
         assert f"pid {holder.pid}" in second.stderr
         assert len(tool_api.state.issues) == 1
-    finally:
-        holder.kill()
-        await holder.wait()
     resumed = await run_agent(
         str(PYTHON_AGENT), *args, "--worker", "python-b", program=sys.executable
     )

@@ -25,6 +25,10 @@ from upstream import CountingUpstream
         "/tickets/%2e%2e%3B/x",
         "/tickets/%2E;jsessionid=1/x",
         "/tickets/v1/..;a=b/x",
+        # A fragment would hide the rest of the target from the checks (found by `make fuzz`).
+        "/tickets/#/..;/",
+        "/tickets/v1/issues#frag",
+        "/tickets/v1/x?a=1#/../y",
     ],
 )
 async def test_every_spelling_of_a_dot_segment_is_refused(
@@ -51,20 +55,3 @@ async def test_the_upstream_gets_exactly_the_checked_bytes(
     )
     assert answer.status == 201, answer.body[:200]
     assert upstream.effects[0].raw_path == "/v1/a%2Eb/%7Euser;v=1"
-
-
-@pytest.mark.parametrize(
-    "target", ["/tickets/#/..;/", "/tickets/v1/issues#frag", "/tickets/v1/x?a=1#/../y"]
-)
-async def test_a_request_target_with_a_fragment_is_refused(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream, target: str
-) -> None:
-    """A request target is a path and a query, never a fragment (found by `make fuzz`): a
-    `#` would hide the rest of the target from the checks, and nothing after it is sent."""
-    gateway = await gateway_factory(upstream.url)
-    answer = await exchange(
-        address_of(gateway.url), request("POST", target, [("Idempotency-Key", "k")], b"{}")
-    )
-    assert answer.status == 400, (answer.status, answer.body[:200])
-    assert json.loads(answer.body)["type"].endswith("/invalid-request")
-    assert upstream.count == 0
