@@ -844,11 +844,13 @@ def test_the_winner_removes_staging_files_of_dead_writers_only(
 ) -> None:
     """Staging files `.run.json.lock.<pid>.<nonce>` of writers that died before their link stay
     while the lock is waited for; the next writer to win a generation removes those whose pid
-    is no process, and keeps those of a live process (this one included) and every other
-    file (a non-ASCII digit is no pid)."""
+    is no process and that are older than any wait (ten minutes), and keeps a fresh one (its
+    name has no host: a writer on another host may have that pid), those of a live process
+    (this one included) and every other file (a non-ASCII digit is no pid)."""
     dead = dead_pid()
     doomed = [directory / f".run.json.lock.{dead}.{NONCE}", directory / f".run.json.lock.{dead}.0"]
     kept = [
+        directory / f".run.json.lock.{dead}.fresh",
         directory / f".run.json.lock.{live_pid}.{NONCE}",
         directory / f".run.json.lock.{os.getpid()}.{NONCE}",
         directory / f".other.json.lock.{dead}.{NONCE}",
@@ -857,6 +859,9 @@ def test_the_winner_removes_staging_files_of_dead_writers_only(
     ]
     for path in doomed + kept:
         path.write_bytes(record(pid=dead))
+    an_hour_ago = time.time() - 3600
+    for path in doomed:
+        os.utime(path, (an_hour_ago, an_hour_ago))
     before = {path: snapshot(path) for path in kept}
     with sleeper() as holder:
         held = plant(lock_path, 3, record(pid=holder.pid))

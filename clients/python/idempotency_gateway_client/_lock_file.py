@@ -51,6 +51,8 @@ from idempotency_gateway_client._exceptions import JournalError
 __all__ = ["LockFile"]
 
 _POLL_SECONDS = 0.01
+_STAGING_SECONDS = 600.0
+"""A staging file this old, of a pid that is not alive here, is a crashed writer's leftover."""
 
 
 class LockFile:
@@ -118,27 +120,39 @@ class LockFile:
                 if time.monotonic() > deadline:
                     raise JournalError(
                         f"{self._file(top)} stayed locked for {self.timeout} s by "
-                        f"{_describe(holder)}; is a worker stopped (SIGSTOP) in the middle "
-                        "of a write? If that process is gone, delete the file"
+                        f"{_describe(holder)}; is that worker stopped (SIGSTOP) or stuck in a "
+                        f"write? If it is gone, mark the lock released: touch {self._marker(top)} "
+                        "(never delete the file: generation numbers must only grow)"
                     )
                 time.sleep(_POLL_SECONDS)
         finally:
             staging.unlink(missing_ok=True)
 
     def _release(self, generation: int) -> None:
+        if not self._file(generation).exists():
+            return  # a newer generation's winner removed it: nothing is held
         with contextlib.suppress(FileExistsError):
             self._marker(generation).touch(exist_ok=False)
 
     def _clean(self, older: list[int]) -> None:
         """Remove older generations, their markers, and staging files of dead writers."""
         for generation in older:
-            self._file(generation).unlink(missing_ok=True)
+            # The marker first: a crash between leaves an old file without one, never a
+            # marker that could make a later holder of that number look released.
             self._marker(generation).unlink(missing_ok=True)
+            self._file(generation).unlink(missing_ok=True)
         prefix = f".{self.path.name}."
+        stale_before = time.time() - _STAGING_SECONDS
         for entry in os.listdir(self.path.parent):
             pid = entry[len(prefix) :].split(".", 1)[0] if entry.startswith(prefix) else ""
-            if pid.isascii() and pid.isdigit() and not _process_exists(int(pid)):
-                self.path.with_name(entry).unlink(missing_ok=True)
+            if not (pid.isascii() and pid.isdigit()) or _process_exists(int(pid)):
+                continue
+            staging = self.path.with_name(entry)
+            # A staging name has no host: a writer on another host may share this pid
+            # number, so only files older than any wait are taken for leftovers.
+            with contextlib.suppress(FileNotFoundError):
+                if staging.stat().st_mtime < stale_before:
+                    staging.unlink(missing_ok=True)
 
 
 _NO_RECORD: dict[str, Any] = {}

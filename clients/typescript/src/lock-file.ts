@@ -54,6 +54,8 @@ export interface LockGrant {
 }
 
 const POLL_SECONDS = 0.01;
+/** A staging file this old, of a pid that is not alive here, is a crashed writer's leftover. */
+const STAGING_SECONDS = 600;
 
 /** A file with no lock record in it: its holder is dead. */
 const NO_RECORD = null;
@@ -125,8 +127,9 @@ export class LockFile {
         }
         if (performance.now() > deadline) {
           throw new JournalError(
-            `${this.file(top)} stayed locked for ${this.timeout} s by ${describe(holder)}; is a ` +
-              "worker stopped (SIGSTOP) in the middle of a write? If that process is gone, delete the file",
+            `${this.file(top)} stayed locked for ${this.timeout} s by ${describe(holder)}; is that worker ` +
+              `stopped (SIGSTOP) or stuck in a write? If it is gone, mark the lock released: touch ` +
+              `${this.marker(top)} (never delete the file: generation numbers must only grow)`,
           );
         }
         await sleep(POLL_SECONDS);
@@ -138,6 +141,9 @@ export class LockFile {
 
   /** Give the lock up: mark the generation released (its file stays until a newer one). */
   async release(grant: LockGrant): Promise<void> {
+    if (!(await exists(this.file(grant.generation)))) {
+      return; // a newer generation's winner removed it: nothing is held
+    }
     try {
       await writeFile(this.marker(grant.generation), "", { flag: "wx" });
     } catch (error) {
@@ -158,12 +164,25 @@ export class LockFile {
   /** Remove older generations, their markers, and staging files of dead writers. */
   private async clean(older: readonly number[]): Promise<void> {
     const gone = (path: string) => unlink(path).catch(() => undefined);
-    await Promise.all(older.flatMap((generation) => [gone(this.file(generation)), gone(this.marker(generation))]));
+    for (const generation of older) {
+      // The marker first: a crash between leaves an old file without one, never a marker
+      // that could make a later holder of that number look released.
+      await gone(this.marker(generation));
+      await gone(this.file(generation));
+    }
     const prefix = `.${this.name}.`;
+    const staleBefore = Date.now() - STAGING_SECONDS * 1000;
     for (const entry of await readdir(this.directory)) {
       const pid = entry.startsWith(prefix) ? entry.slice(prefix.length).split(".", 1)[0] ?? "" : "";
-      if (/^\d+$/.test(pid) && !processExists(Number(pid))) {
-        await gone(join(this.directory, entry));
+      if (!/^\d+$/.test(pid) || processExists(Number(pid))) {
+        continue;
+      }
+      // A staging name has no host: a writer on another host may share this pid number,
+      // so only files older than any wait are taken for leftovers.
+      const staging = join(this.directory, entry);
+      const info = await stat(staging).catch(() => null);
+      if (info !== null && info.mtimeMs < staleBefore) {
+        await gone(staging);
       }
     }
   }

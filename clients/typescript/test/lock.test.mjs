@@ -891,9 +891,12 @@ describe("journal lock", () => {
         // stay while the lock is waited for; the next writer to win a generation removes those
         // whose pid is no process, and keeps those of a live process (this one included) and
         // every other file (a non-ASCII digit is no pid).
+        // Only those older than any wait (ten minutes): a staging name has no host, and a fresh
+        // one may be a writer's on another host with that pid.
         const dead = deadPid();
         const doomed = [`.run.json.lock.${dead}.${NONCE}`, `.run.json.lock.${dead}.0`];
         const kept = [
+          `.run.json.lock.${dead}.fresh`,
           `.run.json.lock.${live}.${NONCE}`,
           `.run.json.lock.${process.pid}.${NONCE}`,
           `.other.json.lock.${dead}.${NONCE}`,
@@ -901,6 +904,8 @@ describe("journal lock", () => {
           ".run.json.lock.\u00b2.x",
         ];
         for (const name of [...doomed, ...kept]) fs.writeFileSync(path.join(directory, name), record({ pid: dead }));
+        const anHourAgo = Date.now() / 1000 - 3600;
+        for (const name of doomed) fs.utimesSync(path.join(directory, name), anHourAgo, anHourAgo);
         const before = kept.map((name) => snapshot(path.join(directory, name)));
         await withSleeper(async (holder) => {
           const held = plant(lockPath, 3, record({ pid: holder }));
