@@ -257,14 +257,15 @@ async def test_configured_redactions_are_not_replayed(
 async def test_unprotected_methods_pass_through_without_records(
     gateway: RunningGateway, upstream: CountingUpstream, method: str
 ) -> None:
-    """Methods the route does not protect reach the upstream every time and leave no record."""
+    """Methods the route does not protect reach the upstream every time and leave no record;
+    the key they carried is answered `not-protected` (tests/test_not_protected.py)."""
     for _ in range(2):
         response = await gateway.session.request(
             method, f"{gateway.url}/tickets/v1/issues/1", headers={"Idempotency-Key": "pt-1"}
         )
         await response.read()
         assert response.status == 200
-        assert "Idempotency-Status" not in response.headers
+        assert response.headers.getall("Idempotency-Status") == ["not-protected"]
         assert "Idempotent-Replayed" not in response.headers
 
     assert upstream.count == 2

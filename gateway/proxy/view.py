@@ -12,6 +12,7 @@ task at all.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -78,6 +79,10 @@ def _refuse_own_path(path: str, method: str) -> None:
             raise MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
 
 
+NOT_PROTECTED = "not-protected"
+"""`Idempotency-Status` of an answer to a keyed request on a method the route does not protect."""
+
+
 def match_route(request: web.Request) -> RouteMatch:
     """The route a proxied request belongs to (`no-route` and 405 on own paths raise)."""
     url = request.rel_url
@@ -114,13 +119,17 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
     metrics = app[METRICS]
 
     if key is None:
-        trace.outcome = "passthrough"
+        # A key on a method the route does not protect: passed through, but never silently.
+        unprotected_key = not protected and IDEMPOTENCY_KEY in request.headers
+        trace.outcome = NOT_PROTECTED if unprotected_key else "passthrough"
         metrics.passthrough.labels(route.name).inc()
         headers = forward_headers(request, caller)
-        return await write_reply(
-            request,
-            await _pass_through(app[FORWARDER], route, request.method, match, headers, body),
-        )
+        passed = await _pass_through(app[FORWARDER], route, request.method, match, headers, body)
+        if unprotected_key:
+            passed = dataclasses.replace(
+                passed, headers=(*passed.headers, (IDEMPOTENCY_STATUS, NOT_PROTECTED))
+            )
+        return await write_reply(request, passed)
 
     proxy_request = ProxyRequest(
         route=route,
