@@ -1,5 +1,6 @@
-# Every target creates .venv when missing, so a fresh clone needs only Python 3.11.
-PYTHON ?= python3.11
+# Every target creates .venv when missing, so a fresh clone needs only Python (3.11, or
+# 3.12 or 3.13 where 3.11 is not installed; `make PYTHON=/path/to/python` to choose).
+PYTHON ?= $(or $(shell command -v python3.11 2>/dev/null),$(shell command -v python3.12 2>/dev/null),$(shell command -v python3.13 2>/dev/null),python3.11)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -71,4 +72,4 @@ simulate: $(STAMP)
 	$(BIN)/python -m tests.simulation --seconds $(SECONDS) $(foreach class,$(TOLERATE),--tolerate $(class))
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache $(TS)/node_modules $(TS)/dist
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info clients/python/*.egg-info $(TS)/node_modules $(TS)/dist
