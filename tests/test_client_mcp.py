@@ -181,10 +181,6 @@ async def run_mcp_agent(*args: str, pause_at: str | None = None) -> Finished:
     return await run_agent(str(AGENT), *args, pause_at=pause_at, seconds=TIMEOUT)
 
 
-def agent_args(gateway: RunningGateway, tmp_path: Path) -> list[str]:
-    return journal_agent_args(gateway.url, tmp_path)
-
-
 @pytest.mark.parametrize("boundary", ["response:c1", "response:c3"])
 async def test_kill_9_after_an_mcp_effect_before_its_result_is_saved_then_resume(
     boundary: str, gateway: RunningGateway, server: CountingMcpServer, tmp_path: Path
@@ -192,7 +188,7 @@ async def test_kill_9_after_an_mcp_effect_before_its_result_is_saved_then_resume
     """The agent process dies right after the tool ran, before the journal has its result.
     A new process looks the call up, takes the gateway's receipt, and sends nothing twice:
     each tool runs once per call, every call ends with a result, no turn is planned twice."""
-    args = agent_args(gateway, tmp_path)
+    args = journal_agent_args(gateway.url, tmp_path)
     killed = await run_mcp_agent(*args, pause_at=boundary)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     _, _, call = boundary.partition(":")
@@ -284,7 +280,7 @@ async def test_an_unknown_call_stops_the_agent_and_a_new_process_does_not_resend
 ) -> None:
     """The same as an agent process: it exits for reconciliation; so does the next one,
     after a lookup, without sending anything."""
-    args = [*agent_args(gateway, tmp_path), "--first-tool", "lose_connection"]
+    args = [*journal_agent_args(gateway.url, tmp_path), "--first-tool", "lose_connection"]
     first = await run_mcp_agent(*args)
     assert first.returncode == 4, first.stderr
     assert "RECONCILE run-1:0:c1 upstream-connection-lost" in first.stdout

@@ -46,10 +46,6 @@ def node() -> str:
     return program
 
 
-def agent_args(gateway: RunningGateway, tmp_path: Path) -> list[str]:
-    return journal_agent_args(gateway.url, tmp_path)
-
-
 async def assert_each_effect_once(
     gateway: RunningGateway, tool_api: ToolAPI, tmp_path: Path
 ) -> None:
@@ -72,7 +68,7 @@ async def assert_each_effect_once(
 async def test_python_crashes_and_node_resumes(
     boundary: str, node: str, tickets: RunningGateway, tool_api: ToolAPI, tmp_path: Path
 ) -> None:
-    args = agent_args(tickets, tmp_path)
+    args = journal_agent_args(tickets.url, tmp_path)
     killed = await run_agent(str(PYTHON_AGENT), *args, pause_at=boundary)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     resumed = await run_agent(str(NODE_AGENT), *args, program=node)
@@ -85,7 +81,7 @@ async def test_python_crashes_and_node_resumes(
 async def test_node_crashes_and_python_resumes(
     boundary: str, node: str, tickets: RunningGateway, tool_api: ToolAPI, tmp_path: Path
 ) -> None:
-    args = agent_args(tickets, tmp_path)
+    args = journal_agent_args(tickets.url, tmp_path)
     killed = await run_agent(str(NODE_AGENT), *args, pause_at=boundary, program=node)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     resumed = await run_agent(str(PYTHON_AGENT), *args)
@@ -98,7 +94,7 @@ async def test_a_python_worker_is_refused_while_a_node_worker_holds_the_run(
     node: str, tickets: RunningGateway, tool_api: ToolAPI, tmp_path: Path
 ) -> None:
     """The lease in the journal binds both languages: one worker per run, whichever it is."""
-    args = agent_args(tickets, tmp_path)
+    args = journal_agent_args(tickets.url, tmp_path)
     worker_a = ["--worker", "node-a"]
     async with paused_agent(
         str(NODE_AGENT), *args, *worker_a, pause_at="recorded:c1", program=node
@@ -132,7 +128,7 @@ async def test_node_resends_the_bytes_python_sent_for_a_planned_call(
     node: str, tickets: RunningGateway, tool_api: ToolAPI, tmp_path: Path
 ) -> None:
     """Python sent c1 (`estimate: 1.0`, `café`); Node resending it from the journal is a replay."""
-    args = agent_args(tickets, tmp_path)
+    args = journal_agent_args(tickets.url, tmp_path)
     killed = await run_agent(str(PYTHON_AGENT), *args, pause_at="response:c1")
     assert killed.returncode == -signal.SIGKILL
     script = RESEND_PLANNED_C1 % (TYPESCRIPT / "dist" / "index.js").as_uri()

@@ -32,6 +32,7 @@ __all__ = [
     "fence",
     "grant",
     "parse_document",
+    "process_exists",
     "released",
     "renewed",
 ]
@@ -203,10 +204,17 @@ def _is_live(lease: RunLease, now: float) -> bool:
         return False
     if lease.host != socket.gethostname() or lease.pid == os.getpid():
         return True
+    return process_exists(lease.pid)
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (one of another user counts)."""
     try:
-        os.kill(lease.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # a process of another user: alive
+    except (OverflowError, ValueError):
+        return False  # no process has such a pid
     return True

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from idempotency_gateway_client._exceptions import JournalError
+from idempotency_gateway_client._journal import process_exists
 
 __all__ = ["LockFile"]
 
@@ -145,7 +146,7 @@ class LockFile:
         stale_before = time.time() - _STAGING_SECONDS
         for entry in os.listdir(self.path.parent):
             pid = entry[len(prefix) :].split(".", 1)[0] if entry.startswith(prefix) else ""
-            if not (pid.isascii() and pid.isdigit()) or _process_exists(int(pid)):
+            if not (pid.isascii() and pid.isdigit()) or process_exists(int(pid)):
                 continue
             staging = self.path.with_name(entry)
             # A staging name has no host: a writer on another host may share this pid
@@ -196,19 +197,7 @@ def _is_dead(holder: dict[str, Any]) -> bool:
         return True
     if holder["host"] != socket.gethostname() or holder["pid"] == os.getpid():
         return False
-    return not _process_exists(holder["pid"])
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # a process of another user: alive
-    except (OverflowError, ValueError):
-        return False  # no process has such a pid
-    return True
+    return not process_exists(holder["pid"])
 
 
 def _describe(holder: dict[str, Any] | None) -> str:

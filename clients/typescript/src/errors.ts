@@ -101,7 +101,8 @@ export class GatewayProblem extends GatewayClientError {
   }
 }
 
-function kindOf(typeUri: string): string {
+/** The problem type of a type URI: its last path segment. */
+export function kindOf(typeUri: string): string {
   const trimmed = typeUri.replace(/\/+$/, "");
   return trimmed.slice(trimmed.lastIndexOf("/") + 1);
 }

@@ -17,7 +17,7 @@
 
 import { Backoff, sleep } from "./backoff.js";
 import { canonicalJson } from "./canonical.js";
-import { CallUnconfirmed, GatewayProblem, type ProblemDocument, typedProblem } from "./errors.js";
+import { CallUnconfirmed, GatewayProblem, kindOf, type ProblemDocument, typedProblem } from "./errors.js";
 import { validateKey } from "./keys.js";
 import type { Operation } from "./models.js";
 import { PROBLEM_BASE_URI } from "./problems.js";
@@ -325,7 +325,7 @@ function problemOfError(error: unknown): GatewayProblem | null {
 }
 
 function typed(problem: ProblemDocument, status: number | null): GatewayProblem {
-  const kind = String(problem["type"] ?? "").replace(/\/+$/, "").split("/").at(-1) ?? "";
+  const kind = kindOf(String(problem["type"] ?? ""));
   return typedProblem(kind, { ...problem }, { status: status ?? STATUS_OF[kind] ?? 200 });
 }
 
