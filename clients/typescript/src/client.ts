@@ -264,8 +264,7 @@ export class GatewayClient {
 
   private async send(exchange: Exchange): Promise<GatewayResponse> {
     const url = this.baseUrl + exchange.path;
-    const limit = AbortSignal.timeout(exchange.limit * 1000);
-    const signal = exchange.signal ? AbortSignal.any([limit, exchange.signal]) : limit;
+    const signal = bothSignals(AbortSignal.timeout(exchange.limit * 1000), exchange.signal);
     try {
       const answer = await this.fetch(url, {
         method: exchange.method,
@@ -284,6 +283,22 @@ export class GatewayClient {
       throw new GatewayConnectionError(`${exchange.method} ${url}: ${reason}`, { cause: error });
     }
   }
+}
+
+/** Aborted when either aborts (`AbortSignal.any` is Node 20.3+; this client runs on every Node 20). */
+function bothSignals(limit: AbortSignal, caller: AbortSignal | undefined): AbortSignal {
+  if (caller === undefined) {
+    return limit;
+  }
+  const both = new AbortController();
+  for (const signal of [limit, caller]) {
+    if (signal.aborted) {
+      both.abort(signal.reason);
+    } else {
+      signal.addEventListener("abort", () => both.abort(signal.reason), { once: true });
+    }
+  }
+  return both.signal;
 }
 
 function retryDelay(problem: GatewayProblem, backoff: Backoff, sent: number, waited: number): number | null {
