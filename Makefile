@@ -3,13 +3,20 @@
 PYTHON ?= $(or $(shell command -v python3.11 2>/dev/null),$(shell command -v python3.12 2>/dev/null),$(shell command -v python3.13 2>/dev/null),python3.11)
 VENV := .venv
 BIN := $(VENV)/bin
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck ts-build ts-test bench soak fuzz simulate clean
 
-$(STAMP): pyproject.toml clients/python/pyproject.toml
+# What serving needs: the gateway and the Python client (the examples use it), nothing else.
+$(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e . -e clients/python
+	touch $(RUN_STAMP)
+
+# What the tests, linters and benchmarks need on top: the dev extra.
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
 	touch $(STAMP)
 
@@ -21,7 +28,7 @@ $(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json
 	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $(TS_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/python -m examples.run_demo --config config/gateway.toml
 
 LINT_PATHS := $(wildcard gateway clients tests examples bench/*.py)
