@@ -357,3 +357,50 @@ async def test_problem_documents_carry_the_contract_fields(
     assert response.headers["Idempotency-Key"] == "p/1 x"
     assert (await gateway.get(document["operation"])).status == 200
     assert upstream.count == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "route", "status", "kind"),
+    [
+        ("/tickets/v1/issues?delay=1", {"timeout": "300ms"}, 504, "upstream-timeout"),
+        ("/tickets/v1/issues?drop=after_effect", {}, 502, "upstream-connection-lost"),
+    ],
+    ids=["timeout", "connection-lost"],
+)
+async def test_an_unknown_outcome_names_its_operation_as_the_retry_does(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    path: str,
+    route: dict[str, Any],
+    status: int,
+    kind: str,
+) -> None:
+    """The first answer of an unknown outcome (504/502) carries the operation's lookup URL
+    and id, as the retry's 409 outcome-unknown does: the agent can look it up or hand the
+    id to an operator from either."""
+    gateway = await gateway_factory(upstream.url, route=route)
+    first = await problem_of(await gateway.post(path, key="named", json_body={}))
+    retry = await problem_of(await gateway.post(path, key="named", json_body={}))
+    operation = await (await gateway.get("/operations/named")).json()
+
+    assert (first["status"], problem_type(first)) == (status, kind)
+    assert problem_type(retry) == "outcome-unknown"
+    for document in (first, retry):
+        assert document["operation"] == "/operations/named"
+        assert document["operation_id"] == operation["id"]
+        assert document["state"] == "unknown"
+    assert upstream.count == 1
+
+
+async def test_an_unreachable_upstream_names_the_released_operation(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """502 upstream-unreachable: the key's operation exists (released); the problem names it."""
+    gateway = await gateway_factory(f"http://127.0.0.1:{closed_port()}")
+    document = await problem_of(await gateway.post("/tickets/v1/issues", key="u2", json_body={}))
+    operation = await (await gateway.get("/operations/u2")).json()
+
+    assert problem_type(document) == "upstream-unreachable"
+    assert document["operation"] == "/operations/u2"
+    assert document["operation_id"] == operation["id"]
+    assert document["state"] == operation["state"] == "released"

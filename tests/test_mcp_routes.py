@@ -167,6 +167,29 @@ async def test_a_lost_answer_is_unknown_and_the_retry_is_refused_as_a_tool_resul
     assert server.count == 1
 
 
+async def test_a_lost_answer_names_its_operation_as_the_retry_does(
+    gateway_factory: GatewayFactory, server: CountingMcpServer
+) -> None:
+    """The isError result of the lost call itself carries the operation's lookup URL and id
+    in `_meta.idempotency`, as the retry's outcome-unknown result does."""
+    gateway = await gateway_for(gateway_factory, server)
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT):
+        async with mcp_client(url) as client:
+            lost = await call_with_key(client, "lose_connection", {"title": "x"}, "lost-named")
+        async with mcp_client(url) as client:
+            retry = await call_with_key(client, "lose_connection", {"title": "x"}, "lost-named")
+    operation = await (await gateway.get("/operations/lost-named")).json()
+
+    assert meta(lost)["idempotency"]["type"] == "upstream-connection-lost"
+    assert meta(retry)["idempotency"]["type"] == "outcome-unknown"
+    for result in (lost, retry):
+        state = meta(result)["idempotency"]
+        assert state["operation"] == "/operations/lost-named"
+        assert state["operation_id"] == operation["id"]
+    assert server.count == 1
+
+
 async def test_a_key_reused_for_other_arguments_is_refused(
     gateway_factory: GatewayFactory, server: CountingMcpServer
 ) -> None:

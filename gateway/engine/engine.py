@@ -254,7 +254,7 @@ class IdempotencyEngine:
                 )
                 raise LeaseLost(
                     "this gateway was paused past its lease before sending; nothing was sent"
-                ).about(request.key, state.value)
+                ).about(request.key, state.value, operation.id)
             reply, relayed = await self._send(request, operation)
             return reply
         finally:
@@ -353,7 +353,7 @@ class IdempotencyEngine:
             state = await self._outcomes.release(request, operation, error.detail)
         else:
             state = await self._outcomes.mark_unknown(request, operation, error)
-        return error.about(request.key, state.value)
+        return error.about(request.key, state.value, operation.id)
 
     def _upstream_done(self, request: ProxyRequest, started: float) -> None:
         seconds = self._clock.monotonic() - started

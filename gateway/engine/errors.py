@@ -82,8 +82,9 @@ class GatewayError(Exception):
         self.operation_id = operation_id
         self.retry_after = retry_after
 
-    def about(self, key: str, state: str) -> Self:
-        """Tie the error to a key and to the state its record is in after the write.
+    def about(self, key: str, state: str, operation_id: str) -> Self:
+        """Tie the error to the operation this attempt claimed, and to the state its
+        record is in after the write.
 
         The state is the record's, not the one the failed attempt meant to
         leave: a retry of an `unknown` key can never be safe, whatever happened
@@ -92,6 +93,7 @@ class GatewayError(Exception):
         """
         self.key = key
         self.state = state
+        self.operation_id = operation_id
         self.safe_to_retry = state != "unknown"
         return self
 
