@@ -57,6 +57,7 @@ from gateway.engine.models import (
 )
 from gateway.engine.outcomes import OutcomeWriter
 from gateway.engine.settle import Outcome, Settler
+from gateway.telemetry.tracer import NO_TRACER, Tracer
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
@@ -93,10 +94,12 @@ class IdempotencyEngine:
         settings: IdempotencySettings,
         routes: tuple[RouteSettings, ...],
         observer: LifecycleObserver | None = None,
+        tracer: Tracer = NO_TRACER,
         fault: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
+        self._tracer = tracer
         self._clock = clock
         self._forwarder = forwarder
         self._keeper = keeper
@@ -115,6 +118,7 @@ class IdempotencyEngine:
             observer=self._observer,
             timed=self._timed,
             clock=clock,
+            tracer=tracer,
         )
         self._records = KeyRecords(
             store=store,
@@ -131,6 +135,7 @@ class IdempotencyEngine:
             observer=self._observer,
             timed=self._timed,
             clock=clock,
+            tracer=tracer,
         )
 
     # -- the request path ------------------------------------------------------
@@ -152,18 +157,20 @@ class IdempotencyEngine:
             for _ in range(3):
                 with self._forwarder.gate(request.route):
                     claimed_at = self._clock.monotonic()
-                    try:
-                        claim = await self._timed(
-                            "claim", self._store.claim(self._claim_of(request))
-                        )
-                    except StoreUnavailable:
-                        self._keeper.claim_failed(request.scope, request.key)
-                        raise
+                    with self._tracer.claim(request) as span:
+                        try:
+                            claim = await self._timed(
+                                "claim", self._store.claim(self._claim_of(request))
+                            )
+                        except StoreUnavailable:
+                            self._keeper.claim_failed(request.scope, request.key)
+                            raise
+                        span.operation(claim.operation)
                     if not isinstance(claim, Existing):
                         return await self._attempt(request, claim.operation, claimed_at)
                 operation = await self._records.refresh(claim.operation)
                 if operation is not None and request.trace is not None:
-                    request.trace.operation_id = operation.id
+                    request.trace.saw(operation)
                 if (
                     operation is not None
                     and request.wait_seconds > 0
@@ -203,7 +210,7 @@ class IdempotencyEngine:
         self._observer.store_call("peek", self._clock.monotonic() - started)
         with self._quotas.in_flight(request.scope):
             if request.trace is not None:
-                request.trace.operation_id = operation.id
+                request.trace.saw(operation)
             return answer_existing(operation, request.fingerprint)
 
     async def _admit_if_new(self, request: ProxyRequest) -> None:
@@ -232,7 +239,7 @@ class IdempotencyEngine:
         self, request: ProxyRequest, operation: Operation, claimed_at: float
     ) -> Reply:
         if request.trace is not None:
-            request.trace.operation_id = operation.id
+            request.trace.saw(operation)
         if log.isEnabledFor(logging.DEBUG):  # the extra dict is not free on every request
             log.debug(
                 "claimed",
@@ -282,15 +289,17 @@ class IdempotencyEngine:
         route = request.route
         started = self._clock.monotonic()
         try:
-            reply = await self._forwarder.send(
-                route,
-                request.method,
-                request.upstream_url,
-                self._with_forwarded_key(request, operation),
-                request.body,
-            )
-            self._inject_fault("after_send")
-            body = await _read_or_close(reply, route.max_stored_response)
+            with self._tracer.upstream(request, operation, request.method) as span:
+                reply = await self._forwarder.send(
+                    route,
+                    request.method,
+                    request.upstream_url,
+                    self._with_forwarded_key(request, operation),
+                    request.body,
+                )
+                span.status(reply.status)
+                self._inject_fault("after_send")
+                body = await _read_or_close(reply, route.max_stored_response)
         except UpstreamError as exc:
             raise await self._send_failed(request, operation, started, exc) from exc
         if body is None and reply.status not in route.release_statuses:
@@ -311,21 +320,23 @@ class IdempotencyEngine:
         started = self._clock.monotonic()
         answer: UpstreamAnswer | None = None
         try:
-            answer = await self._forwarder.send(
-                route,
-                dialect.send_method,
-                request.upstream_url,
-                self._with_forwarded_key(request, operation),
-                dialect.body_for(self._forwarded_key(request, operation)),
-            )
-            self._inject_fault("after_send")
-            try:
-                async with asyncio.timeout(route.max_call):
-                    outcome = await dialect.outcome(answer)
-            except TimeoutError as exc:
-                raise UpstreamTimeout(
-                    f"no complete answer within the route's max_call ({route.max_call:g}s)"
-                ) from exc
+            with self._tracer.upstream(request, operation, dialect.send_method) as span:
+                answer = await self._forwarder.send(
+                    route,
+                    dialect.send_method,
+                    request.upstream_url,
+                    self._with_forwarded_key(request, operation),
+                    dialect.body_for(self._forwarded_key(request, operation)),
+                )
+                span.status(answer.status)
+                self._inject_fault("after_send")
+                try:
+                    async with asyncio.timeout(route.max_call):
+                        outcome = await dialect.outcome(answer)
+                except TimeoutError as exc:
+                    raise UpstreamTimeout(
+                        f"no complete answer within the route's max_call ({route.max_call:g}s)"
+                    ) from exc
         except UpstreamError as exc:
             raise await self._send_failed(request, operation, started, exc) from exc
         finally:
@@ -393,7 +404,8 @@ class IdempotencyEngine:
         kept); one cut off mid-body is `unknown`. A release status is decided
         from the status line alone, as for a kept answer. The caller must read
         the stream to its end (`gateway.proxy.view.write_reply` does, even
-        after its client left): the attempt, and its lease, end with it.
+        after its client left): the attempt, and its lease, end with it. Its
+        upstream span has ended with the first bytes; its record span comes at the end.
         """
         route = request.route
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.clock import Clock
     from gateway.engine.headers import Pairs
-    from gateway.engine.models import State
+    from gateway.engine.models import Operation, State
 
 T = TypeVar("T")
 
@@ -81,11 +81,17 @@ class RequestTrace:
     key: str | None = None
     scope: str | None = None
     operation_id: str | None = None
+    attempt: int | None = None
     outcome: str | None = None
     state: str | None = None
     upstream_seconds: float | None = None
     error: str | None = None
     """What went wrong inside (a host, driver text): for the log line only."""
+
+    def saw(self, operation: Operation) -> None:
+        """The operation this request is answered about (the log line and the span name it)."""
+        self.operation_id = operation.id
+        self.attempt = operation.attempts
 
 
 @dataclass(frozen=True, slots=True)

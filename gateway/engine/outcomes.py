@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from gateway.engine.errors import StoreUnavailable, UpstreamError
 from gateway.engine.models import Evidence, Operation, Resolution, State, StoredResponse
+from gateway.telemetry.tracer import NO_TRACER, Tracer
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings
@@ -40,6 +41,7 @@ class OutcomeWriter:
         observer: LifecycleObserver,
         timed: StoreTimer,
         clock: Clock,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self._store = store
         self._keeper = keeper
@@ -47,6 +49,7 @@ class OutcomeWriter:
         self._observer = observer
         self._timed = timed
         self._clock = clock
+        self._tracer = tracer
 
     async def complete(
         self, request: ProxyRequest, operation: Operation, stored: StoredResponse, *, retained: bool
@@ -107,6 +110,20 @@ class OutcomeWriter:
         return await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
 
     async def _fenced_write(
+        self,
+        request: ProxyRequest,
+        operation: Operation,
+        name: str,
+        write: Callable[[], Awaitable[Operation | None]],
+        evidence: Callable[[], Evidence],
+    ) -> State:
+        """`_write_and_read_back` in the attempt's record span (the receipt write)."""
+        with self._tracer.record(request, operation, name) as span:
+            state = await self._write_and_read_back(request, operation, name, write, evidence)
+            span.state(state)
+            return state
+
+    async def _write_and_read_back(
         self,
         request: ProxyRequest,
         operation: Operation,

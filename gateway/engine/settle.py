@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Literal
 
 from gateway.engine.errors import NotResolvable, PreconditionFailed
 from gateway.engine.models import Evidence, Operation, Resolution, ResolvedBy, State, StoredResponse
+from gateway.telemetry.tracer import NO_TRACER, Tracer
 
 if TYPE_CHECKING:
-    from gateway.config import IdempotencySettings, RouteSettings
+    from gateway.config import IdempotencySettings, ProbeSettings, RouteSettings
     from gateway.engine.clock import Clock
     from gateway.engine.exchange import LifecycleObserver, StoreTimer
     from gateway.engine.forwarded_key import ForwardedKeys
-    from gateway.engine.probes import Prober
+    from gateway.engine.probes import ProbeAnswer, Prober
     from gateway.store.base import Store
 
 log = logging.getLogger("gateway.lifecycle")
@@ -43,9 +44,11 @@ class Settler:
         observer: LifecycleObserver,
         timed: StoreTimer,
         clock: Clock,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self._store = store
         self._prober = prober
+        self._tracer = tracer
         self._forwarded_keys = forwarded_keys
         self._settings = settings
         self._routes = {route.name: route for route in routes}
@@ -144,7 +147,19 @@ class Settler:
         forwarded = self._forwarded_keys.of(route, asked)
         if forwarded is None:  # the config refuses a probe on such a route
             return asked
-        answer = await self._prober.ask(route, asked, forwarded)
+        with self._tracer.probe(route, asked) as span:
+            answer = await self._prober.ask(route, asked, forwarded)
+            if answer.response is not None:
+                span.status(answer.response.status)
+            probed = await self._verdict(route, probe, asked, answer)
+            if probed is not None:
+                span.operation(probed)
+            return probed
+
+    async def _verdict(
+        self, route: RouteSettings, probe: ProbeSettings, asked: Operation, answer: ProbeAnswer
+    ) -> Operation | None:
+        """Act on a probe's answer about the attempt `asked` was read at."""
         response = answer.response
         if response is None:
             return await self._probe_evidence(

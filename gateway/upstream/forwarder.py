@@ -13,7 +13,10 @@ The forwarder is where "was it sent?" is decided, so it is strict:
   obtained is ambiguous (`UpstreamTimeout`, `UpstreamConnectionLost`);
 - pooled connections are dropped after the route's `keepalive` (default 4s),
   shorter than common server idle timeouts, so a connection the server is
-  about to close is not reused and does not turn into a spurious `unknown`.
+  about to close is not reused and does not turn into a spurious `unknown`;
+- with tracing on, every request it sends (forwarded, passed through or a
+  probe) carries the current trace context (`traceparent`), naming this
+  hop's span rather than the caller's.
 
 aiohttp client exceptions become the gateway's own here and nowhere else.
 """
@@ -35,6 +38,7 @@ from gateway.engine.errors import (
     UpstreamUnreachable,
 )
 from gateway.engine.headers import GATEWAY_OWNED, Pairs
+from gateway.telemetry.tracer import NO_TRACER, Tracer
 from gateway.upstream.headers import end_to_end
 
 if TYPE_CHECKING:
@@ -137,7 +141,8 @@ class Forwarder:
     >>> # reply = await forwarder.send(route, "POST", url, headers, body)
     """
 
-    def __init__(self, routes: Sequence[RouteSettings]) -> None:
+    def __init__(self, routes: Sequence[RouteSettings], *, tracer: Tracer = NO_TRACER) -> None:
+        self._tracer = tracer
         self._routes = {route.name: route for route in routes}
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._gates = {route.name: RouteGate(route.name, route.max_concurrency) for route in routes}
@@ -186,7 +191,7 @@ class Forwarder:
                 method,
                 # Exactly the bytes gateway.proxy.routing judged: no re-encoding of the path.
                 URL(url, encoded=True),
-                headers=_with_route_headers(headers, route.upstream_headers),
+                headers=self._tracer.inject(_with_route_headers(headers, route.upstream_headers)),
                 data=body if body or method not in ("GET", "HEAD") else None,
                 allow_redirects=False,
                 compress=None,

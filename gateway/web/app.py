@@ -35,6 +35,7 @@ from gateway.mcp.sessions import SessionTags
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
 from gateway.store.factory import make_store
+from gateway.telemetry.web import TRACER, open_tracer, tracing_middlewares
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.admin_view import (
     list_operations,
@@ -86,6 +87,8 @@ def create_app(settings: Settings) -> web.Application:
             request_log_middleware,
             problem_middleware,
             method_guard_middleware,
+            # The server span, when tracing is on (docs/operations.md, "Tracing").
+            *tracing_middlewares(),
             # Only an enabled admin API has a listener of its own to keep apart.
             *([listener_middleware] if settings.admin.enabled else []),
         ],
@@ -119,7 +122,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS]
     store = make_store(settings.store, on_batch=metrics.commit)
     await store.open()
-    forwarder = Forwarder(settings.routes)
+    tracer = open_tracer()
+    forwarder = Forwarder(settings.routes, tracer=tracer)
     await forwarder.start()
     keeper = LeaseKeeper(
         store,
@@ -138,7 +142,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         quotas=ScopeQuotas(settings.quotas),
         settings=settings.idempotency,
         routes=settings.routes,
-        observer=metrics,
+        observer=tracer.observing(metrics),
+        tracer=tracer,
         fault=settings.testing.fault,
     )
     engine.cross_process_signals = await store.subscribe(engine.notify_settled)
@@ -151,6 +156,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         clients=settings.clients,
         scope_headers=settings.idempotency.scope_headers,
         shared_scope=settings.idempotency.shared_scope,
+    app[TRACER] = tracer
         secret=scope_secret,
     )
     app[MCP_SESSIONS] = SessionTags(scope_secret)
@@ -166,6 +172,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
 
 async def _drain(background: set[asyncio.Task[Any]]) -> None:
     if not background:
+        await tracer.close()  # last: the drained calls' spans are flushed too
         return
     log.info("waiting for %d upstream calls to finish", len(background))
     await asyncio.wait(set(background), timeout=SHUTDOWN_GRACE)
