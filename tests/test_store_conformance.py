@@ -30,6 +30,7 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.store import Store
+from gateway.store.base import Page
 from gateway.store.rows import claim_changes
 from gateway.store.sqlite import SqliteStore
 
@@ -132,12 +133,13 @@ def claim_request(
     owner: str = "o1",
     lease_seconds: float = 30,
     tombstone_seconds: float = 3600,
+    route: str = "r",
 ) -> ClaimRequest:
     return ClaimRequest(
         scope=scope,
         key=key,
         fingerprint=fingerprint,
-        route="r",
+        route=route,
         method="POST",
         path="/r/x",
         owner=owner,
@@ -790,11 +792,91 @@ async def test_list_operations_pages_by_state_in_creation_order(store: Store) ->
     assert everything.next_cursor is None
 
 
+async def test_list_operations_filters_by_route_and_age(store: Store) -> None:
+    """The console's filters: a route's operations, and those created at least N s ago."""
+    old_a = await new_attempt(store, "old-a", route="a")
+    await new_attempt(store, "old-b", route="b")
+    await asyncio.sleep(0.4)
+    new_a = await new_attempt(store, "new-a", route="a")
+
+    def ids(page: Page) -> list[str]:
+        return [item.id for item in page.items]
+
+    on_a = await store.list_operations(state=None, limit=10, cursor=None, route="a")
+    assert ids(on_a) == [old_a.id, new_a.id]
+    aged = await store.list_operations(state=None, limit=10, cursor=None, route="a", older_than=0.2)
+    assert ids(aged) == [old_a.id]
+    aged_any_route = await store.list_operations(state=None, limit=10, cursor=None, older_than=0.2)
+    assert len(aged_any_route.items) == 2
+    assert (
+        ids(await store.list_operations(state=None, limit=10, cursor=None, older_than=3600)) == []
+    )
+    assert ids(await store.list_operations(state=None, limit=10, cursor=None, route="c")) == []
+    in_flight_on_a = await store.list_operations(
+        state=State.IN_FLIGHT, limit=1, cursor=None, route="a"
+    )
+    assert ids(in_flight_on_a) == [old_a.id]
+    assert in_flight_on_a.next_cursor is not None
+
+
+async def test_redact_acts_only_on_the_version_read(store: Store) -> None:
+    """An operator redacts the version they read: a later version is left alone."""
+    done = await completed(store, "k")
+    assert await store.redact(done.id, redaction(), expected_version=done.version + 1) is None
+    untouched = await store.get_by_id(done.id)
+    assert untouched is not None
+    assert untouched.response == done.response
+    assert untouched.version == done.version
+
+    erased = await store.redact(done.id, redaction(), expected_version=done.version)
+    assert erased is not None
+    assert erased.version == done.version + 1
+    assert erased.response is not None
+    assert erased.response.body == b""
+    assert await store.redact(done.id, redaction(), expected_version=done.version) is None
+
+
+def redaction() -> Evidence:
+    return Evidence(at=time.time(), source="redaction", detail="receipt erased by admin: test")
+
+
 async def test_list_operations_rejects_an_invalid_cursor(store: Store) -> None:
     """A cursor the store did not make raises `ValueError`."""
     # The message is each store's own; the type is the contract.
     with pytest.raises(ValueError):  # noqa: PT011
         await store.list_operations(state=None, limit=3, cursor="not a cursor!")
+
+
+async def test_list_operations_finds_a_key_in_every_scope(store: Store) -> None:
+    """`key=` lists that key's operations in every scope, in creation order, pages and the
+    state filter included; nothing else matches it (no prefix, no LIKE pattern)."""
+    first = await unknown(store, "shared")
+    await new_attempt(store, "shared-not")
+    await new_attempt(store, "other", scope="s2")
+    second = await new_attempt(store, "shared", scope="s2")
+    third = await new_attempt(store, "shared", scope="s3")
+    await new_attempt(store, "sh%")
+
+    page = await store.list_operations(state=None, limit=10, cursor=None, key="shared")
+    assert [item.id for item in page.items] == [first.id, second.id, third.id]
+    assert {item.scope for item in page.items} == {"s1", "s2", "s3"}
+    assert page.next_cursor is None
+
+    seen: list[str] = []
+    cursor = None
+    for _ in range(4):
+        page = await store.list_operations(state=None, limit=2, cursor=cursor, key="shared")
+        seen.extend(item.id for item in page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == [first.id, second.id, third.id]
+
+    unknowns = await store.list_operations(state=State.UNKNOWN, limit=10, cursor=None, key="shared")
+    assert [item.id for item in unknowns.items] == [first.id]
+    nothing = await store.list_operations(state=None, limit=10, cursor=None, key="s%")
+    assert nothing.items == ()
+    assert (await store.list_operations(state=None, limit=10, cursor=None, key="")).items == ()
 
 
 # -- retention -------------------------------------------------------------------------------------

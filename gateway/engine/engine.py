@@ -272,6 +272,11 @@ class IdempotencyEngine:
         self._keeper.drop(operation.id, operation.token)
         self._records.notify(operation.id)
 
+    def forwarded_key(self, route: RouteSettings, operation: Operation) -> str | None:
+        """What `route` sends upstream as the key of `operation`: what an operator
+        searches the tool for when settling it by hand."""
+        return self._forwarded_keys.of(route, operation)
+
     def _forwarded_key(self, request: ProxyRequest, operation: Operation) -> str | None:
         if request.forward_operation_id:
             return operation.id

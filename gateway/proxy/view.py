@@ -31,6 +31,7 @@ from gateway.engine.errors import (
     KeyMismatch,
     MethodNotAllowed,
     MissingKey,
+    NotFound,
     OutcomeUnknown,
     UnsupportedTransferCoding,
     UpstreamConnectionLost,
@@ -76,6 +77,9 @@ def _refuse_own_path(path: str, method: str) -> None:
     for prefix in GATEWAY_PATHS:
         if path == prefix or path.startswith(prefix + "/"):
             allowed = _ALLOWED_ON_OWN_PATHS.get(prefix, "GET, HEAD")
+            if method in allowed.split(", ") or (method == "HEAD" and "GET" in allowed):
+                # A method these paths serve, on a path that is none of them.
+                raise NotFound(f"nothing at {path}")
             raise MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
 
 

@@ -174,8 +174,23 @@ class Store(Protocol):
         """
 
     async def list_operations(
-        self, *, state: State | None, limit: int, cursor: str | None
-    ) -> Page: ...
+        self,
+        *,
+        state: State | None,
+        limit: int,
+        cursor: str | None,
+        route: str | None = None,
+        older_than: float | None = None,
+        key: str | None = None,
+    ) -> Page:
+        """Every scope's operations in creation order, one page at a time.
+
+        `key` keeps that key's operations, in whichever scopes hold it (an
+        operator has a key from an agent's log, not its scope).
+
+        `older_than` keeps those created at least that many seconds ago, on the
+        store's own clock (the clock `created_at` was written with).
+        """
 
     async def expire_orphans(self, *, owner: str | None) -> int:
         """Turn `in_flight` records into `unknown`: expired leases, or all of a dead owner's.
@@ -195,8 +210,12 @@ class Store(Protocol):
     async def count_for_scope(self, scope: str) -> int:
         """Records (of any state) one scope keeps: for the `max_operations` quota."""
 
-    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+    async def redact(
+        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+    ) -> Operation | None:
         """Erase a completed receipt's headers and body, keep the fact the key was used.
 
-        `None` unless the operation is completed. The evidence is the audit entry.
+        `None` unless the operation is completed (and, when `expected_version` is
+        given, still at that version: an operator acts on the version they read).
+        The evidence is the audit entry.
         """

@@ -55,6 +55,7 @@ from gateway.store.postgres_statements import (
     _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
     _SELECT_BY_KEY,
+    KEY_IN_ANY_SCOPE,
     NOW,
     SECONDS,
     _claim_existing,
@@ -369,15 +370,33 @@ class PostgresStore(PostgresConnection):
         )
         return None if row is None else self._decode(row)
 
-    async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
+    async def list_operations(
+        self,
+        *,
+        state: State | None,
+        limit: int,
+        cursor: str | None,
+        route: str | None = None,
+        older_than: float | None = None,
+        key: str | None = None,
+    ) -> Page:
         after = decode_cursor(cursor)
+        # A statement of its own with a key: its condition must reach the planner as an
+        # index path, never as `$6 IS NULL OR ...` in a generic plan that scans.
+        by_key = f"AND {KEY_IN_ANY_SCOPE.format('$6')} " if key is not None else ""
         rows = await self._fetch(
             "list",
             f"SELECT seq, {COLUMNS} FROM operations WHERE seq > $1 "
-            "AND ($2::text IS NULL OR state = $2) ORDER BY seq LIMIT $3",
+            "AND ($2::text IS NULL OR state = $2) "
+            "AND ($4::text IS NULL OR route = $4) "
+            f"AND ($5::float8 IS NULL OR created_at <= {NOW} - {SECONDS.format('$5')}) "
+            f"{by_key}ORDER BY seq LIMIT $3",
             after,
             state.value if state else None,
             limit + 1,
+            route,
+            older_than,
+            *(() if key is None else (key,)),
         )
         more = len(rows) > limit
         rows = rows[:limit]
@@ -435,15 +454,19 @@ class PostgresStore(PostgresConnection):
             await self._fetchval("count", "SELECT count(*) FROM operations WHERE scope = $1", scope)
         )
 
-    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+    async def redact(
+        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+    ) -> Operation | None:
         row = await self._fetchrow(
             "redact",
             "UPDATE operations SET response_body = NULL, response_headers = NULL, "
             f"body_retained = false, updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($2::jsonb) "
-            f"WHERE id = $1 AND state = 'completed' RETURNING {COLUMNS}",
+            "WHERE id = $1 AND state = 'completed' AND ($3::bigint IS NULL OR version = $3) "
+            f"RETURNING {COLUMNS}",
             operation_id,
             json.dumps(evidence.as_json()),
+            expected_version,
         )
         return None if row is None else self._decode(row)
 

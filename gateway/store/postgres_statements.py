@@ -52,6 +52,21 @@ and one that commits after is followed by the waiter's own re-read.
 """
 
 
+KEY_IN_ANY_SCOPE = (
+    "key = {0} AND scope = ANY(ARRAY("
+    "WITH RECURSIVE scopes(scope) AS ("
+    "SELECT min(scope) FROM operations "
+    "UNION ALL SELECT (SELECT min(o.scope) FROM operations o WHERE o.scope > scopes.scope) "
+    "FROM scopes WHERE scopes.scope IS NOT NULL) "
+    "SELECT scope FROM scopes WHERE scope IS NOT NULL))"
+)
+"""A `WHERE` condition (format it with the key's placeholder): the key in any scope.
+
+A key is unique per scope only, and its one index is `(scope, key)`: a
+plain `key = $n` would read every row. So the distinct scopes are walked
+through that index (one `min(scope) > previous` seek each, a loose index
+scan), and the key is looked up in each."""
+
 _SELECT_BY_KEY = f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2"
 """A key's row (and the database clock, `observed_at`), read without a lock."""
 

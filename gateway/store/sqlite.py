@@ -56,6 +56,7 @@ from gateway.store.sqlite_statements import (
     _OUTCOME_WRITABLE,
     _RETURNING,
     _SELECT,
+    KEY_IN_ANY_SCOPE,
     _claim,
     _load_or_create_secret,
 )
@@ -332,7 +333,16 @@ class SqliteStore(SqliteConnection):
 
         return await self._writer.run(job)
 
-    async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
+    async def list_operations(
+        self,
+        *,
+        state: State | None,
+        limit: int,
+        cursor: str | None,
+        route: str | None = None,
+        older_than: float | None = None,
+        key: str | None = None,
+    ) -> Page:
         after = decode_cursor(cursor)
 
         def job(c: sqlite3.Connection) -> Page:
@@ -341,6 +351,15 @@ class SqliteStore(SqliteConnection):
             if state is not None:
                 clauses.append("state = ?")
                 params.append(state.value)
+            if route is not None:
+                clauses.append("route = ?")
+                params.append(route)
+            if older_than is not None:
+                clauses.append("created_at <= ?")
+                params.append(self._clock.time() - older_than)
+            if key is not None:
+                clauses.append(KEY_IN_ANY_SCOPE)
+                params.append(key)
             rows = c.execute(
                 f"SELECT seq, {', '.join(COLUMNS)} FROM operations "
                 f"WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",
@@ -409,14 +428,23 @@ class SqliteStore(SqliteConnection):
             )
         )
 
-    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+    async def redact(
+        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+    ) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
             row = c.execute(
                 "UPDATE operations SET response_body = NULL, response_headers = NULL, "
                 "body_retained = 0, updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE id = ? AND state = 'completed' {_RETURNING}",
-                (self._clock.time(), json.dumps(evidence.as_json()), operation_id),
+                "WHERE id = ? AND state = 'completed' AND (? IS NULL OR version = ?) "
+                f"{_RETURNING}",
+                (
+                    self._clock.time(),
+                    json.dumps(evidence.as_json()),
+                    operation_id,
+                    expected_version,
+                    expected_version,
+                ),
             ).fetchone()
             return None if row is None else self._decode(row)
 

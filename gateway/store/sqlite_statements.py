@@ -38,6 +38,21 @@ _OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
 token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
 still records what it learned; a resolution or a new attempt bumps the token."""
 
+KEY_IN_ANY_SCOPE = (
+    "key = ? AND scope IN ("
+    "WITH RECURSIVE scopes(scope) AS ("
+    "SELECT min(scope) FROM operations "
+    "UNION ALL SELECT (SELECT min(scope) FROM operations o WHERE o.scope > scopes.scope) "
+    "FROM scopes WHERE scopes.scope IS NOT NULL) "
+    "SELECT scope FROM scopes WHERE scope IS NOT NULL)"
+)
+"""A `WHERE` condition: the key (one parameter) in whichever scope holds it.
+
+A key is unique per scope only, and its one index is `(scope, key)`: a
+plain `key = ?` would read every row. So the distinct scopes are walked
+through that index (one `min(scope) > previous` seek each), and the key is
+looked up in each: a seek per scope, not a scan per operation."""
+
 
 def _claim(
     c: sqlite3.Connection, request: ClaimRequest, decode: Decode, clock: Clock

@@ -14,8 +14,15 @@ import time
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.engine.errors import InvalidRequest, NotFound, NotResolvable, Unauthorized
-from gateway.engine.models import Evidence, State
+from gateway.config.units import parse_duration
+from gateway.engine.errors import (
+    InvalidRequest,
+    NotFound,
+    NotResolvable,
+    PreconditionFailed,
+    Unauthorized,
+)
+from gateway.engine.models import Evidence, Operation, State
 from gateway.engine.scopes import header_bytes
 from gateway.web.appkeys import ENGINE, SETTINGS, STORE
 from gateway.web.operation_json import operation_json
@@ -40,6 +47,21 @@ def require_admin(request: web.Request) -> None:
         raise Unauthorized("a valid 'Authorization: Bearer <admin token>' is required")
 
 
+def _forwarded_key(request: web.Request, operation: Operation) -> str | None:
+    route = next((r for r in request.app[SETTINGS].routes if r.name == operation.route), None)
+    return None if route is None else request.app[ENGINE].forwarded_key(route, operation)
+
+
+def _admin_response(request: web.Request, operation: Operation) -> web.Response:
+    """One operation for an operator: any scope, and the key its upstream saw."""
+    return operation_response(
+        operation,
+        include_scope=True,
+        key_headers=False,
+        extra={"forwarded_key": _forwarded_key(request, operation)},
+    )
+
+
 async def list_operations(request: web.Request) -> web.Response:
     require_admin(request)
     query = request.rel_url.query
@@ -55,20 +77,54 @@ async def list_operations(request: web.Request) -> web.Response:
         raise InvalidRequest("limit must be an integer") from exc
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}")
+    older_than = _older_than(query.get("older_than"))
     try:
         page = await request.app[STORE].list_operations(
-            state=state, limit=limit, cursor=query.get("cursor") or None
+            state=state,
+            limit=limit,
+            cursor=query.get("cursor") or None,
+            route=query.get("route") or None,
+            older_than=older_than,
+            key=query.get("key") or None,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
     document = {
         "items": [
-            operation_json(op, lookup_url=operation_url(op.key), include_scope=True)
+            {
+                **operation_json(op, lookup_url=operation_url(op.key), include_scope=True),
+                "forwarded_key": _forwarded_key(request, op),
+            }
             for op in page.items
         ],
         "next_cursor": page.next_cursor,
     }
     return web.Response(body=json.dumps(document).encode(), content_type="application/json")
+
+
+def _older_than(value: str | None) -> float | None:
+    """`older_than=10m` (or seconds): only operations created at least that long ago."""
+    if not value:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"older_than: {exc}") from exc
+
+
+async def overview(request: web.Request) -> web.Response:
+    """What the console's first screen needs: counts by state and the route names."""
+    require_admin(request)
+    counts = await request.app[STORE].count_by_state()
+    document = {
+        "counts": {state.value: counts.get(state, 0) for state in State},
+        "routes": [route.name for route in request.app[SETTINGS].routes],
+    }
+    return web.Response(
+        body=json.dumps(document).encode(),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def show_operation(request: web.Request) -> web.Response:
@@ -77,7 +133,7 @@ async def show_operation(request: web.Request) -> web.Response:
     operation = await request.app[STORE].get_by_id(op_id)
     if operation is None:
         raise NotFound(f"no operation with id {op_id!r}")
-    return operation_response(operation, include_scope=True, key_headers=False)
+    return _admin_response(request, operation)
 
 
 async def resolve_operation(request: web.Request) -> web.Response:
@@ -95,7 +151,7 @@ async def resolve_operation(request: web.Request) -> web.Response:
         note=body.note,
         expected_version=expected_version(request, operation),
     )
-    return operation_response(resolved, include_scope=True, key_headers=False)
+    return _admin_response(request, resolved)
 
 
 class RedactBody(BaseModel):
@@ -119,11 +175,21 @@ async def redact_operation(request: web.Request) -> web.Response:
     operation = await store.get_by_id(op_id)
     if operation is None:
         raise NotFound(f"no operation with id {op_id!r}")
+    version = expected_version(request, operation)
     evidence = Evidence(
         at=time.time(), source="redaction", detail=f"receipt erased by admin: {body.reason}"
     )
-    redacted = await store.redact(op_id, evidence)
+    redacted = await store.redact(op_id, evidence, expected_version=version)
     if redacted is None:
+        current = await store.get_by_id(op_id) or operation
+        if version is not None and current.version != version:
+            raise PreconditionFailed(
+                "the operation changed since it was read (If-Match); read it again",
+                key=current.key,
+                state=current.state.value,
+                operation_id=op_id,
+            )
+        operation = current
         raise NotResolvable(
             f"the operation is {operation.state.value}; only a completed receipt can be redacted",
             key=operation.key,
@@ -134,4 +200,4 @@ async def redact_operation(request: web.Request) -> web.Response:
         "redacted",
         extra={"event": "redaction", "operation_id": op_id, "reason": body.reason},
     )
-    return operation_response(redacted, include_scope=True, key_headers=False)
+    return _admin_response(request, redacted)

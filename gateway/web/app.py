@@ -39,6 +39,7 @@ from gateway.telemetry.web import TRACER, open_tracer, tracing_middlewares
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.admin_view import (
     list_operations,
+    overview,
     redact_operation,
     resolve_operation,
     show_operation,
@@ -56,6 +57,7 @@ from gateway.web.appkeys import (
     SETTINGS,
     STORE,
 )
+from gateway.web.console_view import add_console_routes
 from gateway.web.dispatch import proxy
 from gateway.web.listeners import LISTENERS, Listeners, listener_middleware
 from gateway.web.metrics import GatewayMetrics
@@ -85,10 +87,10 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         middlewares=[
             request_log_middleware,
-            problem_middleware,
-            method_guard_middleware,
             # The server span, when tracing is on (docs/operations.md, "Tracing").
             *tracing_middlewares(),
+            problem_middleware,
+            method_guard_middleware,
             # Only an enabled admin API has a listener of its own to keep apart.
             *([listener_middleware] if settings.admin.enabled else []),
         ],
@@ -108,6 +110,8 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/operations/{key:.+}", lookup)
     app.router.add_post("/operations/{key:.+}", resolve)
+    add_console_routes(app)
+    app.router.add_get("/admin/overview", overview)
     app.router.add_get("/admin/operations", list_operations)
     app.router.add_get("/admin/operations/{id}", show_operation)
     app.router.add_post("/admin/operations/{id}/resolve", resolve_operation)
@@ -152,11 +156,11 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     app[STORE] = store
     app[FORWARDER] = forwarder
     app[ENGINE] = engine
+    app[TRACER] = tracer
     app[SCOPES] = ScopeResolver(
         clients=settings.clients,
         scope_headers=settings.idempotency.scope_headers,
         shared_scope=settings.idempotency.shared_scope,
-    app[TRACER] = tracer
         secret=scope_secret,
     )
     app[MCP_SESSIONS] = SessionTags(scope_secret)
@@ -168,11 +172,11 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         await keeper.stop()
         await forwarder.close()
         await store.close()
+        await tracer.close()  # last: the drained calls' spans are flushed too
 
 
 async def _drain(background: set[asyncio.Task[Any]]) -> None:
     if not background:
-        await tracer.close()  # last: the drained calls' spans are flushed too
         return
     log.info("waiting for %d upstream calls to finish", len(background))
     await asyncio.wait(set(background), timeout=SHUTDOWN_GRACE)

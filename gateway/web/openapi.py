@@ -102,7 +102,7 @@ _LOOKUP = (
 _RESOLVE = (*_LOOKUP, NotResolvable, PreconditionFailed, PayloadTooLarge)
 _ADMIN = (InvalidRequest, Unauthorized, NotFound, NoRoute, StoreUnavailable)
 _ADMIN_RESOLVE = (*_ADMIN, NotResolvable, PreconditionFailed, PayloadTooLarge)
-_ADMIN_REDACT = (*_ADMIN, NotResolvable, PayloadTooLarge)
+_ADMIN_REDACT = (*_ADMIN, NotResolvable, PreconditionFailed, PayloadTooLarge)
 
 
 def _problem_line(error: type[GatewayError]) -> str:
@@ -260,6 +260,26 @@ def _paths() -> dict[str, Any]:
                         "schema": {"enum": [state.value for state in State]},
                     },
                     {
+                        "name": "route",
+                        "in": "query",
+                        "description": "Only this route's operations.",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "key",
+                        "in": "query",
+                        "description": "Only this key's operations, in every scope that used it "
+                        "(exact match).",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "older_than",
+                        "in": "query",
+                        "description": "Only operations created at least this long ago "
+                        "(a duration: `90s`, `10m`, `24h`), on the store's clock.",
+                        "schema": {"type": "string"},
+                    },
+                    {
                         "name": "limit",
                         "in": "query",
                         "schema": {
@@ -279,6 +299,18 @@ def _paths() -> dict[str, Any]:
                 ],
                 "responses": {
                     "200": _ok("One page.", ref("OperationPage")),
+                    **_problems(_ADMIN),
+                },
+            }
+        },
+        "/admin/overview": {
+            "get": {
+                "summary": "Counts of operations by state, and the route names",
+                "operationId": "adminOverview",
+                "security": admin,
+                "parameters": [_REQUEST_ID_PARAMETER],
+                "responses": {
+                    "200": _ok("The overview.", ref("AdminOverview")),
                     **_problems(_ADMIN),
                 },
             }
@@ -315,7 +347,7 @@ def _paths() -> dict[str, Any]:
                 "`evidence`; an operation that is not `completed` answers 409 `not-resolvable`.",
                 "operationId": "adminRedactOperation",
                 "security": admin,
-                "parameters": [op_id, _REQUEST_ID_PARAMETER],
+                "parameters": [op_id, _IF_MATCH, _REQUEST_ID_PARAMETER],
                 "requestBody": {
                     "required": True,
                     "content": {JSON: {"schema": ref("RedactRequest")}},

@@ -121,11 +121,31 @@ def components() -> dict[str, Any]:
     schemas["RedactRequest"] = {**RedactBody.model_json_schema(), "title": "RedactRequest"}
     schemas["Operation"] = _operation_schema()
     schemas["AdminOperation"] = {
-        "description": "An operation as operators see it: with its scope.",
+        "description": "An operation as operators see it: with its scope and the key "
+        "its upstream saw (`null` on a route with `forward_key = false`).",
         "allOf": [
             ref("Operation"),
-            {"required": ["scope"], "properties": {"scope": {"type": "string"}}},
+            {
+                "required": ["scope", "forwarded_key"],
+                "properties": {
+                    "scope": {"type": "string"},
+                    "forwarded_key": nullable({"type": "string"}),
+                },
+            },
         ],
+    }
+    schemas["AdminOverview"] = {
+        "type": "object",
+        "description": "The operator console's first screen: counts by state, route names.",
+        "required": ["counts", "routes"],
+        "properties": {
+            "counts": {
+                "type": "object",
+                "required": [state.value for state in State],
+                "properties": {state.value: {"type": "integer"} for state in State},
+            },
+            "routes": {"type": "array", "items": {"type": "string"}},
+        },
     }
     schemas["OperationPage"] = {
         "type": "object",

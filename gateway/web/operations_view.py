@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -47,9 +48,14 @@ def key_from_segment(encoded: str) -> str:
 
 
 def operation_response(
-    operation: Operation, *, include_scope: bool = False, key_headers: bool = True
+    operation: Operation,
+    *,
+    include_scope: bool = False,
+    key_headers: bool = True,
+    extra: Mapping[str, object] | None = None,
 ) -> web.Response:
-    """The operation JSON with its ETag (and the key headers for a caller's own key)."""
+    """The operation JSON with its ETag (and the key headers for a caller's own key);
+    `extra` adds members only operators see."""
     headers = {"ETag": operation.etag, "Cache-Control": "no-store"}
     if key_headers:
         headers[IDEMPOTENCY_KEY] = format_key_header(operation.key)
@@ -59,6 +65,7 @@ def operation_response(
         lookup_url=operation_url(operation.key),
         include_scope=include_scope,
     )
+    document.update(extra or {})
     return web.Response(
         body=json.dumps(document).encode(), content_type="application/json", headers=headers
     )

@@ -263,10 +263,26 @@ class FaultyStore:
             ),
         )
 
-    async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
+    async def list_operations(
+        self,
+        *,
+        state: State | None,
+        limit: int,
+        cursor: str | None,
+        route: str | None = None,
+        older_than: float | None = None,
+        key: str | None = None,
+    ) -> Page:
         return await self._call(
             "list_operations",
-            lambda: self._inner.list_operations(state=state, limit=limit, cursor=cursor),
+            lambda: self._inner.list_operations(
+                state=state,
+                limit=limit,
+                cursor=cursor,
+                route=route,
+                older_than=older_than,
+                key=key,
+            ),
         )
 
     async def expire_orphans(self, *, owner: str | None) -> int:
@@ -281,5 +297,10 @@ class FaultyStore:
     async def count_for_scope(self, scope: str) -> int:
         return await self._call("count_for_scope", lambda: self._inner.count_for_scope(scope))
 
-    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
-        return await self._call("redact", lambda: self._inner.redact(operation_id, evidence))
+    async def redact(
+        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+    ) -> Operation | None:
+        return await self._call(
+            "redact",
+            lambda: self._inner.redact(operation_id, evidence, expected_version=expected_version),
+        )

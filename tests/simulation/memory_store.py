@@ -429,14 +429,32 @@ class MemoryStore:
         self.db.put("resolve", current, settled, token=token)
         return self._seen(settled, now)
 
-    async def list_operations(self, *, state: State | None, limit: int, cursor: str | None) -> Page:
+    async def list_operations(
+        self,
+        *,
+        state: State | None,
+        limit: int,
+        cursor: str | None,
+        route: str | None = None,
+        older_than: float | None = None,
+        key: str | None = None,
+    ) -> Page:
         self._check_open()
         after = decode_cursor(cursor)
         now = self.db.clock()
+
+        def wanted(op: Operation) -> bool:
+            return (
+                (state is None or op.state is state)
+                and (route is None or op.route == route)
+                and (key is None or op.key == key)
+                and (older_than is None or op.created_at <= now - older_than)
+            )
+
         matching = sorted(
             (seq, op_id)
             for op_id, seq in self.db.seq.items()
-            if seq > after and (state is None or self.db.rows[op_id].state is state)
+            if seq > after and wanted(self.db.rows[op_id])
         )
         page = matching[: limit + 1]
         more = len(page) > limit
@@ -493,11 +511,15 @@ class MemoryStore:
         self._check_open()
         return sum(1 for operation in self.db.rows.values() if operation.scope == scope)
 
-    async def redact(self, operation_id: str, evidence: Evidence) -> Operation | None:
+    async def redact(
+        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+    ) -> Operation | None:
         self._check_open()
         now = self.db.clock()
         current = self.db.rows.get(operation_id)
         if current is None or current.state is not State.COMPLETED:
+            return None
+        if expected_version is not None and current.version != expected_version:
             return None
         erased = current._replace(
             response=(

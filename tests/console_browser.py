@@ -1,0 +1,295 @@
+"""The operator console in a real headless Chromium, driven by Selenium.
+
+Selenium's calls block, and the gateway under test runs on the test's own event
+loop, so every step runs in a worker thread (`asyncio.to_thread`): the page
+waits on the gateway while the loop keeps serving it. The browser is Debian's
+`chromium` through `chromium-driver` (never a downloaded one); without them a
+test is skipped locally and fails in CI (`CI=true`), where `.ci/run` installs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_SECONDS = 10
+
+T = TypeVar("T")
+
+
+def chromium_or_skip() -> None:
+    """Skip (or fail, in CI) when Debian's chromium and chromium-driver are missing."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not shutil.which(path)]
+    if not missing:
+        return
+    reason = f"{', '.join(missing)} not installed (apt-get install chromium chromium-driver)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"the console tests need a real browser in CI: {reason}")
+    pytest.skip(reason)
+
+
+def start_chromium() -> webdriver.Chrome:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+class ConsolePage:
+    """The console as an operator uses it: sign in, pick a state, open, settle.
+
+    Each public method is a coroutine that runs its Selenium steps off the loop.
+    Screenshots go to `shots`, numbered in the order taken.
+    """
+
+    def __init__(self, driver: webdriver.Chrome, admin_url: str, shots: Path) -> None:
+        self.driver = driver
+        self.admin_url = admin_url
+        self.shots = shots
+        self._shot = 0
+
+    async def _run(self, step: Callable[[], T]) -> T:
+        return await asyncio.to_thread(step)
+
+    def _wait(self) -> WebDriverWait[webdriver.Chrome]:
+        return WebDriverWait(self.driver, WAIT_SECONDS)
+
+    def _visible(self, element_id: str) -> WebElement:
+        element: WebElement = self._wait().until(
+            ec.visibility_of_element_located((By.ID, element_id))
+        )
+        return element
+
+    # --- steps -------------------------------------------------------------------
+
+    async def open(self, fragment: str = "") -> None:
+        def step() -> None:
+            self.driver.get(f"{self.admin_url}/admin/{fragment}")
+            self._wait().until(
+                lambda d: d.execute_script("return document.readyState") == "complete"
+            )
+
+        await self._run(step)
+
+    async def login_visible(self) -> bool:
+        return await self._run(lambda: self._visible("login").is_displayed())
+
+    async def sign_in(self, token: str) -> None:
+        def step() -> None:
+            field = self._visible("token")
+            field.clear()
+            field.send_keys(token)
+            self.driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+
+        await self._run(step)
+
+    async def login_error(self) -> str:
+        def step() -> str:
+            return str(self._visible("login-error").text)
+
+        return await self._run(step)
+
+    async def wait_for_list(self) -> None:
+        await self._run(lambda: self._visible("list"))
+
+    async def state_counts(self) -> dict[str, int]:
+        def step() -> dict[str, int]:
+            self._visible("states")
+            links = self.driver.find_elements(By.CSS_SELECTOR, "#states a")
+            return {
+                str(link.get_attribute("data-state")): int(
+                    link.find_element(By.CLASS_NAME, "count").text
+                )
+                for link in links
+            }
+
+        return await self._run(step)
+
+    async def current_state_tab(self) -> str:
+        def step() -> str:
+            link = self._wait().until(
+                ec.presence_of_element_located((By.CSS_SELECTOR, '#states a[aria-current="page"]'))
+            )
+            return str(link.get_attribute("data-state"))
+
+        return await self._run(step)
+
+    async def choose_state(self, state: str, *, wait: bool = True) -> None:
+        def step() -> None:
+            self.driver.find_element(By.CSS_SELECTOR, f'#states a[data-state="{state}"]').click()
+            if not wait:
+                return
+            self._wait().until(
+                ec.presence_of_element_located(
+                    (By.CSS_SELECTOR, f'#states a[data-state="{state}"][aria-current="page"]')
+                )
+            )
+
+        await self._run(step)
+
+    async def filter(self, *, route: str = "", older_than: str = "") -> None:
+        def step() -> None:
+            Select(self.driver.find_element(By.ID, "route")).select_by_value(route)
+            age = self.driver.find_element(By.ID, "older-than")
+            age.clear()
+            age.send_keys(older_than)
+            self.driver.find_element(By.CSS_SELECTOR, "#filters button").click()
+
+        await self._run(step)
+
+    async def rows(self, *, expect: int | None = None) -> list[dict[str, str]]:
+        """The listed operations (key, state, route, request), once `expect` are shown."""
+
+        def step() -> list[dict[str, str]]:
+            # Wrapped in a tuple: WebDriverWait retries a falsy result, and [] is an answer.
+            def read(driver: webdriver.Chrome) -> tuple[list[dict[str, str]]] | None:
+                rows = [
+                    {
+                        "id": str(row.get_attribute("data-id")),
+                        "key": cells[0].text,
+                        "state": cells[1].text,
+                        "route": cells[2].text,
+                        "request": cells[3].text,
+                    }
+                    for row in driver.find_elements(By.CSS_SELECTOR, "#operations tbody tr")
+                    if (cells := row.find_elements(By.TAG_NAME, "td"))
+                ]
+                return (rows,) if expect is None or len(rows) == expect else None
+
+            found: tuple[list[dict[str, str]]] = self._wait().until(read)
+            return found[0]
+
+        return await self._run(step)
+
+    async def open_operation(self, operation_id: str) -> None:
+        def step() -> None:
+            row = self._wait().until(
+                ec.element_to_be_clickable(
+                    (By.CSS_SELECTOR, f'#operations tr[data-id="{operation_id}"] a')
+                )
+            )
+            row.click()
+            self._wait().until(
+                lambda d: (
+                    d.find_element(By.ID, "detail").is_displayed()
+                    and d.find_elements(By.CSS_SELECTOR, "#summary dd")
+                )
+            )
+
+        await self._run(step)
+
+    async def detail_text(self, element_id: str) -> str:
+        return await self._run(lambda: str(self._visible(element_id).text))
+
+    async def timeline(self) -> list[str]:
+        def step() -> list[str]:
+            self._visible("timeline")
+            return [
+                item.text for item in self.driver.find_elements(By.CSS_SELECTOR, "#timeline li")
+            ]
+
+        return await self._run(step)
+
+    async def receipt_body(self) -> str:
+        """The receipt body exactly as the page holds it (textContent, not rendered HTML)."""
+
+        def step() -> str:
+            body = self._wait().until(
+                ec.presence_of_element_located((By.CSS_SELECTOR, "#receipt pre.body"))
+            )
+            return str(self.driver.execute_script("return arguments[0].textContent", body))
+
+        return await self._run(step)
+
+    async def settle(
+        self,
+        outcome: str,
+        *,
+        note: str,
+        status: int | None = None,
+        body: str | None = None,
+        wait: bool = True,
+    ) -> None:
+        def step() -> None:
+            form = self._visible("resolve-form")
+            form.find_element(By.CSS_SELECTOR, f'input[name="outcome"][value="{outcome}"]').click()
+            if status is not None:
+                field = self.driver.find_element(By.ID, "receipt-status")
+                field.clear()
+                field.send_keys(str(status))
+            if body is not None:
+                self.driver.find_element(By.ID, "receipt-body").send_keys(body)
+            self.driver.find_element(By.ID, "resolve-note").send_keys(note)
+            form.find_element(By.CSS_SELECTOR, 'button[type="submit"]').click()
+            if wait:
+                self._visible("action-result")
+
+        await self._run(step)
+
+    async def redact(self, *, reason: str) -> None:
+        def step() -> None:
+            form = self._visible("redact-form")
+            self.driver.find_element(By.ID, "redact-reason").send_keys(reason)
+            form.find_element(By.CSS_SELECTOR, 'button[type="submit"]').click()
+            self._visible("action-result")
+
+        await self._run(step)
+
+    async def displayed(self, element_id: str) -> bool:
+        def step() -> bool:
+            return bool(self.driver.find_element(By.ID, element_id).is_displayed())
+
+        return await self._run(step)
+
+    async def script(self, source: str) -> Any:
+        return await self._run(lambda: self.driver.execute_script(source))
+
+    async def count(self, css: str) -> int:
+        return await self._run(lambda: len(self.driver.find_elements(By.CSS_SELECTOR, css)))
+
+    async def console_errors(self) -> list[str]:
+        """Browser log lines at SEVERE: script errors and Content-Security-Policy reports."""
+
+        def step() -> list[str]:
+            return [
+                str(entry["message"])
+                for entry in self.driver.get_log("browser")
+                if entry.get("level") == "SEVERE"
+            ]
+
+        return await self._run(step)
+
+    async def screenshot(self, name: str) -> Path:
+        self._shot += 1
+        path = self.shots / f"{self._shot:02d}-{name}.png"
+
+        def step() -> None:
+            self.shots.mkdir(parents=True, exist_ok=True)
+            assert self.driver.save_screenshot(str(path)), f"no screenshot written to {path}"
+
+        await self._run(step)
+        return path
