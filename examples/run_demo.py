@@ -6,21 +6,33 @@ the gateway runs in this process with the given config, exactly as
 `idempotency-gateway serve` would. Ctrl-C stops all three. A tool that cannot
 start (its port taken) stops the demo with one line instead of leaving the
 gateway in front of whatever holds that port.
+
+The demo config leaves the admin token empty (a shipped token would be a
+shared password), so the demo makes one per run, unless
+IDEMPOTENCY_GATEWAY_ADMIN__TOKEN or the config sets one, and prints how to use
+it: the README's `operations` lines then work against `make run` as typed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import secrets
+import shlex
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TextIO
 
-from gateway.config import load_settings
+from gateway.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, Settings, load_settings
+from gateway.config.loader import config_error_message
 from gateway.engine.errors import ConfigError
 from gateway.web.serve import run
+
+TOKEN_VARIABLE = f"{ENV_PREFIX}ADMIN__TOKEN"
 
 
 class ToolDidNotStart(Exception):
@@ -29,24 +41,85 @@ class ToolDidNotStart(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default="config/gateway.toml")
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG_PATH))
     parser.add_argument("--tool-port", type=int, default=9000)
     parser.add_argument("--mcp-port", type=int, default=9100)
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings, made_token = _settings(args.config)
     except ConfigError as exc:
-        print(f"invalid configuration:\n{exc.detail}", file=sys.stderr)
+        print(f"make run: {config_error_message(exc)}", file=sys.stderr)
         return 2
     try:
         with (
             _child("examples.tool_api", args.tool_port),
             _child("examples.mcp_server", args.mcp_port),
         ):
+            for line in admin_hint(settings, args.config, made_token=made_token):
+                print(line, flush=True)
             return run(settings)
     except ToolDidNotStart as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1
+
+
+def _settings(config: str) -> tuple[Settings, bool]:
+    """The config's settings, with this run's admin token when it names none (and whether
+    the token was made here)."""
+    settings = load_settings(config, require_routes=True)
+    if settings.admin.token.get_secret_value():
+        return settings, False
+    token = secrets.token_urlsafe(24)  # 32 characters: above the 24 the gateway asks for
+    return load_settings(config, require_routes=True, overrides={"admin.token": token}), True
+
+
+def admin_hint(settings: Settings, config: str, *, made_token: bool) -> list[str]:
+    """Where the admin console is and the CLI line that lists operations, as typed.
+
+    The token is printed only when this run made it: one set in the
+    environment or the config is the operator's already, and stays off the
+    screen.
+    """
+    url = _admin_url(settings)
+    command = _cli_command() + " operations list"
+    if Path(config) != DEFAULT_CONFIG_PATH:
+        command += f" --config {shlex.quote(config)}"
+    if url is None:
+        command += " --url <the admin URL printed below>"
+    if made_token:
+        token = settings.admin.token.get_secret_value()
+        where = "the token below is new each run"
+        cli = f"export {TOKEN_VARIABLE}={shlex.quote(token)}; {command}"
+    else:
+        where = (
+            f"token: ${TOKEN_VARIABLE}, already set"
+            if os.environ.get(TOKEN_VARIABLE)
+            else f"token: admin.token in {config}"
+        )
+        cli = command
+    console = f"{url}/admin/" if url is not None else "/admin/ on the admin listener below"
+    return [f"admin console: {console} ({where})", f"admin CLI: {cli}"]
+
+
+def _admin_url(settings: Settings) -> str | None:
+    host, port = settings.admin.host, settings.admin.port
+    if port == 0:  # the OS picks it at start: only the "admin listening" line knows
+        return None
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def _cli_command() -> str:
+    """The CLI next to this Python (`.venv/bin/idempotency-gateway` under `make run`):
+    the venv is not on PATH, so a bare `idempotency-gateway` is "command not found"."""
+    script = Path(sys.executable).parent / "idempotency-gateway"
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m gateway"
+    relative = os.path.relpath(script)
+    return shlex.quote(str(script) if relative.startswith("..") else relative)
 
 
 @contextlib.contextmanager

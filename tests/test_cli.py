@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -25,6 +28,10 @@ from harness import (
 from upstream import CountingUpstream
 
 from gateway.cli import main
+from gateway.cli.operations import error_line
+from gateway.config import ENV_PREFIX
+from gateway.engine.errors import PreconditionFailed
+from gateway.web.problems import problem_document
 
 DROP = "/tickets/v1/issues?drop=after_effect"
 
@@ -78,14 +85,26 @@ async def operation_id(gateway: RunningGateway, key: str) -> str:
 
 
 def write_config(
-    path: Path, *, host: str, port: int, token: str | None, admin_port: int = 8081
+    path: Path,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    admin_port: int = 8081,
+    upstream: str | None = None,
 ) -> Path:
-    """A minimal gateway TOML file; the admin listener on `host`:`admin_port`."""
+    """A minimal gateway TOML file; the admin listener on `host`:`admin_port`; with
+    `upstream`, one route /tickets in front of it (serving needs one)."""
     token_line = f'token = "{token}"\n' if token is not None else ""
+    route = (
+        f'\n[[routes]]\nname = "tickets"\nprefix = "/tickets"\nupstream = "{upstream}"\n'
+        if upstream is not None
+        else ""
+    )
     path.write_text(
         f'[server]\nhost = "{host}"\nport = {port}\n\n'
         f'[store]\nurl = "sqlite:///{path.parent / "cli.db"}"\n\n'
-        f'[admin]\n{token_line}host = "{host}"\nport = {admin_port}\n'
+        f'[admin]\n{token_line}host = "{host}"\nport = {admin_port}\n{route}'
     )
     return path
 
@@ -94,7 +113,13 @@ async def test_check_config_masks_admin_token(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`check-config` prints the effective TOML with the admin token masked."""
-    config = write_config(tmp_path / "gateway.toml", host="127.0.0.1", port=8123, token=ADMIN_TOKEN)
+    config = write_config(
+        tmp_path / "gateway.toml",
+        host="127.0.0.1",
+        port=8123,
+        token=ADMIN_TOKEN,
+        upstream="http://127.0.0.1:9000",
+    )
 
     assert await cli(["check-config", "--config", str(config)]) == 0
 
@@ -224,19 +249,45 @@ async def test_resolve_applied_makes_retries_replay(
     assert await effects_for_key(upstream, admin_gateway.url, "lost-applied") == 1
 
 
-async def test_resolve_applied_without_status_sends_no_response(
+async def test_resolve_applied_without_status_is_refused(
     admin_gateway: RunningGateway,
     upstream: CountingUpstream,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`resolve --applied` alone completes the key with no receipt; a retry is not forwarded."""
+    """`resolve --applied` with no `--status` and no `--no-receipt` is a usage error that says
+    what settling without a receipt would mean; the operation stays unknown."""
+    await make_unknown(admin_gateway, "lost-silent")
+    op_id = await operation_id(admin_gateway, "lost-silent")
+    capsys.readouterr()
+
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 2
+
+    err = capsys.readouterr().err
+    assert "usage:" in err
+    assert "--status" in err
+    assert "--no-receipt" in err
+    assert "receipt-not-retained" in err
+    show = await admin_gateway.get("/operations/lost-silent")
+    assert (await show.json())["state"] == "unknown"
+    assert await effects_for_key(upstream, admin_gateway.url, "lost-silent") == 1
+
+
+async def test_resolve_applied_no_receipt_sends_no_response(
+    admin_gateway: RunningGateway,
+    upstream: CountingUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`resolve --applied --no-receipt` completes the key with no receipt, and says what that
+    means on stderr; a retry is not forwarded."""
     await make_unknown(admin_gateway, "lost-bare")
     op_id = await operation_id(admin_gateway, "lost-bare")
     capsys.readouterr()
 
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 0
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied", "--no-receipt")) == 0
 
-    document = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    assert "receipt-not-retained" in err
+    document = json.loads(out)
     assert document["state"] == "completed"
     assert document["response"] is None
     assert document["resolution"]["by"] == "admin"
@@ -252,7 +303,7 @@ async def test_retry_after_bodiless_resolve_does_not_claim_a_delivered_response(
     """Regression: a retry after a bodiless `--applied` is not told a response was delivered."""
     await make_unknown(admin_gateway, "lost-claim")
     op_id = await operation_id(admin_gateway, "lost-claim")
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 0
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied", "--no-receipt")) == 0
 
     retry = await admin_gateway.post(DROP, key="lost-claim", json_body={"title": "lost-claim"})
 
@@ -363,6 +414,8 @@ async def test_unreachable_gateway_exits_2(capsys: pytest.CaptureFixture[str]) -
         ["--applied", "--body", "x"],
         ["--applied", "--status", "201", "--header", "no colon"],
         ["--applied", "--status", "1000"],
+        ["--applied", "--no-receipt", "--status", "201"],
+        ["--not-applied", "--no-receipt"],
     ],
 )
 async def test_resolve_usage_errors_exit_2(
@@ -419,3 +472,221 @@ async def test_missing_token_is_a_usage_error(
     assert await cli(["operations", "list", "--config", str(config)]) == 2
 
     assert "no admin token" in capsys.readouterr().err
+
+
+# -- starting without routes, and configuration errors -----------------------------------------
+
+
+def gateway_process(
+    argv: Sequence[str], *, cwd: Path, timeout: float = 20.0
+) -> subprocess.CompletedProcess[str]:
+    """`python -m gateway ARGV` in `cwd` with no IDEMPOTENCY_GATEWAY_* variable set; a command
+    still running after `timeout` (a gateway that started serving) is killed and fails the test."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", *argv],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"`gateway {' '.join(argv)}` was still running after {timeout:g}s: {exc}")
+
+
+def test_serve_without_a_config_refuses_to_start_and_creates_nothing(tmp_path: Path) -> None:
+    """No --config and no config/gateway.toml here: no routes, so `serve` exits 2 naming the
+    file it looked for, and writes nothing (no ./data/gateway.db) where it ran."""
+    result = gateway_process(["serve", "--port", "0"], cwd=tmp_path)
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "listening" not in result.stdout
+    assert "no routes configured" in result.stderr
+    assert f"looked for config/gateway.toml in {tmp_path} (not found)" in result.stderr
+    assert "--config PATH" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_with_a_config_without_routes_refuses_to_start(tmp_path: Path) -> None:
+    """A config file with no [[routes]] would answer 404 to everything: exit 2, naming it."""
+    config = write_config(tmp_path / "gateway.toml", host="127.0.0.1", port=0, token=None)
+
+    result = gateway_process(["serve", "--config", str(config)], cwd=tmp_path)
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{config} has no [[routes]]" in result.stderr
+    assert not (tmp_path / "cli.db").exists()
+
+
+async def test_check_config_without_routes_is_an_invalid_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check-config` says what `serve` says: no config file, or one without [[routes]], is an
+    invalid configuration (exit 2), not a valid one with nothing in it."""
+    for name in [name for name in os.environ if name.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+    assert await cli(["check-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("idempotency-gateway: invalid configuration")
+    assert "no routes configured: looked for config/gateway.toml" in err
+
+    config = write_config(tmp_path / "bare.toml", host="127.0.0.1", port=8123, token=None)
+    assert await cli(["check-config", "--config", str(config)]) == 2
+    assert f"{config} has no [[routes]]" in capsys.readouterr().err
+
+
+async def test_an_invalid_configuration_is_announced_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loader's message already says "invalid configuration in FILE:"; the CLI does not
+    put a second header above it."""
+    config = tmp_path / "bad.toml"
+    config.write_text('[server]\nport = "eighty"\n')
+
+    assert await cli(["check-config", "--config", str(config)]) == 2
+
+    err = capsys.readouterr().err
+    assert err.count("invalid configuration") == 1, err
+    assert err.startswith(f"idempotency-gateway: invalid configuration in {config}:\n")
+    assert "server.port" in err
+
+
+# -- resolve: conflicts, the receipt, and keys -------------------------------------------------
+
+
+async def test_a_resolve_conflict_is_said_once(
+    admin_gateway: RunningGateway,
+    upstream: CountingUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """409 not-resolvable prints one line that says it once: the problem type and the detail,
+    not the title followed by a detail that repeats it."""
+    await complete(admin_gateway, "done-once")
+    op_id = await operation_id(admin_gateway, "done-once")
+    capsys.readouterr()
+
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--not-applied")) == 1
+
+    assert capsys.readouterr().err == (
+        "error: 409 not-resolvable: the operation is completed; only an unknown one can be "
+        "resolved\n"
+    )
+    assert await effects_for_key(upstream, admin_gateway.url, "done-once") == 1
+
+
+def test_a_precondition_failure_is_said_once() -> None:
+    """412 precondition-failed (a resolve that lost a race) prints its detail once."""
+    error = PreconditionFailed(
+        "the operation changed since it was read (If-Match did not match)",
+        key="k",
+        state="unknown",
+        operation_id="op_1",
+    )
+    raw = json.dumps(problem_document(error)).encode()
+
+    line = error_line(412, "Precondition Failed", raw)
+
+    assert line == (
+        "error: 412 precondition-failed: the operation changed since it was read "
+        "(If-Match did not match)"
+    )
+
+
+async def test_show_accepts_a_key(
+    admin_gateway: RunningGateway,
+    upstream: CountingUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`show KEY` (the key from an agent's log, not the id) prints that key's operation."""
+    await make_unknown(admin_gateway, "run-9:0:c1")
+    op_id = await operation_id(admin_gateway, "run-9:0:c1")
+    await complete(admin_gateway, "run-9:0:c2")
+    capsys.readouterr()
+
+    assert await cli(admin(admin_gateway, "show", "run-9:0:c1")) == 0
+
+    document = json.loads(capsys.readouterr().out)
+    assert document["id"] == op_id
+    assert document["key"] == "run-9:0:c1"
+    assert document["state"] == "unknown"
+    assert await effects_for_key(upstream, admin_gateway.url, "run-9:0:c1") == 1
+
+
+async def test_a_key_in_several_scopes_asks_for_an_id(
+    admin_gateway: RunningGateway,
+    upstream: CountingUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A key two callers (two scopes) used is two operations: `show KEY` and `resolve KEY`
+    list both and ask for an id (exit 2), changing nothing."""
+    for token in ("agent-a", "agent-b"):
+        response = await admin_gateway.post(
+            DROP,
+            key="c1",
+            json_body={"title": token},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert response.status == 502
+    page = await admin_gateway.admin_get(
+        "/admin/operations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    ids = [item["id"] for item in (await page.json())["items"]]
+    assert len(ids) == 2
+    capsys.readouterr()
+
+    for argv in (("show", "c1"), ("resolve", "c1", "--not-applied")):
+        assert await cli(admin(admin_gateway, *argv)) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert "key 'c1' is used in 2 scopes; choose one by id" in err
+        assert all(op_id in err for op_id in ids)
+
+    page = await admin_gateway.admin_get(
+        "/admin/operations?state=unknown", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert len((await page.json())["items"]) == 2
+    assert upstream.count == 2
+
+
+async def test_resolve_accepts_a_key(
+    admin_gateway: RunningGateway,
+    upstream: CountingUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`resolve KEY --not-applied` settles the one operation with that key."""
+    await make_unknown(admin_gateway, "run-9:1:c1")
+    capsys.readouterr()
+
+    assert await cli(admin(admin_gateway, "resolve", "run-9:1:c1", "--not-applied")) == 0
+
+    assert json.loads(capsys.readouterr().out)["state"] == "released"
+    await admin_gateway.post(DROP, key="run-9:1:c1", json_body={"title": "run-9:1:c1"})
+    assert await effects_for_key(upstream, admin_gateway.url, "run-9:1:c1") == 2
+
+
+async def test_the_key_filter_of_the_admin_list(
+    admin_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """GET /admin/operations?key=K lists K's operations only, in every scope."""
+    for token in ("agent-a", "agent-b"):
+        await admin_gateway.post(
+            "/tickets/v1/issues",
+            key="k-filter",
+            json_body={},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    await complete(admin_gateway, "k-filter-other")
+
+    page = await admin_gateway.admin_get(
+        "/admin/operations?key=k-filter", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+
+    items = (await page.json())["items"]
+    assert [item["key"] for item in items] == ["k-filter", "k-filter"]
+    assert len({item["scope"] for item in items}) == 2
+    assert upstream.count == 3

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.cli import operations
 from gateway.config import load_settings, render_effective
+from gateway.config.loader import config_error_message
 from gateway.engine.errors import ConfigError
 
 
@@ -45,9 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "port", None) is not None:
         overrides["server.port"] = args.port
     try:
-        settings = load_settings(args.config, overrides=overrides)
+        # check-config answers "would this serve?": no routes is invalid for both.
+        settings = load_settings(args.config, overrides=overrides, require_routes=True)
     except ConfigError as exc:
-        print(f"idempotency-gateway: invalid configuration:\n{exc.detail}", file=sys.stderr)
+        print(f"idempotency-gateway: {config_error_message(exc)}", file=sys.stderr)
         return 2
 
     if args.command == "check-config":

@@ -8,11 +8,14 @@ only for defaults: where the admin listener is, and the admin token.
 
     idempotency-gateway operations list --state unknown
     idempotency-gateway operations show op_01J...
+    idempotency-gateway operations show run-77:0:c1     # a key: looked up in every scope
     idempotency-gateway operations resolve op_01J... --applied --status 201 --body '{"id": 1}'
+    idempotency-gateway operations resolve op_01J... --applied --no-receipt --note "no copy"
     idempotency-gateway operations resolve op_01J... --not-applied --note "not in the CRM"
 
 Exit codes: 0 on success; 1 when the gateway answered with an error; 2 on a
-usage or configuration error, or when the gateway cannot be reached.
+usage or configuration error (a key several scopes used is one: name the
+operation by id), or when the gateway cannot be reached.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import shlex
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,13 +32,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote, urlsplit
 
 from gateway.config import Settings, load_settings
+from gateway.config.loader import config_error_message
 from gateway.engine.errors import ConfigError
 from gateway.engine.models import State
 
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["CommandFailed", "register", "run"]
+__all__ = ["CommandFailed", "error_line", "register", "run"]
 
 REQUEST_TIMEOUT = 30.0
 """Seconds for one admin request, connecting included."""
@@ -43,6 +48,19 @@ REQUEST_TIMEOUT = 30.0
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 _TABLE_COLUMNS = ("id", "state", "route", "method", "key", "attempts", "updated_at", "scope")
+
+_REFERENCE_HELP = (
+    "operation id (op_...), or the agent's Idempotency-Key: searched in every scope; "
+    "a key several scopes used asks for the id"
+)
+
+_OPERATION_ID = re.compile(r"op_[0-9A-Z]{26}")
+"""What `gateway.engine.ids` mints; anything else can only be a key."""
+
+_KEY_MATCHES = 50
+"""How many of one key's operations (one per scope) a lookup by key lists at most."""
+
+_NO_RECEIPT_MEANS = "the key stays used, nothing is replayed"
 
 _TOKEN_HINT = "pass --token, set admin.token in the config, or set IDEMPOTENCY_GATEWAY_ADMIN__TOKEN"
 
@@ -100,13 +118,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     listing.set_defaults(operations_handler=_list, operations_parser=listing)
 
     show = verbs.add_parser("show", parents=[common], help="print one operation as JSON")
-    show.add_argument("id", help="operation id (op_...)")
+    show.add_argument("id", metavar="ID_OR_KEY", help=_REFERENCE_HELP)
     show.set_defaults(operations_handler=_show, operations_parser=show)
 
     resolve = verbs.add_parser(
         "resolve", parents=[common], help="settle an unknown operation by hand"
     )
-    resolve.add_argument("id", help="operation id (op_...)")
+    resolve.add_argument("id", metavar="ID_OR_KEY", help=_REFERENCE_HELP)
     outcome = resolve.add_mutually_exclusive_group(required=True)
     outcome.add_argument(
         "--applied", action="store_true", help="the effect happened upstream: complete it"
@@ -120,6 +138,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--status", type=_status, help="with --applied: the response status replays get"
     )
     resolve.add_argument("--body", help="with --applied --status: the response body (UTF-8)")
+    resolve.add_argument(
+        "--no-receipt",
+        action="store_true",
+        help="with --applied, instead of --status: complete it without a response; "
+        f"retries then get 409 receipt-not-retained ({_NO_RECEIPT_MEANS})",
+    )
     resolve.add_argument(
         "--header",
         action="append",
@@ -221,16 +245,57 @@ async def _list(client: _AdminClient, args: argparse.Namespace, out: TextIO, err
 
 
 async def _show(client: _AdminClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    document = await client.get(f"/admin/operations/{quote(args.id, safe='')}")
+    document = await _operation(client, args.id)
     out.write(json.dumps(document, indent=2) + "\n")
 
 
 async def _resolve(
     client: _AdminClient, args: argparse.Namespace, out: TextIO, err: TextIO
 ) -> None:
-    path = f"/admin/operations/{quote(args.id, safe='')}/resolve"
+    operation = await _operation(client, args.id)
+    path = f"/admin/operations/{quote(str(operation['id']), safe='')}/resolve"
     document = await client.post(path, resolve_body(args))
     out.write(json.dumps(document, indent=2) + "\n")
+    if args.no_receipt:
+        print(
+            "completed without a receipt: retries of this key get 409 receipt-not-retained "
+            f"({_NO_RECEIPT_MEANS})",
+            file=err,
+        )
+
+
+async def _operation(client: _AdminClient, reference: str) -> Mapping[str, Any]:
+    """The operation `reference` names: the one with that id, else the one with that key.
+
+    An operator often has only the key (from the agent's log). Keys are unique
+    per scope, not overall, and the admin API sees every scope: a key that
+    several scopes used is not guessed at; the matches are listed, to pick
+    one by id.
+    """
+    if _OPERATION_ID.fullmatch(reference):
+        path = f"/admin/operations/{quote(reference, safe='')}"
+        found: Mapping[str, Any] | None = await client.get(path, missing_ok=True)
+        if found is not None:
+            return found
+    page = await client.get("/admin/operations", {"key": reference, "limit": str(_KEY_MATCHES)})
+    items, cursor = _page(page)
+    # A gateway older than the key filter ignores it and lists everything: keep the key's only.
+    matches = [item for item in items if item.get("key") == reference]
+    if not matches:
+        raise CommandFailed(
+            f"error: 404 not-found: no operation has the id or key {reference!r}", exit_code=1
+        )
+    if len(matches) > 1 or cursor is not None:
+        count = f"{len(matches)}{' or more' if cursor is not None else ''}"
+        raise CommandFailed(
+            f"key {reference!r} is used in {count} scopes; choose one by id:\n"
+            + format_table(matches).rstrip("\n"),
+            exit_code=2,
+        )
+    operation: Mapping[str, Any] = await client.get(
+        f"/admin/operations/{quote(str(matches[0]['id']), safe='')}"
+    )
+    return operation
 
 
 # The HTTP edge: aiohttp's exceptions become CommandFailed here and nowhere else.
@@ -241,8 +306,11 @@ class _AdminClient:
         self._session = session
         self._target = target
 
-    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
-        return await self._request("GET", path, params=params)
+    async def get(
+        self, path: str, params: Mapping[str, str] | None = None, *, missing_ok: bool = False
+    ) -> Any:
+        """The JSON answer; with `missing_ok`, `None` for a 404 instead of an error."""
+        return await self._request("GET", path, params=params, missing_ok=missing_ok)
 
     async def post(self, path: str, body: Mapping[str, Any]) -> Any:
         return await self._request("POST", path, json_body=body)
@@ -254,6 +322,7 @@ class _AdminClient:
         *,
         params: Mapping[str, str] | None = None,
         json_body: Mapping[str, Any] | None = None,
+        missing_ok: bool = False,
     ) -> Any:
         import aiohttp
         from yarl import URL
@@ -276,8 +345,10 @@ class _AdminClient:
             raise CommandFailed(
                 f"cannot reach the gateway at {self._target.url}: {exc}", exit_code=2
             ) from exc
+        if status == 404 and missing_ok:
+            return None
         if status >= 400:
-            raise CommandFailed(_error_line(status, reason, raw), exit_code=1)
+            raise CommandFailed(error_line(status, reason, raw), exit_code=1)
         try:
             return json.loads(raw)
         except ValueError as exc:
@@ -305,16 +376,28 @@ async def _with_client(
         await command(_AdminClient(session, target))
 
 
-def _error_line(status: int, reason: str, raw: bytes) -> str:
-    """`error: <status> <title>: <detail>` from a problem document, or the best we have."""
+def error_line(status: int, reason: str, raw: bytes) -> str:
+    """`error: <status> <problem type>: <detail>` from a problem document, or the best we have.
+
+    The type, not the title: a title is the general sentence its detail
+    makes specific ("Only an operation whose outcome is unknown can be
+    resolved: the operation is completed; only an unknown one can be
+    resolved"), so both together say it twice. Without a detail, the title.
+
+    >>> error_line(409, "Conflict", b'{"type": "https://x/problems/not-resolvable", '
+    ...            b'"title": "T", "status": 409, "detail": "it is completed"}')
+    'error: 409 not-resolvable: it is completed'
+    """
     try:
         problem = json.loads(raw)
     except ValueError:
         problem = None
     if isinstance(problem, dict) and problem.get("title"):
         detail = problem.get("detail")
-        line = f"error: {problem.get('status', status)} {problem['title']}"
-        return f"{line}: {detail}" if detail else line
+        if detail:
+            kind = str(problem.get("type") or "").rsplit("/", 1)[-1] or problem["title"]
+            return f"error: {problem.get('status', status)} {kind}: {detail}"
+        return f"error: {problem.get('status', status)} {problem['title']}"
     text = raw.decode("utf-8", "replace").strip()
     detail = text if len(text) <= 200 else text[:200] + "..."
     return f"error: {status} {reason}: {detail}" if detail else f"error: {status} {reason}"
@@ -342,7 +425,7 @@ def _load_settings(path: str | None) -> Settings:
         return load_settings(path)
     except ConfigError as exc:
         raise CommandFailed(
-            f"idempotency-gateway: invalid configuration:\n{exc.detail}", exit_code=2
+            f"idempotency-gateway: {config_error_message(exc)}", exit_code=2
         ) from exc
 
 
@@ -379,11 +462,26 @@ def _check_url(url: str) -> str:
 
 
 def _resolve_usage_problem(args: argparse.Namespace) -> str | None:
+    """Why these resolve options make no sense, if they do not.
+
+    `--applied` alone is refused: it used to complete the key with no
+    receipt, silently, and every retry of it then gets `409
+    receipt-not-retained` instead of the response. An operator who means
+    that says `--no-receipt`.
+    """
     response_options = args.status is not None or args.body is not None or args.header
-    if args.not_applied and response_options:
-        return "--status, --body and --header go with --applied, not --not-applied"
+    if args.not_applied and (response_options or args.no_receipt):
+        return "--status, --body, --header and --no-receipt go with --applied, not --not-applied"
+    if args.no_receipt and response_options:
+        return "--no-receipt means no response: leave out --status, --body and --header"
     if args.status is None and (args.body is not None or args.header):
         return "--body and --header describe a response: give its --status too"
+    if args.applied and args.status is None and not args.no_receipt:
+        return (
+            "--applied needs the response retries should replay: --status N [--body TEXT], "
+            "or --no-receipt to complete it without one (retries then get 409 "
+            f"receipt-not-retained: {_NO_RECEIPT_MEANS})"
+        )
     for header in args.header:
         name, colon, _ = header.partition(":")
         if not colon or not name.strip() or name != name.strip():

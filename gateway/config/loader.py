@@ -32,7 +32,13 @@ from gateway.engine.errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
-__all__ = ["CONFIG_ENV_VAR", "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "load_settings"]
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "DEFAULT_CONFIG_PATH",
+    "ENV_PREFIX",
+    "config_error_message",
+    "load_settings",
+]
 
 ENV_PREFIX = "IDEMPOTENCY_GATEWAY_"
 CONFIG_ENV_VAR = "IDEMPOTENCY_GATEWAY_CONFIG"
@@ -44,6 +50,7 @@ def load_settings(
     *,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    require_routes: bool = False,
 ) -> Settings:
     """Read, merge and validate the configuration, or raise `ConfigError`.
 
@@ -51,6 +58,12 @@ def load_settings(
     `config/gateway.toml` when it exists (else built-in defaults, no routes).
     Environment variables override the file; `overrides` (dotted keys such as
     `"server.port"` or `"routes[0].timeout"`) override both.
+
+    `require_routes` is for serving (and `check-config`, which answers for
+    serving): a gateway without routes answers 404 to every request, which
+    looks like a broken network rather than a missing file, so it is refused
+    with the file that was looked for. The operator commands read the same
+    config only for the admin address and need no routes.
 
     >>> load_settings(environ={}, overrides={"server.port": 9999}).server.port
     9999
@@ -74,9 +87,38 @@ def load_settings(
         source = f"override {key!r}"
         sources[_assign(data, _override_loc(key, source), value, source)] = source
     try:
-        return Settings.model_validate(data, context={"environ": env})
+        settings = Settings.model_validate(data, context={"environ": env})
     except ValidationError as exc:
         raise ConfigError(_describe(exc, origin, sources)) from exc
+    if require_routes and not settings.routes:
+        raise ConfigError(_no_routes(file))
+    return settings
+
+
+def config_error_message(error: ConfigError) -> str:
+    """The one text a command prints for `error`, under exactly one "invalid configuration".
+
+    Validation errors already open with "invalid configuration in FILE:";
+    the loader's other refusals (a missing file, bad TOML) do not.
+
+    >>> config_error_message(ConfigError("x.toml: not valid TOML"))
+    'invalid configuration: x.toml: not valid TOML'
+    """
+    if error.detail.startswith("invalid configuration"):
+        return error.detail
+    return f"invalid configuration: {error.detail}"
+
+
+def _no_routes(file: Path | None) -> str:
+    if file is None:
+        return (
+            f"invalid configuration: no routes configured: looked for {DEFAULT_CONFIG_PATH} "
+            f"in {Path.cwd()} (not found); pass --config PATH or set {CONFIG_ENV_VAR}"
+        )
+    return (
+        f"invalid configuration: no routes configured: {file} has no [[routes]] table, "
+        "so every request would get 404"
+    )
 
 
 def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:

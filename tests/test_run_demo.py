@@ -1,0 +1,198 @@
+"""`make run` (examples/run_demo.py) as a newcomer meets it: in a subprocess, on free ports.
+
+From the first-hour report: the README's `operations list` line did not work
+against `make run` (the admin API was off in the demo config), and a tool
+port already taken must stop the demo with one line, never leave a gateway
+serving in front of whatever holds that port.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+from harness import ADMIN_TOKEN, ROOT
+
+from gateway.config import ENV_PREFIX
+
+pytestmark = pytest.mark.slow
+
+START_SECONDS = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def demo_env(tmp_path: Path, ports: dict[str, int], **extra: str) -> dict[str, str]:
+    """The caller's environment without gateway settings, then the demo's ports and a store
+    in `tmp_path` (never the checkout's data/gateway.db, which a real `make run` may hold)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
+    env.update(
+        {
+            f"{ENV_PREFIX}SERVER__PORT": str(ports["gateway"]),
+            f"{ENV_PREFIX}ADMIN__PORT": str(ports["admin"]),
+            f"{ENV_PREFIX}STORE__URL": f"sqlite:///{tmp_path / 'demo.db'}",
+            f"{ENV_PREFIX}ROUTES__0__UPSTREAM": f"http://127.0.0.1:{ports['tool']}",
+            f"{ENV_PREFIX}ROUTES__1__UPSTREAM": f"http://127.0.0.1:{ports['mcp']}/mcp",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def start_demo(
+    env: dict[str, str], ports: dict[str, int], *, stderr: IO[str] | int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "examples.run_demo",
+            "--config",
+            "config/gateway.toml",
+            "--tool-port",
+            str(ports["tool"]),
+            "--mcp-port",
+            str(ports["mcp"]),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def lines_until(process: subprocess.Popen[str], marker: str) -> list[str]:
+    """stdout lines up to the first that contains `marker` (the test fails if none comes).
+
+    A thread reads: `select` on a text pipe misses lines already in its buffer."""
+    assert process.stdout is not None
+    stdout = process.stdout
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        with stdout:  # closed here, at the end of the demo's output
+            for line in stdout:
+                lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + START_SECONDS
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if marker in line:
+            return seen
+    pytest.fail(f"no line with {marker!r} from the demo; its stdout: {seen}")
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {name: free_port() for name in ("gateway", "admin", "tool", "mcp")}
+
+
+@pytest.fixture
+def demos() -> Iterator[list[subprocess.Popen[str]]]:
+    """Every demo a test starts is stopped as Ctrl-C would (its tool servers with it)."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def shell(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("preset", [False, True], ids=["generated-token", "token-from-env"])
+def test_the_printed_admin_line_works_as_typed(
+    tmp_path: Path,
+    ports: dict[str, int],
+    demos: list[subprocess.Popen[str]],
+    preset: bool,
+) -> None:
+    """The demo enables the admin listener with a token (generated per run unless
+    IDEMPOTENCY_GATEWAY_ADMIN__TOKEN is set), prints how to use it, and the printed CLI line,
+    run in a shell from the checkout, lists operations."""
+    extra = {f"{ENV_PREFIX}ADMIN__TOKEN": ADMIN_TOKEN} if preset else {}
+    env = demo_env(tmp_path, ports, **extra)
+    with open(tmp_path / "demo.log", "w") as log:
+        demo = start_demo(env, ports, stderr=log)
+    demos.append(demo)
+
+    lines = lines_until(demo, "admin listening on")
+
+    console = next((line for line in lines if line.startswith("admin console:")), None)
+    assert console is not None, lines
+    assert f"http://127.0.0.1:{ports['admin']}/admin/" in console
+    cli_line = next((line for line in lines if line.startswith("admin CLI:")), None)
+    assert cli_line is not None, lines
+    command = cli_line.removeprefix("admin CLI:").strip()
+    assert ".venv/bin/idempotency-gateway operations list" in command or (
+        "idempotency-gateway operations list" in command
+    )
+    if preset:
+        assert ADMIN_TOKEN not in "\n".join(lines)  # not echoed: the operator already has it
+    else:
+        token = re.search(rf"export {ENV_PREFIX}ADMIN__TOKEN=(\S+);", command)
+        assert token is not None, command
+        assert len(token[1]) >= 24
+
+    # The operator's shell: the demo's port settings, but no token unless they set one.
+    typed = shell(command, {**env, **extra})
+
+    assert typed.returncode == 0, typed.stdout + typed.stderr
+    assert typed.stdout.split()[:2] == ["ID", "STATE"], typed.stdout
+    assert typed.stderr == ""
+
+
+def test_a_taken_tool_port_stops_the_demo_with_one_line(
+    tmp_path: Path, ports: dict[str, int], demos: list[subprocess.Popen[str]]
+) -> None:
+    """The ticket API's port is taken: the demo exits non-zero with one line naming the port,
+    and the gateway never listens (nor opens its store)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", ports["tool"]))
+        holder.listen()
+        demo = start_demo(demo_env(tmp_path, ports), ports)
+        demos.append(demo)
+        try:
+            out, err = demo.communicate(timeout=START_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the demo kept running with its tool port taken")
+
+    assert demo.returncode != 0
+    assert err.strip().splitlines() == [err.strip()], err
+    assert err.startswith("make run: examples.tool_api did not start on port ")
+    assert str(ports["tool"]) in err
+    assert "listening" not in out
+    assert not (tmp_path / "demo.db").exists()
