@@ -54,3 +54,26 @@ def test_the_venv_is_made_with_a_newer_python_when_3_11_is_missing(tmp_path: Pat
         env={"PATH": str(only)},
     )
     assert f"{only / 'python3.12'} -m venv" in commands, commands
+
+
+def test_make_run_installs_what_serving_needs_and_no_dev_tools(tmp_path: Path) -> None:
+    """`make run` on a fresh clone: the gateway and the client, not pytest, mypy or hadolint."""
+    venv = tmp_path / "venv"
+    commands = dry_run("-B", f"VENV={venv}", "run")
+    installs = [line for line in commands.splitlines() if " install " in line]
+    assert installs, commands
+    for line in installs:
+        assert "[dev]" not in line, line
+    assert any("-e . -e clients/python" in line for line in installs), installs
+    assert "examples.run_demo" in commands
+    # `make test` adds the dev extra on top.
+    tests = dry_run("-B", f"VENV={venv}", f"{venv}/.installed")
+    assert "-e '.[dev]'" in tests, tests
+
+
+def test_installing_prints_no_setuptools_deprecation_banner() -> None:
+    """SPDX license strings: setuptools' `project.license` table warning is gone."""
+    for pyproject in (ROOT / "pyproject.toml", ROOT / "clients/python/pyproject.toml"):
+        text = pyproject.read_text()
+        assert 'license = "Apache-2.0"' in text, pyproject
+        assert "license = {" not in text, pyproject
