@@ -1,0 +1,780 @@
+"""The docs' code blocks run, type-check and load as written, so the docs cannot drift.
+
+Every fenced block in README.md and docs/*.md carries a marker on the line
+before its fence (`<!-- snippet: run NAME -->`, `typecheck NAME`, `config`,
+`json`, `output`, `text`, `skip: REASON`; tests/doc_snippets.py says what each
+means); an unmarked block fails `test_every_block_is_classified`, naming its
+file:line.
+
+- `run` blocks run in a subprocess (60 s at most, killed at once when their
+  tickets and emails run away) against what `make run` serves:
+  config/gateway.toml's gateway in front of the example ticket API and MCP
+  server, on free loopback ports (the blocks' :8080, :9000, :9100 are
+  rewritten to them), from a temporary directory (`data/...` and `runs/...`
+  land there). A shell block runs in one bash; every command must exit 0 (or
+  the `(exit status N)` its shown output ends with), and the output shown in
+  the comments under it must be printed by it, in order (`...`, `op_01...`:
+  anything; a random run id `demo-b4f1c8`: any, the same everywhere in the
+  block). A Python block runs inside an `async def` (so top-level `await` and
+  `async with` work) after HARNESS's prelude (the names the docs leave to the
+  reader) and before its epilogue (e.g. a `Run` over an SDK block's `plan`).
+  The model SDKs talk to a fake model API on loopback (FakeModel); a lookup or
+  connection anywhere else fails the block. HARNESS's checks then count the
+  effects on the tool APIs.
+- Python `run` and `typecheck` blocks, assembled the same way, are
+  type-checked with `mypy --strict` against the installed SDKs: the project's
+  own setting (`make typecheck`) and what a user with a typed code base runs
+  on a copied snippet. Strict also checks the bodies of unannotated functions
+  (--check-untyped-defs) and asks for the annotations that make the SDKs'
+  types apply (`plan(turns: tuple[Turn, ...]) -> list[ToolCall]`).
+- The TypeScript blocks of clients/typescript/README.md (classified here, in
+  TS_README_KINDS, as clients/ is not this test's to edit) are type-checked with
+  tsc --strict against the built client, when it is built (make ts-build).
+- `config` blocks load with the gateway's own loader (`gateway.config.load_settings`),
+  which refuses unknown keys; `json` blocks parse (`json journal`: as a run
+  journal, with the client's model); JSON `output` samples parse as JSON
+  with `...` placeholders.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from doc_snippets import (
+    LOOPBACK_GUARD,
+    ROOT,
+    Block,
+    Command,
+    FakeModel,
+    MakeRun,
+    Transcript,
+    assemble,
+    json_matches,
+    make_run,
+    parse_shell,
+    read_blocks,
+    run_process,
+    shell_script,
+    shown_json,
+    split_transcript,
+    stray_markers,
+    subprocess_env,
+)
+from idempotency_gateway_client import JournalDocument
+
+from gateway.config import load_settings
+from gateway.engine.errors import ConfigError
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TS_README = ROOT / "clients" / "typescript" / "README.md"
+
+TS_README_KINDS = {
+    # clients/ is the client packages' tree: until its README's blocks get markers of their
+    # own (a marker in the file wins), they are classified here, by their first line.
+    'import { deriveKey, GatewayClient, OutcomeUnknown } from "idempotency-gateway-client";': (
+        "typecheck",
+        "ts-readme-client",
+    ),
+    "import { FileJournal, GatewayClient, HttpTool, Run, bodyJson, resultOf, type Turn }"
+    ' from "idempotency-gateway-client";': ("typecheck", "ts-readme-run"),
+    'import { tool } from "ai";': ("typecheck", "ts-readme-vercel-ai"),
+    'import { Client } from "@modelcontextprotocol/sdk/client/index.js";': (
+        "typecheck",
+        "ts-readme-mcp",
+    ),
+    "npm ci                 # exactly the lockfile's dev dependencies": (
+        "skip",
+        "installs from the npm registry (make ts-test runs these)",
+    ),
+}
+
+TS_PRELUDE = "declare const runId: string, turn: number, callId: string; // left to the reader\n"
+"""What the TypeScript blocks leave to the reader (one line: errors keep their line)."""
+
+SECONDS = 60.0
+"""The longest one block may run."""
+
+
+def all_blocks() -> list[Block]:
+    blocks = [block for path in DOCS for block in read_blocks(path)]
+    for block in read_blocks(TS_README):
+        if block.kind is None and not block.marker_problem:
+            kind, reason = TS_README_KINDS.get(block.first_line, (None, ""))
+            block = Block(block.path, block.line, block.lang, block.text, kind, reason)
+        blocks.append(block)
+    return blocks
+
+
+BLOCKS = all_blocks()
+
+
+# --- What each run block needs, and what it must have done ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a check sees once its block ran."""
+
+    served: MakeRun
+    model: FakeModel
+    output: str
+
+    @property
+    def cwd(self) -> Path:
+        return self.served.cwd
+
+    @property
+    def tickets_and_emails(self) -> tuple[int, int]:
+        state = self.served.tool_state
+        return len(state.issues), len(state.emails)
+
+    def finished(self, journal: str) -> bool:
+        return bool(json.loads((self.cwd / journal).read_text())["finished"])
+
+    async def operation(self, key: str, headers: dict[str, str] | None = None) -> Any:
+        url = f"{self.served.gateway_url}/operations/{quote(key, safe='')}"
+        async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as got:
+            assert got.status == 200, await got.text()
+            return await got.json()
+
+
+Check = Callable[[Ran], Awaitable[None]]
+Setup = Callable[[MakeRun], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Harness:
+    prelude: str = ""
+    """Python: module-level code before the block (the names the docs leave to the reader)."""
+    epilogue: str = ""
+    """Python: code after the block, in the same function (it sees what the block defined)."""
+    setup: Setup | None = None
+    check: Check | None = None
+    after: str | None = None
+    """Run on the servers of that block, right after it (the next step of a walk-through)."""
+    not_run: tuple[str, ...] = ()
+    """Shell: commands (by how they start) not run here; the harness says why in a comment."""
+    needs: tuple[str, ...] = ()
+    """Executables, or paths in the repository, without which the block is skipped."""
+    max_effects: int = 10
+    """More new tickets and emails than this: the block runs away; it is stopped."""
+    admin_cli: bool = False
+    """Shell: the CLI finds the admin listener and token as after `make run`'s `admin CLI:`
+    line (its exported token; the listener's port, which is the test's, by environment)."""
+    mypy_allows: tuple[str, ...] = ()
+    """mypy errors (how the message starts) accepted in the block, the reason in a comment.
+    One that no longer occurs fails the test, so that the allowance goes."""
+
+
+async def check_cli(ran: Ran) -> None:
+    """check-config printed the served config, masked; show found the walk-through's key."""
+    assert 'name = "tickets"' in ran.output
+    assert "run-77:0:c1" in ran.output
+    assert "completed" in ran.output
+
+
+def check_effects(tickets: int, emails: int, journal: str | None = None) -> Check:
+    async def check(ran: Ran) -> None:
+        assert ran.tickets_and_emails == (tickets, emails)
+        if journal is not None:
+            assert ran.finished(journal), f"{journal}: the run did not finish"
+
+    return check
+
+
+async def check_mcp_client(ran: Ran) -> None:
+    [ticket] = ran.served.mcp_state.tickets
+    operation = await ran.operation("run-77:0:c1")
+    assert ticket["idempotency_key"] == operation["id"]  # what the gateway forwarded
+
+
+async def check_mcp_retry(ran: Ran) -> None:
+    assert len(ran.served.mcp_state.tickets) == 1  # two calls, one key: one ticket
+
+
+async def check_mcp_agent(ran: Ran) -> None:
+    # readme-mcp's ticket, then the agent's ticket and email.
+    assert (len(ran.served.mcp_state.tickets), len(ran.served.mcp_state.emails)) == (2, 1)
+    assert ran.finished("data/agent-run-mcp.json")
+
+
+async def check_mcp_run(ran: Ran) -> None:
+    assert (len(ran.served.mcp_state.tickets), len(ran.served.mcp_state.emails)) == (1, 0)
+    assert ran.finished("runs/run-77.json")
+
+
+async def check_http(ran: Ran) -> None:
+    assert ran.tickets_and_emails == (1, 0)
+    # Found in the scope of the block's credential, as its later lookups would be.
+    operation = await ran.operation("run-77:0:c1", {"Authorization": "Bearer <agent token>"})
+    assert operation["state"] == "completed"
+
+
+def check_model_loop(sdk: str) -> Check:
+    async def check(ran: Ran) -> None:
+        assert ran.tickets_and_emails == (1, 0)
+        sent = [body for name, body in ran.model.requests if name == sdk]
+        assert len(sent) == 2, sent  # the turn that calls the tool, then the final answer
+        [ticket] = ran.served.tool_state.issues
+        assert ticket.title == FakeModel.TITLE
+        assert ticket.id in json.dumps(sent[1]["messages"][-1])  # the result went back
+        assert ran.finished("runs/model.json")
+
+    return check
+
+
+async def check_langgraph(ran: Ran) -> None:
+    assert ran.tickets_and_emails == (1, 0)  # the graph's call; its resume took the receipt
+    operation = await ran.operation("thread-7:0:call_7")
+    assert (operation["state"], operation["attempts"]) == ("completed", 1)
+    assert "resumed: T-1" in ran.output
+
+
+async def create_ticket_77(served: MakeRun) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{served.gateway_url}/tickets/v1/issues",
+            json={"title": "Printer on fire"},
+            headers={"Idempotency-Key": "run-77:0:c1"},
+        ) as response,
+    ):
+        assert response.status == 201
+
+
+async def check_lookup(ran: Ran) -> None:
+    [answer] = [line for line in ran.output.splitlines() if line.startswith("{")]
+    assert json.loads(answer)["state"] == "completed"
+
+
+async def check_backup(ran: Ran) -> None:
+    [backup] = (ran.cwd / "backup").glob("gateway-*.db")
+    with sqlite3.connect(backup) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert "operations" in tables
+
+
+RUN_PLAN = """
+from idempotency_gateway_client import FileJournal, GatewayClient, HttpTool, Run
+
+async with GatewayClient(os.environ["DOCS_GATEWAY_URL"]) as gw, Run(
+    FileJournal("runs/model.json"), client=gw, run_id="run-model", flow_version="v1",
+    tools={"create_ticket": HttpTool("POST", "/tickets/v1/issues")},
+) as run:
+    while not run.finished:
+        await run.step(plan)
+"""
+"""A `Run` over the `plan` an SDK block defines."""
+
+MODEL_PRELUDE = """
+import os
+
+TASK = "The printer on floor 2 is on fire: open a ticket."
+MODEL = "docs-model"
+"""
+
+URL_PRELUDE = """
+import os
+
+url = os.environ["DOCS_GATEWAY_URL"]
+run_id = "run-77"
+"""
+
+SCRIPTED_PLAN = """
+from idempotency_gateway_client import ToolCall, Turn
+
+
+def plan(turns: tuple[Turn, ...]) -> list[ToolCall]:
+    if turns:
+        return []
+    return [ToolCall(call_id="c1", name="create_ticket", arguments={"title": "Printer on fire"})]
+"""
+
+LANGGRAPH_PRELUDE = '''
+import json
+import os
+
+
+class OutcomeUnknownError(Exception):
+    """The agent's own exception that stops the graph."""
+'''
+
+LANGGRAPH_EPILOGUE = """
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from idempotency_gateway_client import GatewayClient
+
+def model(state: MessagesState) -> dict[str, list[AnyMessage]]:  # scripted: one call, then done
+    if any(message.type == "tool" for message in state["messages"]):
+        return {"messages": [AIMessage(content="The ticket is open.")]}
+    call = {"id": "call_7", "name": "create_ticket", "args": {"title": "Printer on fire"}}
+    return {"messages": [AIMessage(content="", tool_calls=[call])]}
+
+builder = StateGraph(MessagesState)
+builder.add_node("model", model)
+builder.add_node("tools", ToolNode([create_ticket]))
+builder.add_edge(START, "model")
+builder.add_conditional_edges("model", tools_condition)
+builder.add_edge("tools", "model")
+graph = builder.compile(checkpointer=InMemorySaver())
+config: RunnableConfig = {"configurable": {"thread_id": "thread-7"}}
+async with GatewayClient(os.environ["DOCS_GATEWAY_URL"]) as gw:
+    await graph.ainvoke({"messages": [HumanMessage("Open a ticket")]}, config)
+    # A crash inside the tool node loses that step: the thread resumes from the checkpoint
+    # before it (the AIMessage with the call) and runs the tool node again.
+    history = [snapshot async for snapshot in graph.aget_state_history(config)]
+    [before_tools] = [snapshot.config for snapshot in history if snapshot.next == ("tools",)]
+    resumed = await graph.ainvoke(None, before_tools)
+    [answer] = [message for message in resumed["messages"] if message.type == "tool"]
+    print("resumed:", json.loads(answer.content)["id"])
+"""
+
+NEEDS_NODE_CLIENT = ("node", "clients/typescript/dist/index.js")  # make ts-build; make test has it
+
+HARNESS: dict[str, Harness] = {
+    "readme-walkthrough": Harness(check=check_effects(1, 0)),
+    "readme-agent": Harness(check=check_effects(1, 1, "data/agent-run.json")),
+    "readme-node": Harness(
+        check=check_effects(1, 1, "data/agent-run-node.json"),
+        # It installs and builds into the repository; the block needs its result.
+        not_run=("make ts-build",),
+        needs=NEEDS_NODE_CLIENT,
+    ),
+    "readme-cross-language": Harness(
+        check=check_effects(1, 1, "data/agent-run.json"), needs=NEEDS_NODE_CLIENT
+    ),
+    "readme-cli": Harness(after="readme-walkthrough", admin_cli=True, check=check_cli),
+    "readme-mcp": Harness(check=check_mcp_retry),
+    "readme-mcp-agent": Harness(after="readme-mcp", check=check_mcp_agent),
+    "agents-http": Harness(prelude='run_id, turn, call_id = "run-77", 0, "c1"', check=check_http),
+    "agents-run": Harness(
+        prelude=URL_PRELUDE, check=check_effects(1, 1, "runs/run-77.json"), max_effects=4
+    ),
+    "agents-mcp": Harness(prelude=URL_PRELUDE + SCRIPTED_PLAN, check=check_mcp_run),
+    "agents-openai": Harness(
+        prelude=MODEL_PRELUDE, epilogue=RUN_PLAN, check=check_model_loop("openai")
+    ),
+    "agents-anthropic": Harness(
+        prelude=MODEL_PRELUDE, epilogue=RUN_PLAN, check=check_model_loop("anthropic")
+    ),
+    "agents-langgraph": Harness(
+        prelude=LANGGRAPH_PRELUDE, epilogue=LANGGRAPH_EPILOGUE, check=check_langgraph
+    ),
+    "mcp-client": Harness(
+        check=check_mcp_client,
+        # The SDK's RequestParamsMeta is an open TypedDict (PEP 728 extra_items=Any): any
+        # key is allowed, and pyright agrees. mypy does not implement extra_items yet and
+        # reads it as closed (the client package casts for that reason: _mcp.py).
+        mypy_allows=('Argument "meta" to "call_tool" of "Client" has incompatible type',),
+    ),
+    "recovery-lookup": Harness(setup=create_ticket_77, check=check_lookup),
+    "deploy-sqlite-backup": Harness(check=check_backup, needs=("sqlite3",)),
+}
+
+
+# --- Every block is classified -------------------------------------------------------------------
+
+
+def test_every_block_is_classified() -> None:
+    problems: list[str] = []
+    names: dict[str, Block] = {}
+    for block in BLOCKS:
+        what = f"```{block.lang} block ({block.first_line[:50]!r})"
+        if block.marker_problem:
+            problems.append(f"{block.where}: {block.marker_problem}")
+        elif block.kind is None:
+            problems.append(
+                f"{block.where}: unclassified {what}: put <!-- snippet: KIND --> on the line "
+                "before its fence (run NAME, typecheck NAME, config, json, output, text, "
+                "skip: REASON; see tests/doc_snippets.py)"
+            )
+        elif block.kind in ("run", "typecheck"):
+            if block.arg in names:
+                problems.append(f"{block.where}: {block.arg!r} also names {names[block.arg].where}")
+            names[block.arg] = block
+            languages = ("python", "ts") if block.kind == "typecheck" else ("python", "sh", "bash")
+            if block.lang not in languages:
+                problems.append(f"{block.where}: {block.kind} of a {what}")
+            elif block.lang != "ts" and block.arg not in HARNESS:
+                problems.append(f"{block.where}: no entry {block.arg!r} in {__name__}.HARNESS")
+        elif block.kind == "config" and block.lang != "toml":
+            problems.append(f"{block.where}: config of a {what}")
+        elif block.kind == "json" and block.lang != "json":
+            problems.append(f"{block.where}: json of a {what}")
+    for path in [*DOCS, TS_README]:
+        problems += [
+            f"{path.relative_to(ROOT)}:{line}: a snippet marker that is not on the line right "
+            "before a fence"
+            for line in stray_markers(path)
+        ]
+    for name, harness in HARNESS.items():
+        if name not in names:
+            problems.append(f"HARNESS[{name!r}] has no block (renamed, or its marker gone?)")
+        if harness.after is not None and harness.after not in names:
+            problems.append(f"HARNESS[{name!r}] runs after {harness.after!r}: no such block")
+    assert not problems, "\n".join(problems)
+
+
+# --- config and JSON blocks ----------------------------------------------------------------------
+
+CONFIG_BASES = {
+    "route": (
+        "# the minimal route a [routes.*] fragment belongs to\n"
+        '[[routes]]\nname = "tickets"\nprefix = "/tickets"\nupstream = "http://127.0.0.1:9000"\n'
+    ),
+}
+"""What a `<!-- snippet: config BASE -->` fragment is placed after."""
+
+
+def blocks_of(kind: str, lang: str | None = None) -> list[Any]:
+    return [
+        pytest.param(block, id=block.where)
+        for block in BLOCKS
+        if block.kind == kind and lang in (None, block.lang)
+    ]
+
+
+@pytest.mark.parametrize("block", blocks_of("config"))
+def test_config_block_loads(block: Block, tmp_path: Path) -> None:
+    if block.arg and block.arg not in CONFIG_BASES:
+        pytest.fail(f"{block.where}: no config base {block.arg!r} ({list(CONFIG_BASES)})")
+    path = tmp_path / "gateway.toml"
+    path.write_text(CONFIG_BASES.get(block.arg, "") + block.text)
+    try:
+        load_settings(path, environ={})
+    except ConfigError as exc:
+        pytest.fail(f"{block.where}: the gateway refuses it:\n{exc.detail}", pytrace=False)
+
+
+@pytest.mark.parametrize("block", blocks_of("json"))
+def test_json_block_parses(block: Block) -> None:
+    try:
+        document = json.loads(block.text)
+    except ValueError as exc:
+        pytest.fail(f"{block.where}: not JSON ({exc}); a sample with `...` is output")
+    if block.arg == "journal":
+        JournalDocument.model_validate(document)
+    elif block.arg:
+        pytest.fail(f"{block.where}: no JSON model {block.arg!r} (known: journal)")
+
+
+@pytest.mark.parametrize("block", blocks_of("output", "json"))
+def test_json_output_sample_parses(block: Block) -> None:
+    try:
+        shown_json(block.text)
+    except ValueError as exc:
+        pytest.fail(f"{block.where}: not JSON, even with `...` for what is left out: {exc}")
+
+
+def module_file(block: Block, suffix: str = ".py") -> str:
+    """Where a block goes, assembled: a file name that is also a module name."""
+    return "doc_" + re.sub(r"\W", "_", block.arg) + suffix
+
+
+# --- mypy ----------------------------------------------------------------------------------------
+
+_MYPY_LINE = re.compile(r"^(?P<file>[^:\s]+\.py):(?P<line>\d+): (?P<message>.*)$")
+
+
+@pytest.mark.slow  # the first run: ~30 s; later runs: ~3 s
+async def test_python_blocks_type_check(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Every Python run/typecheck block, in one mypy run. The SDKs' types take ~30 s the
+    first time; the cache, kept in pytest's cache directory, makes later runs take ~3 s."""
+    blocks = [
+        block
+        for block in BLOCKS
+        if block.kind in ("run", "typecheck") and block.lang == "python" and block.arg in HARNESS
+    ]
+    modules = {}
+    for block in blocks:
+        harness = HARNESS[block.arg]
+        module = assemble(block.text, harness.prelude, harness.epilogue)
+        file = module_file(block)
+        (tmp_path / file).write_text(module.source)
+        modules[file] = (block, module)
+    kept = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    cache = kept.mkdir("docs-snippets-mypy") if kept is not None else tmp_path / "mypy-cache"
+    options = ["--strict", "--config-file=", "--python-version=3.11", "--cache-dir", str(cache)]
+    finished = await run_process(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            *options,
+            "--no-error-summary",
+            "--show-error-codes",
+            *modules,
+        ],
+        cwd=tmp_path,
+        env=subprocess_env({}),
+        seconds=300,
+    )
+    allowed = {(block.arg, allows) for block in blocks for allows in HARNESS[block.arg].mypy_allows}
+    problems: list[str] = []
+    for line in finished.output.splitlines():
+        found = _MYPY_LINE.match(line)
+        if found is None or found["file"] not in modules:
+            problems.append(line)
+            continue
+        block, module = modules[found["file"]]
+        message = found["message"]
+        allowance = next(
+            (a for a in allowed if a[0] == block.arg and message.startswith(f"error: {a[1]}")),
+            None,
+        )
+        if allowance is not None:
+            allowed.discard(allowance)
+            continue
+        line_in_block = module.block_line(int(found["line"]))
+        if line_in_block is None or line_in_block > len(block.text.splitlines()):
+            where = (
+                f"{block.where} (HARNESS[{block.arg!r}], line {found['line']} of {found['file']})"
+            )
+        else:
+            where = f"{block.path.relative_to(ROOT)}:{block.line + line_in_block}"
+        problems.append(f"{where}: {message}")
+    problems += [
+        f"HARNESS[{name!r}].mypy_allows: not needed any more: {a!r}" for name, a in allowed
+    ]
+    if finished.status not in (0, 1):
+        problems.append(f"mypy exited {finished.status}: {finished.stopped}")
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+_TSC_LINE = re.compile(r"^(?P<file>doc_\w+\.ts)\((?P<line>\d+),(?P<column>\d+)\): (?P<message>.*)$")
+
+
+async def test_typescript_blocks_type_check(tmp_path: Path) -> None:
+    """The TypeScript blocks, with tsc --strict as the Node client's examples are checked
+    (clients/typescript/examples/tsconfig.json), against its build and dev dependencies."""
+    client = TS_README.parent
+    if shutil.which("node") is None or not (client / "dist" / "index.d.ts").exists():
+        pytest.skip("needs node and clients/typescript built (make ts-build; make test has it)")
+    modules = tmp_path / "node_modules"
+    modules.mkdir()
+    for installed in (client / "node_modules").iterdir():
+        (modules / installed.name).symlink_to(installed)
+    (modules / "idempotency-gateway-client").symlink_to(client)
+    (tmp_path / "package.json").write_text('{"type": "module"}')
+    blocks = {
+        module_file(block, ".ts"): block
+        for block in BLOCKS
+        if block.kind == "typecheck" and block.lang == "ts"
+    }
+    for file, block in blocks.items():
+        (tmp_path / file).write_text(TS_PRELUDE + block.text + "export {};\n")
+    options = {
+        "target": "ES2022",
+        "lib": ["ES2022"],
+        "module": "NodeNext",
+        "moduleResolution": "NodeNext",
+        "types": ["node"],
+        "strict": True,
+        "exactOptionalPropertyTypes": True,
+        "noEmit": True,
+        "skipLibCheck": True,  # as the examples' tsconfig: framework types name DOM types
+    }
+    config = {"compilerOptions": options, "files": list(blocks)}
+    (tmp_path / "tsconfig.json").write_text(json.dumps(config))
+    tsc = modules / "typescript" / "bin" / "tsc"
+    finished = await run_process(
+        ["node", str(tsc), "-p", "tsconfig.json", "--pretty", "false"],
+        cwd=tmp_path,
+        env=subprocess_env({}),
+        seconds=SECONDS,
+    )
+    problems = []
+    for line in finished.output.splitlines():
+        found = _TSC_LINE.match(line)
+        if found is None or found["file"] not in blocks:
+            problems.append(line)
+            continue
+        block = blocks[found["file"]]
+        problems.append(
+            f"{block.path.relative_to(ROOT)}:{block.line + int(found['line']) - 1}: "
+            + found["message"]
+        )
+    if finished.status != 0 or problems:
+        pytest.fail("\n".join(problems) or finished.output, pytrace=False)
+
+
+# --- run blocks ----------------------------------------------------------------------------------
+
+
+def run_groups() -> list[Any]:
+    """The run blocks, each with those that run after it on its servers."""
+    groups: dict[str, list[Block]] = {}
+    leader: dict[str, str] = {}
+    for block in BLOCKS:
+        if block.kind != "run" or block.arg not in HARNESS:
+            continue
+        after = HARNESS[block.arg].after
+        leader[block.arg] = leader.get(after, block.arg) if after else block.arg
+        groups.setdefault(leader[block.arg], []).append(block)
+    return [pytest.param(group, id=name) for name, group in groups.items()]
+
+
+@pytest.mark.parametrize("group", run_groups())
+async def test_run_block(group: list[Block], tmp_path: Path) -> None:
+    needs = {need for block in group for need in HARNESS[block.arg].needs}
+    lacking = sorted(n for n in needs if shutil.which(n) is None and not (ROOT / n).exists())
+    if lacking:
+        pytest.skip(f"needs {', '.join(lacking)}")
+    async with FakeModel() as model, make_run(tmp_path) as served:
+        for block in group:
+            harness = HARNESS[block.arg]
+            if harness.setup is not None:
+                await harness.setup(served)
+            output = await run_block(block, harness, served, model)
+            if harness.check is not None:
+                await harness.check(Ran(served=served, model=model, output=output))
+
+
+def admin_cli_env(served: MakeRun) -> dict[str, str]:
+    from harness import ADMIN_TOKEN
+
+    return {
+        "IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": ADMIN_TOKEN,
+        "IDEMPOTENCY_GATEWAY_ADMIN__PORT": served.admin_url.rsplit(":", 1)[1],
+    }
+
+
+async def run_block(block: Block, harness: Harness, served: MakeRun, model: FakeModel) -> str:
+    """Run the block against `served`; fail with what it printed unless it did as shown."""
+    text = served.addresses.rewrite(block.text)
+    env = subprocess_env(
+        {
+            "DOCS_GATEWAY_URL": served.gateway_url,
+            "DOCS_TOOL_API_URL": served.tool_api_url,
+            "DOCS_MCP_URL": served.mcp_url,
+            **model.env(),
+            **(admin_cli_env(served) if harness.admin_cli else {}),
+        }
+    )
+    before = served.effects()
+
+    def runaway() -> str:
+        made = served.effects() - before
+        return f"{made} tickets and emails already" if made > harness.max_effects else ""
+
+    if block.lang == "python":
+        script = served.cwd / module_file(block)
+        script.write_text(assemble(text, harness.prelude, harness.epilogue).source)
+        finished = await run_process(
+            [sys.executable, "-c", LOOPBACK_GUARD, str(script)],
+            cwd=served.cwd,
+            env=env,
+            seconds=SECONDS,
+            runaway=runaway,
+        )
+        if finished.status != 0:
+            why = finished.stopped or f"exit status {finished.status}"
+            pytest.fail(
+                f"{block.where} ({block.arg}): {why} after {finished.seconds:.1f} s; "
+                f"it printed:\n{finished.output[-6000:]}",
+                pytrace=False,
+            )
+        return finished.output
+
+    commands = [
+        command
+        for command in parse_shell(text)
+        if not any(command.text.startswith(skipped) for skipped in harness.not_run)
+    ]
+    finished = await run_process(
+        ["bash", "--noprofile", "--norc", "-c", shell_script(commands)],
+        cwd=served.cwd,
+        env=env,
+        seconds=SECONDS,
+        runaway=runaway,
+    )
+    problems = [f"{block.where}: stopped: {finished.stopped}"] if finished.stopped else []
+    transcript = Transcript()
+    for command, (printed, status) in zip(
+        commands, split_transcript(finished.output, len(commands)), strict=True
+    ):
+        problems += [
+            f"{where(block, command)}: {problem}; it printed:\n" + "\n".join(printed)
+            for problem in shell_problems(command, printed, status, transcript)
+        ]
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+    return finished.output
+
+
+def shell_problems(
+    command: Command, printed: list[str], status: int | None, transcript: Transcript
+) -> list[str]:
+    if status != command.status:
+        return [f"exit status {status}, the docs say {command.status}"]
+    return transcript.mismatches(command, printed)
+
+
+def where(block: Block, command: Command) -> str:
+    first = command.text.splitlines()[0]
+    return f"{block.path.relative_to(ROOT)}:{block.line + 1 + command.line} ({first[:60]!r})"
+
+
+# --- The checks themselves -----------------------------------------------------------------------
+
+
+def test_markers_are_read_and_misplaced_ones_reported(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "<!-- snippet: run a-name -->\n```sh\necho\n```\n\n"
+        "<!-- snippet: skip -->\n```sh\necho\n```\n\n"
+        "<!-- snippet: output -->\n\n```\nx\n```\n"
+    )
+    run, skip, unmarked = read_blocks(doc)
+    assert (run.kind, run.arg, run.line, run.text) == ("run", "a-name", 2, "echo\n")
+    assert (skip.kind, unmarked.kind, unmarked.marker_problem) == (None, None, "")
+    assert "needs a reason" in skip.marker_problem
+    assert stray_markers(doc) == [11]
+
+
+def test_shown_output_must_be_printed_in_order() -> None:
+    [crash, resume] = parse_shell(
+        "X=1 run  # trailing words\n# run demo-b4f1c8: new\n# ...\n"
+        "# Killed   (exit status 137)\n\n# prose\nrun \\\n  --again\n"
+        '# run demo-b4f1c8: resumed\n# {"id": "op_01...", "n": 1, ...}\n'
+    )
+    assert (crash.status, crash.expected) == (137, ["run demo-b4f1c8: new", "..."])
+    assert (resume.text, resume.status) == ("run \\\n  --again", 0)
+    transcript = Transcript()
+    assert transcript.mismatches(crash, ["run demo-0a1b2c: new", "more"]) == []
+    printed = ["run demo-0a1b2c: resumed", '{"id": "op_01X", "n": 1, "at": 2}']
+    assert transcript.mismatches(resume, printed) == []
+    assert transcript.mismatches(resume, ["run demo-999999: resumed", printed[1]]) != []
+    assert transcript.mismatches(resume, [printed[1], printed[0]]) != []  # out of order
+    assert transcript.mismatches(resume, [printed[0], '{"id": "op_01X", "n": 2}']) != []
+
+
+@pytest.mark.parametrize(
+    ("shown", "actual", "matches"),
+    [
+        ('{"a": 1, ...}', {"a": 1, "b": 2}, True),
+        ('{"a": 1}', {"a": 1, "b": 2}, False),
+        ('{"a": ..., "r": {...}}', {"a": [1], "r": {"q": 1}}, True),
+        ("[1, ...]", [0, 1, 2], True),
+        ("[1, 3]", [1, 2, 3], False),
+        ('{"type": ".../key-mismatch"}', {"type": "https://x/problems/key-mismatch"}, True),
+        ('{"id": "op_01..."}', {"id": "op_02M8"}, False),
+        ('{"replayed": 1}', {"replayed": True}, False),
+    ],
+)
+def test_shown_json(shown: str, actual: Any, matches: bool) -> None:
+    assert json_matches(shown_json(shown), actual) is matches
