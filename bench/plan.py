@@ -78,13 +78,13 @@ class Plan:
 FULL = Plan()
 QUICK = Plan(
     concurrency=8,
-    duration=2.0,
-    warmup=0.3,
+    duration=0.5,
+    warmup=0.1,
     replay_keys=100,
     small_store=1_000,
     large_store=10_000,
     postgres=False,
     mcp_forms=("session-json",),
-    mcp_duration=1.0,
+    mcp_duration=0.5,
     mcp_pass_through=False,
 )

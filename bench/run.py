@@ -174,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.run", description="Benchmark the gateway against a plain proxy."
     )
-    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (c=8, 2 s rows)")
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (c=8, 0.5 s rows)")
     parser.add_argument("--write", action="store_true", help=f"write the results to {RESULTS}")
     parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL rows")
     parser.add_argument("--concurrency", type=int, help="concurrency of the throughput rows")
