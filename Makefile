@@ -8,11 +8,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck ts-build ts-test bench soak fuzz simulate clean
 
-# What serving needs: the gateway and the Python client (the examples use it), nothing else.
+# What make run serves: the gateway, and for the demo's example tools and agents the Python
+# client with the MCP SDK (the example MCP server); no test or lint tools.
 $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e . -e clients/python
+	$(BIN)/pip install --quiet -e . -e 'clients/python[mcp]'
 	touch $(RUN_STAMP)
 
 # What the tests, linters and benchmarks need on top: the dev extra.

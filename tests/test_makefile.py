@@ -64,7 +64,8 @@ def test_make_run_installs_what_serving_needs_and_no_dev_tools(tmp_path: Path) -
     assert installs, commands
     for line in installs:
         assert "[dev]" not in line, line
-    assert any("-e . -e clients/python" in line for line in installs), installs
+    # The demo's example MCP server needs the MCP SDK (the client's mcp extra).
+    assert any("-e . -e 'clients/python[mcp]'" in line for line in installs), installs
     assert "examples.run_demo" in commands
     # `make test` adds the dev extra on top.
     tests = dry_run("-B", f"VENV={venv}", f"{venv}/.installed")
