@@ -30,7 +30,7 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.store import Store
-from gateway.store.base import Page
+from gateway.store.base import OperationFilter, Page
 from gateway.store.rows import claim_changes
 from gateway.store.sqlite import SqliteStore
 
@@ -776,7 +776,9 @@ async def test_list_operations_pages_by_state_in_creation_order(store: Store) ->
     sizes = []
     cursor = None
     while True:
-        page = await store.list_operations(state=State.UNKNOWN, limit=3, cursor=cursor)
+        page = await store.list_operations(
+            OperationFilter(state=State.UNKNOWN), limit=3, cursor=cursor
+        )
         sizes.append(len(page.items))
         seen.extend(item.id for item in page.items)
         assert all(item.state is State.UNKNOWN for item in page.items)
@@ -787,7 +789,7 @@ async def test_list_operations_pages_by_state_in_creation_order(store: Store) ->
 
     assert sizes == [3, 3, 1]
     assert seen == wanted
-    everything = await store.list_operations(state=None, limit=100, cursor=None)
+    everything = await store.list_operations(OperationFilter(), limit=100, cursor=None)
     assert len(everything.items) == 7 + 3
     assert everything.next_cursor is None
 
@@ -802,18 +804,23 @@ async def test_list_operations_filters_by_route_and_age(store: Store) -> None:
     def ids(page: Page) -> list[str]:
         return [item.id for item in page.items]
 
-    on_a = await store.list_operations(state=None, limit=10, cursor=None, route="a")
+    on_a = await store.list_operations(OperationFilter(route="a"), limit=10, cursor=None)
     assert ids(on_a) == [old_a.id, new_a.id]
-    aged = await store.list_operations(state=None, limit=10, cursor=None, route="a", older_than=0.2)
+    aged = await store.list_operations(
+        OperationFilter(route="a", older_than=0.2), limit=10, cursor=None
+    )
     assert ids(aged) == [old_a.id]
-    aged_any_route = await store.list_operations(state=None, limit=10, cursor=None, older_than=0.2)
+    aged_any_route = await store.list_operations(
+        OperationFilter(older_than=0.2), limit=10, cursor=None
+    )
     assert len(aged_any_route.items) == 2
     assert (
-        ids(await store.list_operations(state=None, limit=10, cursor=None, older_than=3600)) == []
+        ids(await store.list_operations(OperationFilter(older_than=3600), limit=10, cursor=None))
+        == []
     )
-    assert ids(await store.list_operations(state=None, limit=10, cursor=None, route="c")) == []
+    assert ids(await store.list_operations(OperationFilter(route="c"), limit=10, cursor=None)) == []
     in_flight_on_a = await store.list_operations(
-        state=State.IN_FLIGHT, limit=1, cursor=None, route="a"
+        OperationFilter(state=State.IN_FLIGHT, route="a"), limit=1, cursor=None
     )
     assert ids(in_flight_on_a) == [old_a.id]
     assert in_flight_on_a.next_cursor is not None
@@ -844,7 +851,7 @@ async def test_list_operations_rejects_an_invalid_cursor(store: Store) -> None:
     """A cursor the store did not make raises `ValueError`."""
     # The message is each store's own; the type is the contract.
     with pytest.raises(ValueError):  # noqa: PT011
-        await store.list_operations(state=None, limit=3, cursor="not a cursor!")
+        await store.list_operations(OperationFilter(), limit=3, cursor="not a cursor!")
 
 
 async def test_list_operations_finds_a_key_in_every_scope(store: Store) -> None:
@@ -857,7 +864,7 @@ async def test_list_operations_finds_a_key_in_every_scope(store: Store) -> None:
     third = await new_attempt(store, "shared", scope="s3")
     await new_attempt(store, "sh%")
 
-    page = await store.list_operations(state=None, limit=10, cursor=None, key="shared")
+    page = await store.list_operations(OperationFilter(key="shared"), limit=10, cursor=None)
     assert [item.id for item in page.items] == [first.id, second.id, third.id]
     assert {item.scope for item in page.items} == {"s1", "s2", "s3"}
     assert page.next_cursor is None
@@ -865,18 +872,20 @@ async def test_list_operations_finds_a_key_in_every_scope(store: Store) -> None:
     seen: list[str] = []
     cursor = None
     for _ in range(4):
-        page = await store.list_operations(state=None, limit=2, cursor=cursor, key="shared")
+        page = await store.list_operations(OperationFilter(key="shared"), limit=2, cursor=cursor)
         seen.extend(item.id for item in page.items)
         cursor = page.next_cursor
         if cursor is None:
             break
     assert seen == [first.id, second.id, third.id]
 
-    unknowns = await store.list_operations(state=State.UNKNOWN, limit=10, cursor=None, key="shared")
+    unknowns = await store.list_operations(
+        OperationFilter(state=State.UNKNOWN, key="shared"), limit=10, cursor=None
+    )
     assert [item.id for item in unknowns.items] == [first.id]
-    nothing = await store.list_operations(state=None, limit=10, cursor=None, key="s%")
+    nothing = await store.list_operations(OperationFilter(key="s%"), limit=10, cursor=None)
     assert nothing.items == ()
-    assert (await store.list_operations(state=None, limit=10, cursor=None, key="")).items == ()
+    assert (await store.list_operations(OperationFilter(key=""), limit=10, cursor=None)).items == ()
 
 
 # -- retention -------------------------------------------------------------------------------------

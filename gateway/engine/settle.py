@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from gateway.engine.errors import NotResolvable, PreconditionFailed
 from gateway.engine.models import Evidence, Operation, Resolution, ResolvedBy, State, StoredResponse
+from gateway.store.base import OperationFilter
 from gateway.telemetry.tracer import NO_TRACER, Tracer
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ class Settler:
         cursor: str | None = None
         while True:
             page = await self._store.list_operations(
-                state=State.UNKNOWN, limit=batch, cursor=cursor
+                OperationFilter(state=State.UNKNOWN), limit=batch, cursor=cursor
             )
             for operation in page.items:
                 route = self._routes.get(operation.route)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from gateway.store.base import Page, Store, SweepReport
+from gateway.store.base import OperationFilter, Page, Store, SweepReport
 
-__all__ = ["Page", "Store", "SweepReport"]
+__all__ = ["OperationFilter", "Page", "Store", "SweepReport"]

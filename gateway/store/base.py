@@ -39,6 +39,20 @@ class Page:
 
 
 @dataclass(frozen=True, slots=True)
+class OperationFilter:
+    """Which operations an operator listing keeps; a field left `None` keeps them all."""
+
+    state: State | None = None
+    route: str | None = None
+    key: str | None = None
+    """That key in whichever scopes hold it: an operator has a key from an agent's log,
+    not its scope."""
+    older_than: float | None = None
+    """Created at least this many seconds ago, on the store's own clock (the clock
+    `created_at` was written with)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SweepReport:
     """What one bounded sweep pass changed."""
 
@@ -174,23 +188,9 @@ class Store(Protocol):
         """
 
     async def list_operations(
-        self,
-        *,
-        state: State | None,
-        limit: int,
-        cursor: str | None,
-        route: str | None = None,
-        older_than: float | None = None,
-        key: str | None = None,
+        self, where: OperationFilter, *, limit: int, cursor: str | None
     ) -> Page:
-        """Every scope's operations in creation order, one page at a time.
-
-        `key` keeps that key's operations, in whichever scopes hold it (an
-        operator has a key from an agent's log, not its scope).
-
-        `older_than` keeps those created at least that many seconds ago, on the
-        store's own clock (the clock `created_at` was written with).
-        """
+        """Every scope's operations that `where` keeps, in creation order, a page at a time."""
 
     async def expire_orphans(self, *, owner: str | None) -> int:
         """Turn `in_flight` records into `unknown`: expired leases, or all of a dead owner's.

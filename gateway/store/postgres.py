@@ -44,7 +44,7 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
-from gateway.store.base import Page, SweepReport
+from gateway.store.base import OperationFilter, Page, SweepReport
 from gateway.store.crypto import BodyCipher
 from gateway.store.postgres_batch import StatementBatcher
 from gateway.store.postgres_connection import PostgresConnection, _translated
@@ -371,19 +371,12 @@ class PostgresStore(PostgresConnection):
         return None if row is None else self._decode(row)
 
     async def list_operations(
-        self,
-        *,
-        state: State | None,
-        limit: int,
-        cursor: str | None,
-        route: str | None = None,
-        older_than: float | None = None,
-        key: str | None = None,
+        self, where: OperationFilter, *, limit: int, cursor: str | None
     ) -> Page:
         after = decode_cursor(cursor)
         # A statement of its own with a key: its condition must reach the planner as an
         # index path, never as `$6 IS NULL OR ...` in a generic plan that scans.
-        by_key = f"AND {KEY_IN_ANY_SCOPE.format('$6')} " if key is not None else ""
+        by_key = f"AND {KEY_IN_ANY_SCOPE.format('$6')} " if where.key is not None else ""
         rows = await self._fetch(
             "list",
             f"SELECT seq, {COLUMNS} FROM operations WHERE seq > $1 "
@@ -392,11 +385,11 @@ class PostgresStore(PostgresConnection):
             f"AND ($5::float8 IS NULL OR created_at <= {NOW} - {SECONDS.format('$5')}) "
             f"{by_key}ORDER BY seq LIMIT $3",
             after,
-            state.value if state else None,
+            where.state.value if where.state else None,
             limit + 1,
-            route,
-            older_than,
-            *(() if key is None else (key,)),
+            where.route,
+            where.older_than,
+            *(() if where.key is None else (where.key,)),
         )
         more = len(rows) > limit
         rows = rows[:limit]

@@ -40,7 +40,7 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
-from gateway.store.base import Page, SweepReport
+from gateway.store.base import OperationFilter, Page, SweepReport
 from gateway.store.crypto import BodyCipher
 from gateway.store.rows import (
     as_stored,
@@ -334,32 +334,25 @@ class SqliteStore(SqliteConnection):
         return await self._writer.run(job)
 
     async def list_operations(
-        self,
-        *,
-        state: State | None,
-        limit: int,
-        cursor: str | None,
-        route: str | None = None,
-        older_than: float | None = None,
-        key: str | None = None,
+        self, where: OperationFilter, *, limit: int, cursor: str | None
     ) -> Page:
         after = decode_cursor(cursor)
 
         def job(c: sqlite3.Connection) -> Page:
             clauses: list[str] = ["seq > ?"]
             params: list[object] = [after]
-            if state is not None:
+            if where.state is not None:
                 clauses.append("state = ?")
-                params.append(state.value)
-            if route is not None:
+                params.append(where.state.value)
+            if where.route is not None:
                 clauses.append("route = ?")
-                params.append(route)
-            if older_than is not None:
+                params.append(where.route)
+            if where.older_than is not None:
                 clauses.append("created_at <= ?")
-                params.append(self._clock.time() - older_than)
-            if key is not None:
+                params.append(self._clock.time() - where.older_than)
+            if where.key is not None:
                 clauses.append(KEY_IN_ANY_SCOPE)
-                params.append(key)
+                params.append(where.key)
             rows = c.execute(
                 f"SELECT seq, {', '.join(COLUMNS)} FROM operations "
                 f"WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",

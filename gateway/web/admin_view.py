@@ -24,6 +24,7 @@ from gateway.engine.errors import (
 )
 from gateway.engine.models import Evidence, Operation, State
 from gateway.engine.scopes import header_bytes
+from gateway.store import OperationFilter
 from gateway.web.appkeys import ENGINE, SETTINGS, STORE
 from gateway.web.operation_json import operation_json
 from gateway.web.operations_view import expected_version, operation_response, read_operator_body
@@ -80,12 +81,14 @@ async def list_operations(request: web.Request) -> web.Response:
     older_than = _older_than(query.get("older_than"))
     try:
         page = await request.app[STORE].list_operations(
-            state=state,
+            OperationFilter(
+                state=state,
+                route=query.get("route") or None,
+                key=query.get("key") or None,
+                older_than=older_than,
+            ),
             limit=limit,
             cursor=query.get("cursor") or None,
-            route=query.get("route") or None,
-            older_than=older_than,
-            key=query.get("key") or None,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         State,
         StoredResponse,
     )
-    from gateway.store.base import Page, SweepReport
+    from gateway.store.base import OperationFilter, Page, SweepReport
     from tests.simulation.clock import ReplicaClock
     from tests.simulation.memory_store import MemoryStore
 
@@ -264,25 +264,11 @@ class FaultyStore:
         )
 
     async def list_operations(
-        self,
-        *,
-        state: State | None,
-        limit: int,
-        cursor: str | None,
-        route: str | None = None,
-        older_than: float | None = None,
-        key: str | None = None,
+        self, where: OperationFilter, *, limit: int, cursor: str | None
     ) -> Page:
         return await self._call(
             "list_operations",
-            lambda: self._inner.list_operations(
-                state=state,
-                limit=limit,
-                cursor=cursor,
-                route=route,
-                older_than=older_than,
-                key=key,
-            ),
+            lambda: self._inner.list_operations(where, limit=limit, cursor=cursor),
         )
 
     async def expire_orphans(self, *, owner: str | None) -> int:

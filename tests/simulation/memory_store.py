@@ -31,7 +31,7 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
-from gateway.store.base import Page, SweepReport
+from gateway.store.base import OperationFilter, Page, SweepReport
 from gateway.store.rows import decode_cursor, encode_cursor
 
 __all__ = ["MemoryDatabase", "MemoryStore", "Transition"]
@@ -430,14 +430,7 @@ class MemoryStore:
         return self._seen(settled, now)
 
     async def list_operations(
-        self,
-        *,
-        state: State | None,
-        limit: int,
-        cursor: str | None,
-        route: str | None = None,
-        older_than: float | None = None,
-        key: str | None = None,
+        self, where: OperationFilter, *, limit: int, cursor: str | None
     ) -> Page:
         self._check_open()
         after = decode_cursor(cursor)
@@ -445,10 +438,10 @@ class MemoryStore:
 
         def wanted(op: Operation) -> bool:
             return (
-                (state is None or op.state is state)
-                and (route is None or op.route == route)
-                and (key is None or op.key == key)
-                and (older_than is None or op.created_at <= now - older_than)
+                (where.state is None or op.state is where.state)
+                and (where.route is None or op.route == where.route)
+                and (where.key is None or op.key == where.key)
+                and (where.older_than is None or op.created_at <= now - where.older_than)
             )
 
         matching = sorted(
