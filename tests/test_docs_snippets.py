@@ -27,9 +27,9 @@ file:line.
   on a copied snippet. Strict also checks the bodies of unannotated functions
   (--check-untyped-defs) and asks for the annotations that make the SDKs'
   types apply (`plan(turns: tuple[Turn, ...]) -> list[ToolCall]`).
-- The TypeScript blocks of clients/typescript/README.md (classified here, in
-  TS_README_KINDS, as clients/ is not this test's to edit) are type-checked with
-  tsc --strict against the built client, when it is built (make ts-build).
+- The TypeScript blocks of clients/typescript/README.md (marked the same way)
+  are type-checked with tsc --strict against the built client, when it is
+  built (make ts-build).
 - `config` blocks load with the gateway's own loader (`gateway.config.load_settings`),
   which refuses unknown keys; `json` blocks parse (`json journal`: as a run
   journal, with the client's model); JSON `output` samples parse as JSON
@@ -79,26 +79,6 @@ from gateway.engine.errors import ConfigError
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TS_README = ROOT / "clients" / "typescript" / "README.md"
 
-TS_README_KINDS = {
-    # clients/ is the client packages' tree: until its README's blocks get markers of their
-    # own (a marker in the file wins), they are classified here, by their first line.
-    'import { deriveKey, GatewayClient, OutcomeUnknown } from "idempotency-gateway-client";': (
-        "typecheck",
-        "ts-readme-client",
-    ),
-    "import { FileJournal, GatewayClient, HttpTool, Run, bodyJson, resultOf, type Turn }"
-    ' from "idempotency-gateway-client";': ("typecheck", "ts-readme-run"),
-    'import { tool } from "ai";': ("typecheck", "ts-readme-vercel-ai"),
-    'import { Client } from "@modelcontextprotocol/sdk/client/index.js";': (
-        "typecheck",
-        "ts-readme-mcp",
-    ),
-    "npm ci                 # exactly the lockfile's dev dependencies": (
-        "skip",
-        "installs from the npm registry (make ts-test runs these)",
-    ),
-}
-
 TS_PRELUDE = "declare const runId: string, turn: number, callId: string; // left to the reader\n"
 """What the TypeScript blocks leave to the reader (one line: errors keep their line)."""
 
@@ -107,13 +87,7 @@ SECONDS = 60.0
 
 
 def all_blocks() -> list[Block]:
-    blocks = [block for path in DOCS for block in read_blocks(path)]
-    for block in read_blocks(TS_README):
-        if block.kind is None and not block.marker_problem:
-            kind, reason = TS_README_KINDS.get(block.first_line, (None, ""))
-            block = Block(block.path, block.line, block.lang, block.text, kind, reason)
-        blocks.append(block)
-    return blocks
+    return [block for path in [*DOCS, TS_README] for block in read_blocks(path)]
 
 
 BLOCKS = all_blocks()
