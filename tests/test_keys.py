@@ -158,3 +158,18 @@ def test_a_str_is_not_a_list_of_values() -> None:
     """Passing one string instead of the list of values is a programming error."""
     with pytest.raises(TypeError):
         parse_idempotency_key("abc")
+
+
+@given(printable_keys)
+def test_every_key_the_client_accepts_the_gateway_reads_back(key: str) -> None:
+    """The Python client's `validate_key` and header form agree with the gateway's parser:
+    a key the client lets an agent use reaches the gateway as exactly that key (a client
+    that accepted " lead" sent `" lead"`, which the gateway refuses: 400 invalid-key)."""
+    from idempotency_gateway_client import KeyFormatError, validate_key
+    from idempotency_gateway_client._client import key_header
+
+    try:
+        validate_key(key)
+    except KeyFormatError:
+        return
+    assert parse_idempotency_key([key_header(key)]) == key

@@ -20,7 +20,9 @@ MAX_KEY_LENGTH = 255
 
 
 def validate_key(key: str) -> str:
-    """Return `key` if the gateway would accept it: 1 to 255 printable ASCII characters.
+    """Return `key` if the gateway would accept it: 1 to 255 printable ASCII characters,
+    with no space at either end (HTTP strips a header value's outer whitespace, so the
+    gateway refuses such a key rather than name one effect by two spellings).
 
     >>> validate_key("run-77:0:c1")
     'run-77:0:c1'
@@ -35,6 +37,11 @@ def validate_key(key: str) -> str:
     if len(key) > MAX_KEY_LENGTH:
         raise KeyFormatError(
             f"an idempotency key is at most {MAX_KEY_LENGTH} characters; this one has {len(key)}"
+        )
+    if key.strip(" ") != key:
+        raise KeyFormatError(
+            "an idempotency key may not start or end with a space: HTTP strips it from the "
+            "header, so the gateway refuses such a key"
         )
     return key
 

@@ -14,7 +14,7 @@ import { KeyFormatError } from "./errors.js";
 /** The gateway's limit, in characters (keys are ASCII, so also bytes). */
 export const MAX_KEY_LENGTH = 255;
 
-/** `key` if the gateway would accept it: 1 to 255 printable ASCII characters. */
+/** `key` if the gateway would accept it: 1 to 255 printable ASCII characters, no space at either end. */
 export function validateKey(key: string): string {
   if (typeof key !== "string" || key.length === 0) {
     throw new KeyFormatError("an idempotency key may not be empty");
@@ -30,6 +30,14 @@ export function validateKey(key: string): string {
   if (key.length > MAX_KEY_LENGTH) {
     throw new KeyFormatError(
       `an idempotency key is at most ${MAX_KEY_LENGTH} characters; this one has ${key.length}`,
+    );
+  }
+  if (key.startsWith(" ") || key.endsWith(" ")) {
+    // HTTP strips a header value's outer whitespace: the gateway refuses such a key
+    // rather than name one effect by two spellings.
+    throw new KeyFormatError(
+      "an idempotency key may not start or end with a space: HTTP strips it from the header, " +
+        "so the gateway refuses such a key",
     );
   }
   return key;
