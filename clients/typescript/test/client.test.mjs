@@ -8,6 +8,7 @@ import {
   GatewayClient,
   GatewayConnectionError,
   InProgress,
+  KeyFormatError,
   KeyMismatch,
   StoreUnavailable,
 } from "../dist/index.js";
@@ -92,10 +93,13 @@ describe("GatewayClient.request", () => {
   test("headers: one value per name whatever its case; the key only as the key", async () => {
     const { fetch, sent } = scripted(ok);
     const client = new GatewayClient("http://gw.test/", { fetch, headers: { Authorization: "Bearer old" } });
-    await client.post("/x", { key: " padded", json: [], headers: { authorization: "Bearer new" }, wait: 5 });
+    await client.post("/x", { key: '"quoted', json: [], headers: { authorization: "Bearer new" }, wait: 5 });
     assert.equal(sent[0].url, "http://gw.test/x");
     assert.equal(sent[0].headers.get("authorization"), "Bearer new");
-    assert.equal(sent[0].headers.get("idempotency-key"), '" padded"');
+    assert.equal(sent[0].headers.get("idempotency-key"), '"\\"quoted"');
+    // A key with a space at either end is one the gateway refuses: never sent.
+    await assert.rejects(client.post("/x", { key: " padded", json: [] }), KeyFormatError);
+    assert.equal(sent.length, 1);
     assert.equal(sent[0].headers.get("prefer"), "wait=5");
     assert.equal(sent[0].headers.get("accept-encoding"), "identity");
     await assert.rejects(client.post("/x", { key: "k", json: {}, headers: { "idempotency-key": "k" } }), TypeError);
