@@ -41,8 +41,9 @@ from gateway.config.units import format_duration
 class ServerSettings(BaseModel):
     """Where the gateway listens.
 
-    >>> ServerSettings(port=9999)
-    ServerSettings(host='127.0.0.1', port=9999)
+    >>> server = ServerSettings(port=9999)
+    >>> server.host, server.port
+    ('127.0.0.1', 9999)
     """
 
     model_config = _SETTINGS_MODEL

@@ -167,7 +167,8 @@ class Forwarder:
             )
             # aiohttp resends idempotent methods once on a dead pooled connection and
             # offers no public switch (aio-libs/aiohttp#10790); a resend is a second
-            # effect. tests/test_forwarder.py fails if this attribute stops working.
+            # effect. tests/test_concurrency.py::test_dropped_pooled_connection_is_never_resent
+            # fails if this attribute stops working.
             session._retry_connection = False
             self._sessions[route.name] = session
 
