@@ -249,44 +249,23 @@ async def test_resolve_applied_makes_retries_replay(
     assert await effects_for_key(upstream, admin_gateway.url, "lost-applied") == 1
 
 
-async def test_resolve_applied_without_status_is_refused(
+async def test_resolve_applied_without_status_warns_and_settles(
     admin_gateway: RunningGateway,
     upstream: CountingUpstream,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`resolve --applied` with no `--status` and no `--no-receipt` is a usage error that says
-    what settling without a receipt would mean; the operation stays unknown."""
-    await make_unknown(admin_gateway, "lost-silent")
-    op_id = await operation_id(admin_gateway, "lost-silent")
-    capsys.readouterr()
-
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 2
-
-    err = capsys.readouterr().err
-    assert "usage:" in err
-    assert "--status" in err
-    assert "--no-receipt" in err
-    assert "receipt-not-retained" in err
-    show = await admin_gateway.get("/operations/lost-silent")
-    assert (await show.json())["state"] == "unknown"
-    assert await effects_for_key(upstream, admin_gateway.url, "lost-silent") == 1
-
-
-async def test_resolve_applied_no_receipt_sends_no_response(
-    admin_gateway: RunningGateway,
-    upstream: CountingUpstream,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """`resolve --applied --no-receipt` completes the key with no receipt, and says what that
-    means on stderr; a retry is not forwarded."""
+    """`resolve --applied` with no `--status` (the contract's form) completes the key with no
+    receipt, and warns on stderr what that means; a retry is not forwarded."""
     await make_unknown(admin_gateway, "lost-bare")
     op_id = await operation_id(admin_gateway, "lost-bare")
     capsys.readouterr()
 
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied", "--no-receipt")) == 0
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 0
 
     out, err = capsys.readouterr()
+    assert err.startswith("warning: completed without a receipt")
     assert "receipt-not-retained" in err
+    assert "--status" in err
     document = json.loads(out)
     assert document["state"] == "completed"
     assert document["response"] is None
@@ -303,7 +282,7 @@ async def test_retry_after_bodiless_resolve_does_not_claim_a_delivered_response(
     """Regression: a retry after a bodiless `--applied` is not told a response was delivered."""
     await make_unknown(admin_gateway, "lost-claim")
     op_id = await operation_id(admin_gateway, "lost-claim")
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied", "--no-receipt")) == 0
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 0
 
     retry = await admin_gateway.post(DROP, key="lost-claim", json_body={"title": "lost-claim"})
 
@@ -414,8 +393,6 @@ async def test_unreachable_gateway_exits_2(capsys: pytest.CaptureFixture[str]) -
         ["--applied", "--body", "x"],
         ["--applied", "--status", "201", "--header", "no colon"],
         ["--applied", "--status", "1000"],
-        ["--applied", "--no-receipt", "--status", "201"],
-        ["--not-applied", "--no-receipt"],
     ],
 )
 async def test_resolve_usage_errors_exit_2(

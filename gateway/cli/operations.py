@@ -10,7 +10,6 @@ only for defaults: where the admin listener is, and the admin token.
     idempotency-gateway operations show op_01J...
     idempotency-gateway operations show run-77:0:c1     # a key: looked up in every scope
     idempotency-gateway operations resolve op_01J... --applied --status 201 --body '{"id": 1}'
-    idempotency-gateway operations resolve op_01J... --applied --no-receipt --note "no copy"
     idempotency-gateway operations resolve op_01J... --not-applied --note "not in the CRM"
 
 Exit codes: 0 on success; 1 when the gateway answered with an error; 2 on a
@@ -139,12 +138,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     resolve.add_argument("--body", help="with --applied --status: the response body (UTF-8)")
     resolve.add_argument(
-        "--no-receipt",
-        action="store_true",
-        help="with --applied, instead of --status: complete it without a response; "
-        f"retries then get 409 receipt-not-retained ({_NO_RECEIPT_MEANS})",
-    )
-    resolve.add_argument(
         "--header",
         action="append",
         default=[],
@@ -256,10 +249,11 @@ async def _resolve(
     path = f"/admin/operations/{quote(str(operation['id']), safe='')}/resolve"
     document = await client.post(path, resolve_body(args))
     out.write(json.dumps(document, indent=2) + "\n")
-    if args.no_receipt:
+    if args.applied and args.status is None:
         print(
-            "completed without a receipt: retries of this key get 409 receipt-not-retained "
-            f"({_NO_RECEIPT_MEANS})",
+            "warning: completed without a receipt: retries of this key get 409 "
+            f"receipt-not-retained ({_NO_RECEIPT_MEANS}); give --status N [--body TEXT] "
+            "to store the response they should get",
             file=err,
         )
 
@@ -464,24 +458,14 @@ def _check_url(url: str) -> str:
 def _resolve_usage_problem(args: argparse.Namespace) -> str | None:
     """Why these resolve options make no sense, if they do not.
 
-    `--applied` alone is refused: it used to complete the key with no
-    receipt, silently, and every retry of it then gets `409
-    receipt-not-retained` instead of the response. An operator who means
-    that says `--no-receipt`.
+    `--applied` alone is allowed (the contract's form) and completes the key
+    without a receipt; `_resolve` warns what that means for retries.
     """
     response_options = args.status is not None or args.body is not None or args.header
-    if args.not_applied and (response_options or args.no_receipt):
-        return "--status, --body, --header and --no-receipt go with --applied, not --not-applied"
-    if args.no_receipt and response_options:
-        return "--no-receipt means no response: leave out --status, --body and --header"
+    if args.not_applied and response_options:
+        return "--status, --body and --header go with --applied, not --not-applied"
     if args.status is None and (args.body is not None or args.header):
         return "--body and --header describe a response: give its --status too"
-    if args.applied and args.status is None and not args.no_receipt:
-        return (
-            "--applied needs the response retries should replay: --status N [--body TEXT], "
-            "or --no-receipt to complete it without one (retries then get 409 "
-            f"receipt-not-retained: {_NO_RECEIPT_MEANS})"
-        )
     for header in args.header:
         name, colon, _ = header.partition(":")
         if not colon or not name.strip() or name != name.strip():
