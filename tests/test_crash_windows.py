@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 from harness import GatewayProcess, effects_for_key, spawn, wait_until_stopped
 from multidict import CIMultiDictProxy
-from upstream import CountingUpstream
+from upstream import CountingUpstream, effects_probe
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +32,7 @@ BODY = json.dumps({"title": "crash"}).encode()
 REQUEST_SECONDS = 10.0
 """Upper bound for any one client call; the slowest upstream answer in this file is 4 s."""
 
-PROBE = {
-    "path": "/effects/{forwarded_key}",
-    "applied_statuses": [200],
-    "not_applied_statuses": [404],
-    "not_applied_after": "1s",
-}
+PROBE = effects_probe()
 FAST_LEASE = {"lease": "1s"}
 
 

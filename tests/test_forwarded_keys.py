@@ -25,18 +25,13 @@ import aiohttp
 import pytest
 from conftest import GatewayFactory
 from harness import RunningGateway
-from upstream import CountingUpstream
+from upstream import CountingUpstream, effects_probe
 
 from gateway.config import load_settings
 from gateway.engine.errors import ConfigError
 
 ISSUES = "/tickets/v1/issues"
-PROBE = {
-    "path": "/effects/{forwarded_key}",
-    "applied_statuses": [200],
-    "not_applied_statuses": [404],
-    "not_applied_after": "300ms",
-}
+PROBE = effects_probe(not_applied_after="300ms")
 TENANT_A = {"Authorization": "Bearer tenant-a-credential"}
 TENANT_B = {"Authorization": "Bearer tenant-b-credential"}
 

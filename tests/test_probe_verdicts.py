@@ -16,16 +16,10 @@ from typing import Any
 
 import aiohttp
 from harness import GatewayProcess, spawn
-from upstream import CountingUpstream
+from upstream import CountingUpstream, effects_probe
 
 KEY = "pay-42"
-PROBE = {
-    "method": "GET",
-    "path": "/effects/{operation_id}",
-    "applied_statuses": [200],
-    "not_applied_statuses": [404],
-    "not_applied_after": "1s",
-}
+PROBE = effects_probe(by="operation_id")
 ROUTE = {"forward_key": "operation_id", "probe": PROBE, "timeout": "5s"}
 IDEMPOTENCY = {"lease": "1s", "sweep_interval": "60s"}  # no background probes: the test drives
 

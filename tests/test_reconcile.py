@@ -14,19 +14,14 @@ import aiohttp
 import pytest
 from conftest import GatewayFactory
 from harness import ADMIN_TOKEN, RunningGateway
-from upstream import CountingUpstream
+from upstream import CountingUpstream, effects_probe
 
 from gateway.engine.sweeper import Sweeper
 from gateway.web.appkeys import ENGINE, METRICS, STORE
 
 PROBLEM = "application/problem+json"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-PROBE = {
-    "path": "/effects/{forwarded_key}",
-    "applied_statuses": [200],
-    "not_applied_statuses": [404],
-    "not_applied_after": "300ms",
-}
+PROBE = effects_probe(not_applied_after="300ms")
 
 
 async def make_unknown(gateway: RunningGateway, key: str, body: Any = None) -> None:

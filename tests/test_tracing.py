@@ -36,7 +36,7 @@ from opentelemetry.semconv.attributes import (
     url_attributes,
 )
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
-from upstream import CountingUpstream
+from upstream import CountingUpstream, effects_probe
 
 from gateway.telemetry import NO_TRACER
 from gateway.telemetry import attributes as attr
@@ -60,13 +60,7 @@ OTEL_VARIABLES = (
 ENDPOINT = "http://127.0.0.1:9"
 """Never contacted: the environment tests only build the exporter, and shut it down at once."""
 BODY = {"title": "Printer on fire", "card": "body-secret-4111111111111111"}
-PROBE = {
-    "method": "GET",
-    "path": "/effects/{operation_id}",
-    "applied_statuses": [200],
-    "not_applied_statuses": [404],
-    "not_applied_after": "1s",
-}
+PROBE = effects_probe(by="operation_id")
 
 
 @pytest.fixture(autouse=True)

@@ -59,7 +59,7 @@ from aiohttp import web
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["CountingUpstream", "Effect", "UpstreamFactory"]
+__all__ = ["CountingUpstream", "Effect", "UpstreamFactory", "effects_probe"]
 
 HOST = "127.0.0.1"
 
@@ -69,6 +69,21 @@ _PATTERN = b"0123456789abcdefghijklmnopqrstuvwxyz\n"
 
 # Statuses that must not carry a body (RFC 9110); aiohttp refuses to send one.
 _BODYLESS = frozenset({204, 304})
+
+
+def effects_probe(*, by: str = "forwarded_key", not_applied_after: str = "1s") -> dict[str, object]:
+    """A route's `[routes.probe]` table that asks this upstream's `GET /effects/<key>`.
+
+    `by` names what the path carries (`forwarded_key` or `operation_id`): 200 means the
+    effect arrived (applied), 404 that it did not (not applied, once the last send is
+    `not_applied_after` old).
+    """
+    return {
+        "path": f"/effects/{{{by}}}",
+        "applied_statuses": [200],
+        "not_applied_statuses": [404],
+        "not_applied_after": not_applied_after,
+    }
 
 
 @dataclass(frozen=True)
