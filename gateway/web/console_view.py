@@ -57,7 +57,7 @@ def _read(name: str) -> bytes:
 
 def _require_enabled(request: web.Request) -> None:
     # As the admin API: without a token there is no console to sign in to.
-    if not request.app[SETTINGS].admin.token.get_secret_value():
+    if not request.app[SETTINGS].admin.enabled:
         raise NotFound("the operator console is disabled (no admin token is configured)")
 
 
