@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import aiohttp
 import pytest
 from conftest import GatewayFactory
 from harness import RunningGateway, effects_for_key
@@ -57,21 +56,35 @@ async def test_client_disconnect_cancels_nothing(
     gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
     """A caller that hangs up mid-call still gets its effect recorded; the retry replays it."""
-    timeout = aiohttp.ClientTimeout(total=0.2)
-    with pytest.raises(TimeoutError):
-        await gateway.session.post(
+    call = asyncio.create_task(
+        gateway.session.post(
             gateway.url + "/tickets/v1/issues?delay=0.6",
             data=b"{}",
             headers={"Idempotency-Key": "gone", "Content-Type": "application/json"},
-            timeout=timeout,
         )
-    await asyncio.sleep(0.8)
-    lookup = await (await gateway.get("/operations/gone")).json()
-    assert lookup["state"] == "completed"
+    )
+    # Hang up only once the effect happened upstream, so the test does not
+    # depend on how fast a loaded machine carries the request there.
+    await upstream.wait_for_count(1, seconds=10)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    state = await _state_once_settled(gateway, "gone", seconds=10)
+    assert state == "completed"
     retry = await gateway.post("/tickets/v1/issues?delay=0.6", key="gone", json_body={})
     assert retry.status == 201
     assert retry.headers["Idempotent-Replayed"] == "true"
     assert upstream.count == 1
+
+
+async def _state_once_settled(gateway: RunningGateway, key: str, *, seconds: float) -> str:
+    """The operation's state once it left in_flight, polled for at most ``seconds``."""
+    async with asyncio.timeout(seconds):
+        while True:
+            lookup = await (await gateway.get(f"/operations/{key}")).json()
+            if lookup["state"] != "in_flight":
+                return str(lookup["state"])
+            await asyncio.sleep(0.05)
 
 
 async def test_upstream_closing_idle_connections_causes_no_unknown(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal, Self
@@ -38,6 +39,15 @@ from gateway.config.fields import (
 from gateway.config.units import format_duration
 
 
+def _worker_count(value: object) -> object:
+    """`"auto"` is one worker per core this process may run on."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0)) or 1
+    if isinstance(value, str) and not value.strip().isdigit():
+        raise ValueError('expected a number of processes (1 or more) or "auto"')
+    return value
+
+
 class ServerSettings(BaseModel):
     """Where the gateway listens.
 
@@ -55,6 +65,9 @@ class ServerSettings(BaseModel):
     max_header_size: Size = Field(default=8 * 1024, ge=1024)
     """Longest request line or header field accepted (larger: 400 from the parser)."""
     max_headers: int = Field(default=100, ge=8)
+    workers: Annotated[int, BeforeValidator(_worker_count)] = Field(default=1, ge=1, le=256)
+    """Serving processes on the one port: 1 (the default) serves in this process;
+    more run under a supervisor (`gateway.workers`); "auto" is one per core."""
 
 
 class StoreSettings(BaseModel):
