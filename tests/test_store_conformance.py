@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from pg import drop_schema, fresh_schema, require_postgres, url_for
+from worker_stores import GatewayLock, TwoWorkers
 
 from gateway.engine.models import (
     ClaimRequest,
@@ -79,12 +80,25 @@ class _Opener:
 @pytest_asyncio.fixture(
     params=[
         pytest.param("sqlite", id="sqlite"),
+        pytest.param("sqlite-workers", id="sqlite-workers"),
         pytest.param("memory", id="memory"),
         pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
     ]
 )
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """An open, empty store of each kind; closed (its schema dropped) after the test."""
+    if request.param == "sqlite-workers":
+        # Two workers of one gateway on one file (tests/worker_stores.py).
+        lock = GatewayLock(tmp_path / "s.db")
+        (tmp_path / "s.db").touch()
+        opener = _Opener(lambda: TwoWorkers(lock))  # type: ignore[arg-type, return-value]
+        request.node.stash[_REOPEN] = opener.open
+        try:
+            yield await opener.open()
+        finally:
+            await opener.close()
+            lock.release()
+        return
     if request.param in ("sqlite", "memory"):
         # memory: the simulation's store (tests/simulation); reopened on the same data.
         from tests.simulation.memory_store import MemoryDatabase, MemoryStore

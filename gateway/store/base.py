@@ -60,6 +60,19 @@ class SweepReport:
     forgotten: int = 0
 
 
+class SettledSignal(Protocol):
+    """The wire between the worker processes of one gateway on one SQLite file.
+
+    A worker that records the outcome of an operation another worker waits on
+    publishes its id; every other worker hears it. PostgreSQL needs none:
+    LISTEN/NOTIFY is its wire.
+    """
+
+    def publish(self, operation_id: str) -> None: ...
+
+    def listen(self, on_settled: Callable[[str], None]) -> None: ...
+
+
 class Store(Protocol):
     """Durable home of operations. Implementations: SQLite and PostgreSQL.
 

@@ -9,16 +9,27 @@ from gateway.engine.errors import ConfigError
 from gateway.store.base import Store
 from gateway.store.crypto import BodyCipher
 from gateway.store.sqlite import SqliteStore
+from gateway.store.sqlite_connection import SharedDatabase
 
 
-def make_store(settings: StoreSettings, *, on_batch: Callable[[int], None] | None = None) -> Store:
-    """A not-yet-opened store for `store.url`."""
+def make_store(
+    settings: StoreSettings,
+    *,
+    on_batch: Callable[[int], None] | None = None,
+    shared: SharedDatabase | None = None,
+) -> Store:
+    """A not-yet-opened store for `store.url` (`shared`: as one worker of a gateway on
+    an SQLite file; PostgreSQL workers are replicas and need nothing)."""
     keys = [key.get_secret_value() for key in settings.encryption_keys]
     cipher = BodyCipher(keys) if keys else None
     path = settings.sqlite_path
     if path is not None:
         return SqliteStore(
-            path=path, busy_timeout=settings.busy_timeout, on_batch=on_batch, cipher=cipher
+            path=path,
+            busy_timeout=settings.busy_timeout,
+            on_batch=on_batch,
+            cipher=cipher,
+            shared=shared,
         )
     if settings.is_postgres:
         from gateway.store.postgres import PostgresStore  # asyncpg only when it is used

@@ -1,11 +1,18 @@
-"""The embedded SQLite store: one file, one gateway process, durable before forwarding.
+"""The embedded SQLite store: one file, one gateway, durable before forwarding.
 
 WAL with `synchronous=FULL`: a claim is on disk before the request goes
 upstream. All statements run on one writer thread that groups concurrent work
 into shared commits (`gateway.store.sqlite_thread`). A lock on the database
 file itself (`gateway.store.sqlite_lock`, by any path or link) enforces one
-gateway process per database; therefore, at start, every `in_flight` record
-left behind belongs to a dead process and becomes `unknown` at once.
+gateway per database; therefore, when the gateway starts, every `in_flight`
+record left behind belongs to a dead process and becomes `unknown` at once.
+
+A gateway with worker processes (`[server] workers`) is one gateway: its
+supervisor holds the lock, and each worker opens the file as a
+`SharedDatabase`, an owner with leases like a PostgreSQL replica, with its own
+group commits; SQLite's own locking orders the workers' transactions. Only the
+first worker turns what it finds in flight `unknown`; a dead worker's claims
+become `unknown` by its lease (or at once, when the supervisor restarts it).
 
 The store's clock is the gateway host's (`clock`, registered in SQL as
 `gateway_now()`): every time a record holds is written and compared on it.
@@ -50,9 +57,10 @@ from gateway.store.rows import (
     row_to_operation,
     seal_receipt,
 )
-from gateway.store.sqlite_connection import SqliteConnection
-from gateway.store.sqlite_schema import COLUMNS, migrate
+from gateway.store.sqlite_connection import SharedDatabase, SqliteConnection
+from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION, migrate
 from gateway.store.sqlite_statements import (
+    _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
     _RETURNING,
     _SELECT,
@@ -66,7 +74,7 @@ log = logging.getLogger("gateway.store.sqlite")
 
 
 class SqliteStore(SqliteConnection):
-    """`Store` on one SQLite file, for a single gateway process.
+    """`Store` on one SQLite file, for one gateway (one process, or its workers).
 
     >>> # store = SqliteStore(path=Path("data/gateway.db"), busy_timeout=5.0)
     >>> # await store.open(); ...; await store.close()
@@ -81,6 +89,7 @@ class SqliteStore(SqliteConnection):
         on_batch: Callable[[int], None] | None = None,
         cipher: BodyCipher | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        shared: SharedDatabase | None = None,
     ) -> None:
         super().__init__(
             path=path,
@@ -88,6 +97,7 @@ class SqliteStore(SqliteConnection):
             max_batch=max_batch,
             on_batch=on_batch,
             clock=clock,
+            shared=shared,
         )
         self._cipher = cipher
         self._secret: bytes | None = None
@@ -105,7 +115,9 @@ class SqliteStore(SqliteConnection):
             await self._writer.start()
             await self._writer.run(migrate, off_loop=True)
             self._secret = await self._writer.run(_load_or_create_secret)
-            self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
+            if self._shared is None or self._shared.first:
+                # This gateway holds the file: whatever is in flight, nobody sends.
+                self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
             self._reader = self._open_reader()
             if self.orphans_at_start:
                 log.warning(
@@ -126,10 +138,19 @@ class SqliteStore(SqliteConnection):
         self._release_process_lock()
 
     async def subscribe(self, on_settled: Callable[[str], None]) -> bool:
-        return False  # one process per file: outcomes are all signalled in memory
+        if self._shared is None or self._shared.signal is None:
+            return False  # one process per file: outcomes are all signalled in memory
+        self._shared.signal.listen(on_settled)
+        return True
 
     async def watch(self, operation_id: str) -> None:
-        return None  # every outcome is recorded, and signalled, in this process
+        if self._shared is None or self._shared.signal is None:
+            return  # every outcome is recorded, and signalled, in this process
+        await self._writer.run(
+            lambda c: c.execute(
+                "UPDATE operations SET watched = 1 WHERE id = ? AND NOT watched", (operation_id,)
+            )
+        )
 
     async def ping(self) -> None:
         await self._writer.run(lambda c: c.execute("SELECT version FROM schema_version").fetchone())
@@ -170,7 +191,7 @@ class SqliteStore(SqliteConnection):
                 "expires_at = ?, forgotten_at = ?, resolution_by = ?, resolution_at = ?, "
                 "resolution_note = ?, lease_owner = NULL, "
                 "updated_at = ?, version = version + 1 "
-                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_RETURNING}",
+                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
                 (
                     response.status,
                     receipt.headers,
@@ -200,7 +221,7 @@ class SqliteStore(SqliteConnection):
                 "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
                 "updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_RETURNING}",
+                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
                 (self._clock.time(), json.dumps(evidence.as_json()), operation_id, token),
             ).fetchone()
             return None if row is None else self._decode(row)
@@ -221,7 +242,7 @@ class SqliteStore(SqliteConnection):
                 "UPDATE operations SET state = 'released', lease_owner = NULL, "
                 "forgotten_at = ?, updated_at = ?, "
                 "version = version + 1, evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_RETURNING}",
+                f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
                 (
                     now + tombstone_seconds,
                     now,
@@ -380,14 +401,14 @@ class SqliteStore(SqliteConnection):
                 detail = "the lease expired before an outcome was recorded"
                 where, params = "state = 'in_flight' AND lease_expires_at <= ?", (now,)
             evidence = json.dumps(Evidence(at=now, source="lease", detail=detail).as_json())
-            cursor = c.execute(
+            expired = c.execute(
                 "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
                 "updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE {where}",
+                f"WHERE {where} RETURNING CASE WHEN watched THEN {SETTLED_FUNCTION}(id) END",
                 (now, evidence, *params),
-            )
-            return cursor.rowcount
+            ).fetchall()
+            return len(expired)
 
         return await self._writer.run(job, off_loop=everything)
 

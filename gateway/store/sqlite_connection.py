@@ -12,13 +12,30 @@ from __future__ import annotations
 import fcntl
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from gateway.engine.clock import Clock
 from gateway.engine.errors import StoreUnavailable
-from gateway.store.sqlite_schema import CLOCK_FUNCTION
+from gateway.store.base import SettledSignal
+from gateway.store.sqlite_schema import CLOCK_FUNCTION, SETTLED_FUNCTION
 from gateway.store.sqlite_thread import SqliteWriterThread
+
+
+@dataclass(frozen=True, slots=True)
+class SharedDatabase:
+    """How one worker process of a gateway shares the database file with the others.
+
+    The supervisor holds the gateway's lock on the file and passes its
+    descriptor down (`gateway.store.sqlite_lock.adopt_database_lock`).
+    """
+
+    lock_descriptor: int
+    first: bool
+    """The gateway's first worker, started alone: every `in_flight` record it finds
+    belongs to a process of an earlier gateway, now dead."""
+    signal: SettledSignal | None = None
 
 
 class SqliteConnection:
@@ -32,12 +49,19 @@ class SqliteConnection:
         max_batch: int,
         on_batch: Callable[[int], None] | None,
         clock: Clock,
+        shared: SharedDatabase | None = None,
     ) -> None:
         self.path = path
         self._clock = clock
         self._busy_timeout = busy_timeout
+        self._shared = shared
+        self._settled_pending: list[str] = []
         self._writer = SqliteWriterThread(
-            self._connect, busy_timeout=busy_timeout, max_batch=max_batch, on_batch=on_batch
+            self._connect,
+            busy_timeout=busy_timeout,
+            max_batch=max_batch,
+            on_batch=on_batch,
+            after_commit=self._publish_settled if shared and shared.signal else None,
         )
         self._lock_file: IO[bytes] | None = None
         self._reader: sqlite3.Connection | None = None
@@ -46,12 +70,20 @@ class SqliteConnection:
         """Lock the database file itself, so the lock holds by any path or link to it.
 
         See `gateway.store.sqlite_lock`: the descriptor stays open until
-        `_release_process_lock`, after the SQLite connections are closed.
+        `_release_process_lock`, after the SQLite connections are closed. A
+        worker checks the lock its supervisor holds for the whole gateway instead.
         """
-        from gateway.store.sqlite_lock import DatabaseFileInUse, lock_database_file
+        from gateway.store.sqlite_lock import (
+            DatabaseFileInUse,
+            adopt_database_lock,
+            lock_database_file,
+        )
 
         try:
-            self._lock_file = lock_database_file(self.path)
+            if self._shared is not None:
+                adopt_database_lock(self.path, self._shared.lock_descriptor)
+            else:
+                self._lock_file = lock_database_file(self.path)
         except DatabaseFileInUse as exc:
             raise StoreUnavailable(
                 f"{self.path} is in use by another gateway process (the database file "
@@ -84,7 +116,22 @@ class SqliteConnection:
         # redacted receipt leaves no bytes behind in the database file.
         connection.execute("PRAGMA secure_delete=ON")
         connection.create_function(CLOCK_FUNCTION, 0, self._clock.time)
+        connection.create_function(SETTLED_FUNCTION, 1, self._settled_pending.append)
         return connection
+
+    def _publish_settled(self) -> None:
+        """Tell the other workers which watched operations the last batch settled.
+
+        After the commit, so a woken waiter reads the outcome. A batch that was
+        rolled back may have noted some too: a waiter woken for nothing re-reads,
+        finds the operation still in flight, and waits again.
+        """
+        if not self._settled_pending or self._shared is None or self._shared.signal is None:
+            return
+        settled = list(self._settled_pending)
+        self._settled_pending.clear()  # the same list the SQL function appends to
+        for operation_id in settled:
+            self._shared.signal.publish(operation_id)
 
     def _open_reader(self) -> sqlite3.Connection:
         try:

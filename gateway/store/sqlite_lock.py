@@ -23,7 +23,12 @@ from typing import IO, TYPE_CHECKING
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["DatabaseFileInUse", "forget_database_file", "lock_database_file"]
+__all__ = [
+    "DatabaseFileInUse",
+    "adopt_database_lock",
+    "forget_database_file",
+    "lock_database_file",
+]
 
 _held: set[tuple[int, int]] = set()
 """(device, inode) of every database file a store in this process holds."""
@@ -60,6 +65,28 @@ def lock_database_file(path: Path) -> IO[bytes]:
         handle.close()
         raise
     return handle
+
+
+def adopt_database_lock(path: Path, descriptor: int) -> None:
+    """Check that `descriptor`, inherited from a supervisor, holds the lock on the file at `path`.
+
+    A gateway with worker processes holds one lock for all of them: the
+    supervisor takes it (`lock_database_file`) and each worker inherits the
+    descriptor, which shares the supervisor's open file description, and with
+    it the lock. Locking it again is therefore granted at once, and only to
+    the gateway that holds it: any other open of the file is refused. The
+    worker never unlocks or closes it (unlocking would free the file for a
+    second gateway while the other workers still write it).
+
+    Raises `DatabaseFileInUse` when the descriptor does not hold the lock, and
+    `OSError` when it is not the database file at `path`.
+    """
+    if _identity(os.fstat(descriptor)) != _identity(os.stat(path)):
+        raise OSError(f"the inherited lock descriptor {descriptor} is not the file {path}")
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise DatabaseFileInUse(str(path)) from exc
 
 
 def forget_database_file(handle: IO[bytes]) -> None:

@@ -11,7 +11,12 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+SETTLED_FUNCTION = "gateway_settled"
+"""An SQL function the writer connection registers: `gateway_settled(id)` notes that a
+watched operation's outcome is being written, to be signalled to other workers
+once the batch holding the write has committed."""
 
 CLOCK_FUNCTION = "gateway_now"
 """An SQL function every connection of the store registers: the store's clock (the
@@ -81,6 +86,10 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE operations ADD COLUMN storage TEXT NOT NULL DEFAULT 'plain'",
         "UPDATE operations SET storage = 'sealed' WHERE substr(response_body, 1, 4) = X'49474531'",
     ),
+    # Worker processes on one file: a worker waiting on a key another holds
+    # (`Prefer: wait`) marks the row, and outcome writes of marked rows wake it
+    # (`SETTLED_FUNCTION`). Unmarked rows cost nothing.
+    4: ("ALTER TABLE operations ADD COLUMN watched INTEGER NOT NULL DEFAULT 0",),
 }
 
 

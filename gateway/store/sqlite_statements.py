@@ -27,12 +27,19 @@ from gateway.engine.models import (
     State,
 )
 from gateway.store.rows import claim_changes, is_forgotten
-from gateway.store.sqlite_schema import COLUMNS
+from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION
 
 Decode = Callable[[Any], Operation]
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
 _RETURNING = f"RETURNING {', '.join(COLUMNS)}"
+_OUTCOME_RETURNING = f"{_RETURNING}, CASE WHEN watched THEN {SETTLED_FUNCTION}(id) END"
+"""Outcome writes return the row and note a watched one for waking other workers.
+
+The row's `watched` is read as this write updates it: SQLite serializes
+writers, so a `watch` that committed first is seen, and one that commits after
+is followed by the waiter's own re-read of the record."""
+
 _OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
 """Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its
 token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)

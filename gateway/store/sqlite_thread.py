@@ -75,13 +75,16 @@ class SqliteWriterThread:
         busy_timeout: float = 5.0,
         max_batch: int = 256,
         on_batch: Callable[[int], None] | None = None,
+        after_commit: Callable[[], None] | None = None,
     ) -> None:
+        """`after_commit` runs on the loop once each batch's jobs are resolved."""
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._connect = connect
         self._busy_timeout = busy_timeout
         self._max_batch = max_batch
         self._on_batch = on_batch
+        self._after_commit = after_commit
         self._queue: deque[_Pending[Any]] = deque()
         self._committing = False
         self._connection: sqlite3.Connection | None = None
@@ -223,6 +226,8 @@ class SqliteWriterThread:
                 item.future.set_result(item.result)
         if self._on_batch is not None:
             self._on_batch(len(batch))
+        if self._after_commit is not None:
+            self._after_commit()
         self._committing = False
         if self._queue:
             self._start_batch()
