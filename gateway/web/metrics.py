@@ -2,6 +2,9 @@
 
 Each application gets its own registry, so several gateways can live in one
 test process and nothing leaks through prometheus_client's global default.
+With worker processes (`PROMETHEUS_MULTIPROC_DIR` set when the worker starts) the
+values also go to the shared directory and `render()` shows every worker's sum
+(gateway/web/metrics_processes.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from prometheus_client import (
 )
 
 from gateway.engine.models import State
+from gateway.web.metrics_processes import aggregating_registry, claim_process, shared_directory
+
+# For the supervisor: `forget_dead_worker(pid, directory)` once a worker has been reaped.
+from gateway.web.metrics_processes import forget_dead_worker as forget_dead_worker
 
 # `_created` series double the output and no dashboard here uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
@@ -41,7 +48,7 @@ _LATENCY_BUCKETS = (
 
 
 class GatewayMetrics:
-    """All of the gateway's instruments, on one registry.
+    """All of the gateway's instruments, on one registry (one instance per worker process).
 
     >>> metrics = GatewayMetrics()
     >>> metrics.request("tickets", "replayed")
@@ -52,6 +59,9 @@ class GatewayMetrics:
     def __init__(self, *, version: str = "0") -> None:
         self._counted_at: float | None = None
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        shared = shared_directory()
+        if shared is not None:
+            claim_process()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -67,7 +77,12 @@ class GatewayMetrics:
             registry=r,
         )
         self.operations = Gauge(
-            PREFIX + "operations", "Stored operations by state.", ("state",), registry=r
+            PREFIX + "operations",
+            "Stored operations by state.",
+            ("state",),
+            # Workers count one shared store: the latest count is right, a sum of them is not.
+            multiprocess_mode="livemostrecent",
+            registry=r,
         )
         self.upstream_seconds = Histogram(
             PREFIX + "upstream_seconds",
@@ -139,6 +154,8 @@ class GatewayMetrics:
         self.ready = Gauge(
             PREFIX + "ready",
             "1 when the store answered the last readiness check, else 0.",
+            # 0 while any live worker is not ready; forget_dead_worker drops a dead one's value.
+            multiprocess_mode="livemin",
             registry=r,
         )
         self.request_seconds = Histogram(
@@ -150,6 +167,8 @@ class GatewayMetrics:
         )
         self.build = Info(PREFIX + "build", "Gateway build information.", registry=r)
         self.build.info({"version": version})
+        # What `render()` shows: this registry alone, or every worker's files when shared.
+        self._exposed = r if shared is None else aggregating_registry(shared, self.build)
 
     def request(self, route: str, outcome: str) -> None:
         self._child(self.requests, route, outcome).inc()
@@ -201,7 +220,7 @@ class GatewayMetrics:
         self.commit_batch.observe(batch_size)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, remembered: `labels()` takes a lock and builds keys
