@@ -34,7 +34,9 @@ from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
+from gateway.store.base import Store
 from gateway.store.factory import make_store
+from gateway.store.sqlite_connection import SharedDatabase
 from gateway.telemetry.web import TRACER, open_tracer, tracing_middlewares
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.admin_view import (
@@ -56,6 +58,7 @@ from gateway.web.appkeys import (
     SCOPES,
     SETTINGS,
     STORE,
+    WORKER,
 )
 from gateway.web.console_view import add_console_routes
 from gateway.web.dispatch import proxy
@@ -65,6 +68,7 @@ from gateway.web.openapi import openapi_json
 from gateway.web.operations_view import lookup, resolve
 from gateway.web.problems import problem_middleware
 from gateway.web.request_log import request_log_middleware
+from gateway.workers.role import RunningWorker
 
 log = logging.getLogger("gateway.app")
 
@@ -79,8 +83,8 @@ def instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def create_app(settings: Settings) -> web.Application:
-    """The gateway as an aiohttp application.
+def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> web.Application:
+    """The gateway as an aiohttp application (`worker`: as one of a gateway's workers).
 
     >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
     """
@@ -103,6 +107,8 @@ def create_app(settings: Settings) -> web.Application:
     app[MCP_HINTS] = ReadOnlyHints()
     app[MCP_CALLS_IN_FLIGHT] = {}
     app[BACKGROUND] = set()
+    if worker is not None:
+        app[WORKER] = worker
     app.cleanup_ctx.append(_services)
 
     app.router.add_get("/healthz", healthz)
@@ -124,14 +130,20 @@ def create_app(settings: Settings) -> web.Application:
 async def _services(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     metrics = app[METRICS]
-    store = make_store(settings.store, on_batch=metrics.commit)
+    worker = app.get(WORKER)
+    store = make_store(settings.store, on_batch=metrics.commit, shared=_shared_database(worker))
     await store.open()
+    # Open is a readiness check passed: with workers, the `ready` gauge is the least
+    # over live workers, and a worker no probe or scrape has reached yet is ready.
+    metrics.ready.set(1)
+    if worker is not None:
+        await _expire_dead_workers_claims(store, worker.role.dead_owners)
     tracer = open_tracer()
     forwarder = Forwarder(settings.routes, tracer=tracer)
     await forwarder.start()
     keeper = LeaseKeeper(
         store,
-        owner=instance_id(),
+        owner=instance_id() if worker is None else worker.role.owner,
         lease_seconds=settings.idempotency.lease,
         tombstone_seconds=settings.idempotency.tombstone_retention,
     )
@@ -173,6 +185,31 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         await forwarder.close()
         await store.close()
         await tracer.close()  # last: the drained calls' spans are flushed too
+
+
+def _shared_database(worker: RunningWorker | None) -> SharedDatabase | None:
+    """How this worker shares an SQLite file with the others (None: the file is its own)."""
+    if worker is None or worker.role.lock_descriptor is None:
+        return None
+    return SharedDatabase(
+        lock_descriptor=worker.role.lock_descriptor,
+        first=worker.role.first,
+        signal=worker.channel,
+    )
+
+
+async def _expire_dead_workers_claims(store: Store, owners: tuple[str, ...]) -> None:
+    """A replaced worker's claims turn `unknown` before its replacement serves: it may
+    have sent them, so they are never released, and nobody waits out their leases."""
+    for owner in owners:
+        expired = await store.expire_orphans(owner=owner)
+        if expired:
+            log.warning(
+                "%d in-flight operations of dead worker %s are now unknown",
+                expired,
+                owner,
+                extra={"event": "orphans", "count": expired},
+            )
 
 
 async def _drain(background: set[asyncio.Task[Any]]) -> None:

@@ -17,8 +17,11 @@ from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.metrics import GatewayMetrics
+from gateway.workers.role import RunningWorker
 
 SETTINGS = web.AppKey("settings", Settings)
+WORKER = web.AppKey("worker", RunningWorker)
+"""Set when this process is one of a gateway's workers (`gateway.workers`)."""
 STORE = web.AppKey("store", Store)
 ENGINE = web.AppKey("engine", IdempotencyEngine)
 FORWARDER = web.AppKey("forwarder", Forwarder)

@@ -21,6 +21,9 @@ from gateway.engine.errors import GatewayError
 from gateway.web.app import SHUTDOWN_GRACE, create_app
 from gateway.web.listeners import LISTENERS
 from gateway.web.logs import configure_logging
+from gateway.workers.channel import WorkerChannel
+from gateway.workers.role import RunningWorker, WorkerRole
+from gateway.workers.supervisor import WorkersFailed, supervise
 
 log = logging.getLogger("gateway.serve")
 
@@ -77,14 +80,26 @@ def make_runner(
     )
 
 
-async def start_sites(runner: web.AppRunner, settings: Settings) -> list[str]:
+async def start_sites(
+    runner: web.AppRunner, settings: Settings, *, reuse_port: bool = False
+) -> list[str]:
     """Listen on the main address (and the admin one, when the admin API is enabled);
-    return their URLs, the main one first."""
-    main = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True)
+    return their URLs, the main one first. `reuse_port`: as one of a gateway's
+    workers, on ports the supervisor holds (`gateway.workers.ports`)."""
+    server, admin_settings = settings.server, settings.admin
+    main = web.TCPSite(
+        runner, server.host, server.port, reuse_address=True, reuse_port=reuse_port or None
+    )
     await main.start()
     urls = [_url(runner.addresses[-1])]
-    if settings.admin.enabled:
-        admin = web.TCPSite(runner, settings.admin.host, settings.admin.port, reuse_address=True)
+    if admin_settings.enabled:
+        admin = web.TCPSite(
+            runner,
+            admin_settings.host,
+            admin_settings.port,
+            reuse_address=True,
+            reuse_port=reuse_port or None,
+        )
         await admin.start()
         address = runner.addresses[-1]
         runner.app[LISTENERS].admin_address = (str(address[0]), int(address[1]))
@@ -97,33 +112,46 @@ def _url(address: object) -> str:
     return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
 
 
-async def serve(settings: Settings) -> None:
-    """Serve until a termination signal arrives."""
-    runner = make_runner(create_app(settings), settings)
-    await runner.setup()
-    urls = await start_sites(runner, settings)
-    tune_garbage_collector()
-    print(f"idempotency gateway listening on {urls[0]}", flush=True)
-    if len(urls) > 1:
-        print(f"idempotency gateway admin listening on {urls[1]}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+async def serve(settings: Settings, *, worker: WorkerRole | None = None) -> None:
+    """Serve until a termination signal arrives (`worker`: as one of a gateway's workers,
+    which reports to its supervisor instead of announcing the address)."""
+    channel = None if worker is None else WorkerChannel(worker.channel_descriptor)
+    running = None if worker is None or channel is None else RunningWorker(worker, channel)
+    runner = make_runner(create_app(settings, worker=running), settings)
     try:
+        await runner.setup()
+        urls = await start_sites(runner, settings, reuse_port=worker is not None)
+        tune_garbage_collector()
+        if channel is not None:
+            channel.ready()
+        else:
+            print(f"idempotency gateway listening on {urls[0]}", flush=True)
+            if len(urls) > 1:
+                print(f"idempotency gateway admin listening on {urls[1]}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         log.info("shutting down: draining in-flight requests")
     finally:
         await runner.cleanup()
+        if channel is not None:
+            channel.close()
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, *, worker: WorkerRole | None = None) -> int:
+    """Serve in this process, or as a supervisor of `[server] workers` processes."""
     configure_logging(settings.logging)
     _use_uvloop()
     try:
-        asyncio.run(serve(settings))
-    except GatewayError as exc:
-        print(f"idempotency-gateway: cannot start: {exc.internal or exc.detail}", file=sys.stderr)
+        if worker is None and settings.server.workers > 1:
+            asyncio.run(supervise(settings))
+        else:
+            asyncio.run(serve(settings, worker=worker))
+    except (GatewayError, WorkersFailed) as exc:
+        detail = exc.internal or exc.detail if isinstance(exc, GatewayError) else str(exc)
+        print(f"idempotency-gateway: cannot start: {detail}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"idempotency-gateway: cannot listen: {exc}", file=sys.stderr)

@@ -1,0 +1,312 @@
+"""The supervisor: start N workers on one port and one store, restart the dead, drain on SIGTERM.
+
+What it holds, so that N processes are one gateway: the SQLite file's lock
+(a second gateway on the file is refused, whatever its workers), the ports
+(`gateway.workers.ports`), the metrics directory the workers write their
+samples to (prometheus-client's multiprocess mode), and one channel per worker
+(`gateway.workers.channel`). It runs no request and opens no store.
+
+The first worker starts alone: it migrates the schema and turns what an
+earlier gateway left in flight `unknown`; the others start once it listens. A
+worker that dies is restarted in its slot, and the replacement turns the dead
+one's claims `unknown` before it serves (never released: the dead worker may
+have sent them). Restarts of a worker that keeps dying back off up to
+`MAX_RESTART_DELAY`. On SIGTERM or SIGINT every worker gets SIGTERM and drains
+as a single-process gateway does (its calls in flight finish and their
+receipts are recorded); the supervisor exits once all have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import IO
+
+from gateway.config import Settings
+from gateway.web.app import SHUTDOWN_GRACE
+from gateway.web.metrics import forget_dead_worker
+from gateway.workers.channel import SupervisorEnd, pair
+from gateway.workers.ports import bound_port, reserve_port
+from gateway.workers.role import WorkerRole
+
+log = logging.getLogger("gateway.workers")
+
+METRICS_DIRECTORY_ENV = "PROMETHEUS_MULTIPROC_DIR"
+START_SECONDS = 60.0
+"""How long a worker may take to listen (migrations on a large file included)."""
+MAX_RESTART_DELAY = 5.0
+STABLE_SECONDS = 10.0
+"""A worker that lived this long is restarted at once; one that dies sooner backs off."""
+
+
+class WorkersFailed(Exception):
+    """A worker could not start; the gateway does not serve."""
+
+
+@dataclass
+class _Slot:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    channel: SupervisorEnd | None = None
+    owner: str = ""
+    started_at: float = 0.0
+    failures: int = 0
+    dead_owners: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    """Runs `settings.server.workers` worker processes until `stop()`.
+
+    >>> # supervisor = Supervisor(settings); urls = await supervisor.start(); ...
+    >>> # await supervisor.stop()
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._slots = [_Slot(index) for index in range(settings.server.workers)]
+        self._lock: IO[bytes] | None = None
+        self._ports: list[socket.socket] = []
+        self._metrics_directory = ""
+        self._worker_settings = settings
+        self._stopping = False
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> list[str]:
+        """Hold the file and the ports, start every worker; the URLs, main first."""
+        try:
+            self._hold_store()
+            urls = self._hold_ports()
+            self._metrics_directory = tempfile.mkdtemp(prefix="idempotency-gateway-metrics-")
+            await self._start_worker(self._slots[0], first=True)
+            await asyncio.gather(*(self._start_worker(slot) for slot in self._slots[1:]))
+        except BaseException:
+            await self.stop()
+            raise
+        return urls
+
+    async def stop(self) -> None:
+        """SIGTERM every worker and wait for each to drain (SIGKILL after the grace)."""
+        self._stopping = True
+        running = [
+            slot.process
+            for slot in self._slots
+            if slot.process is not None and slot.process.returncode is None
+        ]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        if running:
+            log.info("stopping %d workers: draining their calls in flight", len(running))
+            await asyncio.wait(
+                [asyncio.ensure_future(p.wait()) for p in running], timeout=SHUTDOWN_GRACE + 10
+            )
+            for process in running:
+                if process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                    await process.wait()
+        for task in self._watchers:
+            task.cancel()
+        for slot in self._slots:
+            if slot.channel is not None:
+                slot.channel.close()
+                slot.channel = None
+        for sock in self._ports:
+            sock.close()
+        self._ports.clear()
+        if self._metrics_directory:
+            shutil.rmtree(self._metrics_directory, ignore_errors=True)
+        self._release_store()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [
+            slot.process.pid
+            for slot in self._slots
+            if slot.process is not None and slot.process.returncode is None
+        ]
+
+    # -- what makes the workers one gateway -------------------------------------
+
+    def _hold_store(self) -> None:
+        path = self._settings.store.sqlite_path
+        if path is None:
+            return  # PostgreSQL: the workers are replicas, nothing to hold
+        from gateway.store.sqlite_lock import DatabaseFileInUse, lock_database_file
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock = lock_database_file(path)
+        except DatabaseFileInUse as exc:
+            raise WorkersFailed(
+                f"{path} is in use by another gateway process (the database file "
+                f"{path.resolve()} is locked); "
+                "SQLite serves one gateway: use PostgreSQL for replicas"
+            ) from exc
+        os.set_inheritable(self._lock.fileno(), True)
+
+    def _release_store(self) -> None:
+        if self._lock is not None:
+            from gateway.store.sqlite_lock import forget_database_file
+
+            forget_database_file(self._lock)
+            self._lock.close()  # the last descriptor of the lock: the file is free
+            self._lock = None
+
+    def _hold_ports(self) -> list[str]:
+        server, admin = self._settings.server, self._settings.admin
+        main = reserve_port(server.host, server.port)
+        self._ports.append(main)
+        updates: dict[str, object] = {
+            "server": server.model_copy(update={"port": bound_port(main)})
+        }
+        urls = [_url(server.host, bound_port(main))]
+        if admin.enabled:
+            admin_socket = reserve_port(admin.host, admin.port)
+            self._ports.append(admin_socket)
+            updates["admin"] = admin.model_copy(update={"port": bound_port(admin_socket)})
+            urls.append(_url(admin.host, bound_port(admin_socket)))
+        self._worker_settings = self._settings.model_copy(update=updates)
+        return urls
+
+    # -- one worker ---------------------------------------------------------------
+
+    async def _start_worker(self, slot: _Slot, *, first: bool = False) -> None:
+        supervisor_end, worker_end = pair()
+        slot.owner = f"{socket.gethostname()}:{os.getpid()}:w{slot.index}:{uuid.uuid4().hex[:8]}"
+        role = WorkerRole(
+            index=slot.index,
+            owner=slot.owner,
+            supervisor_pid=os.getpid(),
+            channel_descriptor=worker_end.fileno(),
+            lock_descriptor=None if self._lock is None else self._lock.fileno(),
+            first=first,
+            dead_owners=tuple(slot.dead_owners),
+        )
+        settings = self._worker_settings
+        if slot.started_at:
+            # A test-only fault fires in the workers that start with the gateway, never
+            # again in a replacement: a crash test's restarted worker must serve.
+            settings = settings.model_copy(
+                update={"testing": settings.testing.model_copy(update={"fault": None})}
+            )
+        inherited = [worker_end.fileno(), *([] if self._lock is None else [self._lock.fileno()])]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway.workers.child",
+                stdin=asyncio.subprocess.PIPE,
+                pass_fds=inherited,
+                env={**os.environ, METRICS_DIRECTORY_ENV: self._metrics_directory},
+            )
+        finally:
+            worker_end.close()
+        slot.process = process
+        slot.started_at = time.monotonic()
+        slot.channel = SupervisorEnd(supervisor_end, self._relay)
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps((settings, role)))
+        await process.stdin.drain()
+        process.stdin.close()
+        exited = asyncio.ensure_future(process.wait())
+        done, _ = await asyncio.wait(
+            [slot.channel.ready, exited], timeout=START_SECONDS, return_when="FIRST_COMPLETED"
+        )
+        if slot.channel.ready not in done:
+            if not exited.done():
+                process.kill()
+                await process.wait()
+            raise WorkersFailed(
+                f"worker {slot.index} did not start (exit code {process.returncode})"
+            )
+        slot.dead_owners.clear()
+        watcher = asyncio.create_task(
+            self._watch(slot, process, exited), name=f"worker-{slot.index}"
+        )
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(
+        self, slot: _Slot, process: asyncio.subprocess.Process, exited: asyncio.Future[int]
+    ) -> None:
+        code = await exited
+        if self._stopping:
+            return
+        forget_dead_worker(process.pid, self._metrics_directory)
+        lived = time.monotonic() - slot.started_at
+        slot.failures = 0 if lived >= STABLE_SECONDS else slot.failures + 1
+        delay = (
+            0.0 if slot.failures <= 1 else min(0.1 * 2 ** (slot.failures - 1), MAX_RESTART_DELAY)
+        )
+        log.warning(
+            "worker %d (pid %d) died (%s); its calls in flight turn unknown; restarting%s",
+            slot.index,
+            process.pid,
+            _exit_reason(code),
+            f" in {delay:.1f}s" if delay else "",
+            extra={"event": "worker_died", "worker": slot.index, "pid": process.pid},
+        )
+        if slot.channel is not None:
+            slot.channel.close()
+            slot.channel = None
+        slot.dead_owners.append(slot.owner)
+        while not self._stopping:
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            try:
+                await self._start_worker(slot)
+                return
+            except WorkersFailed as exc:
+                slot.failures += 1
+                delay = min(0.1 * 2 ** (slot.failures - 1), MAX_RESTART_DELAY)
+                log.error("restarting worker %d failed: %s; again in %.1fs", slot.index, exc, delay)
+
+    def _relay(self, source: SupervisorEnd, datagram: bytes) -> None:
+        for slot in self._slots:
+            if slot.channel is not None and slot.channel is not source:
+                slot.channel.send(datagram)
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def supervise(settings: Settings) -> None:
+    """Serve with workers until SIGTERM or SIGINT; the same lines as one process prints."""
+    supervisor = Supervisor(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    urls = await supervisor.start()
+    try:
+        print(f"idempotency gateway listening on {urls[0]}", flush=True)
+        if len(urls) > 1:
+            print(f"idempotency gateway admin listening on {urls[1]}", flush=True)
+        log.info(
+            "serving with %d workers",
+            len(supervisor.worker_pids),
+            extra={"event": "workers_started", "pids": supervisor.worker_pids},
+        )
+        await stop.wait()
+    finally:
+        await supervisor.stop()

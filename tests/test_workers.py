@@ -1,0 +1,229 @@
+"""A gateway with worker processes (`[server] workers = 2`), as production runs it.
+
+One supervisor, two workers on one port and one SQLite file. What must hold is
+what holds for one process: one effect per key whichever worker each request
+reaches, `unknown` (never released, never resent) for the calls of a worker
+killed mid-call, every receipt recorded when the gateway drains, and one
+gateway per database file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+from harness import GatewayProcess, spawn
+from upstream import CountingUpstream
+from worker_processes import connections, is_running, wait_for_workers, worker_pids
+
+pytestmark = pytest.mark.slow
+
+WORKERS = {"server": {"workers": 2}}
+ISSUES = "/tickets/v1/issues"
+
+
+def port_of(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None
+    return port
+
+
+def supervisor_pid(gateway: GatewayProcess) -> int:
+    assert gateway.process is not None
+    return gateway.process.pid
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, key: str, *, query: str = "", wait: float = 0
+) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    if wait:
+        headers["Prefer"] = f"wait={wait:g}"
+    async with session.post(
+        f"{url}{ISSUES}{query}", data=json.dumps({"key": key}).encode(), headers=headers
+    ) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+async def state_of(session: aiohttp.ClientSession, url: str, key: str) -> dict[str, object]:
+    async with session.get(f"{url}/operations/{key}") as response:
+        assert response.status == 200, await response.text()
+        body: dict[str, object] = await response.json()
+        return body
+
+
+async def settled_state(
+    session: aiohttp.ClientSession, url: str, key: str, *, seconds: float
+) -> dict[str, object]:
+    """The operation once it is no longer in flight, polled for at most `seconds`."""
+    async with asyncio.timeout(seconds):
+        while True:
+            operation = await state_of(session, url, key)
+            if operation["state"] != "in_flight":
+                return operation
+            await asyncio.sleep(0.05)
+
+
+def fresh_connections() -> aiohttp.ClientSession:
+    """A session whose requests each open a connection, so SO_REUSEPORT spreads them."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=0))
+
+
+async def test_a_storm_of_one_key_against_two_workers_makes_one_effect(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """80 requests with one key, held open on both workers at once, forward it once."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    workers = worker_pids(supervisor_pid(gateway))
+    assert len(workers) == 2
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        answers = await asyncio.gather(
+            *(post(session, gateway.url, "storm", query="?delay=0.5") for _ in range(80))
+        )
+        # Every request had its own connection (all were in flight together); each
+        # worker accepted some of them.
+        held = [connections(pid, local_port=port_of(gateway.url)) for pid in workers]
+        statuses = Counter(status for status, _, _ in answers)
+        assert statuses[201] + statuses[409] == 80, statuses
+        first_answers = [h for s, h, _ in answers if s == 201 and "Idempotent-Replayed" not in h]
+        assert len(first_answers) == 1
+        replay = await post(session, gateway.url, "storm", query="?delay=0.5")
+    assert all(count > 0 for count in held), held
+    assert replay[0] == 201
+    assert replay[1]["Idempotent-Replayed"] == "true"
+    assert upstream.count == 1
+
+
+async def test_100_keys_three_times_each_across_workers_make_100_effects(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Claims of many keys from both workers at once interleave in one file: one effect each."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    async with fresh_connections() as session:
+        answers = await asyncio.gather(
+            *(post(session, gateway.url, f"k{n}") for n in range(100) for _ in range(3))
+        )
+        assert {status for status, _, _ in answers} <= {201, 409}
+        replays = await asyncio.gather(*(post(session, gateway.url, f"k{n}") for n in range(100)))
+    assert all(s == 201 and h["Idempotent-Replayed"] == "true" for s, h, _ in replays)
+    assert upstream.count == 100
+    assert sorted(Counter(effect.key for effect in upstream.effects).values()) == [1] * 100
+
+
+async def test_kill_9_of_a_worker_mid_call_leaves_unknown_and_the_supervisor_restarts_it(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """The worker that sent a call dies by SIGKILL before the answer: its operation turns
+    unknown at once (the lease is 30 s), a new worker takes its place, nothing is resent."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    supervisor = supervisor_pid(gateway)
+    before = worker_pids(supervisor)
+    async with aiohttp.ClientSession() as session:
+        call = asyncio.create_task(post(session, gateway.url, "killed", query="?delay=3"))
+        await upstream.wait_for_count(1, seconds=10)
+        upstream_port = port_of(upstream.url)
+        (sender,) = [pid for pid in before if connections(pid, remote_port=upstream_port)]
+        os.kill(sender, signal.SIGKILL)
+        with pytest.raises(aiohttp.ClientError):
+            await call
+        after = await wait_for_workers(supervisor, 2, besides={sender})
+        assert set(before) - {sender} <= set(after)
+
+        # The replacement turns the dead worker's claims unknown before it listens; the
+        # lease (30 s) is far off, so nothing else can have done it within this wait.
+        operation = await settled_state(session, gateway.url, "killed", seconds=10)
+        assert operation["state"] == "unknown"
+        assert operation["safe_to_retry"] is False
+        evidence = operation["evidence"]
+        assert isinstance(evidence, list)
+        assert any("is gone" in item["detail"] for item in evidence), evidence
+        for _ in range(4):  # whichever worker each retry reaches
+            status, headers, body = await post(session, gateway.url, "killed", query="?delay=3")
+            assert status == 409, body
+            assert headers["Idempotency-Status"] == "unknown"
+    await asyncio.sleep(3.2)  # the upstream's call would have ended by now
+    assert upstream.count == 1
+
+
+async def test_sigterm_drains_calls_in_flight_on_every_worker(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """SIGTERM while both workers wait on upstream calls: every caller gets its answer,
+    every receipt is recorded, and the gateway exits 0."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    workers = worker_pids(supervisor_pid(gateway))
+    async with fresh_connections() as session:
+        calls = [
+            asyncio.create_task(post(session, gateway.url, f"drain-{n}", query="?delay=1.5"))
+            for n in range(16)
+        ]
+        await upstream.wait_for_count(16, seconds=10)
+        upstream_port = port_of(upstream.url)
+        assert all(connections(pid, remote_port=upstream_port) > 0 for pid in workers)
+        assert gateway.process is not None
+        gateway.process.send_signal(signal.SIGTERM)
+        answers = await asyncio.gather(*calls)
+    assert [status for status, _, _ in answers] == [201] * 16
+    assert await asyncio.to_thread(gateway.process.wait, 30) == 0
+    assert not any(is_running(pid) for pid in workers)
+
+    restarted = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    async with aiohttp.ClientSession() as session:
+        for n in range(16):
+            assert (await state_of(session, restarted.url, f"drain-{n}"))["state"] == "completed"
+            status, headers, _ = await post(
+                session, restarted.url, f"drain-{n}", query="?delay=1.5"
+            )
+            assert status == 201
+            assert headers["Idempotent-Replayed"] == "true"
+    assert upstream.count == 16
+
+
+async def test_one_gateway_per_database_file_whatever_its_workers(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A gateway with workers holds the file: a second gateway, with or without workers,
+    is refused, also through a symbolic link; once the first stops, the file is free."""
+    first = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    with pytest.raises(RuntimeError, match="in use by another gateway"):
+        spawn(processes, tmp_path, upstream.url, name="single")
+    with pytest.raises(RuntimeError, match="in use by another gateway"):
+        spawn(processes, tmp_path, upstream.url, name="workers", **WORKERS)
+    link = tmp_path / "link.db"
+    link.symlink_to(tmp_path / "gateway.db")
+    with pytest.raises(RuntimeError, match="in use by another gateway"):
+        spawn(processes, tmp_path, upstream.url, name="link", store={"url": f"sqlite:///{link}"})
+    first.stop()
+    spawn(processes, tmp_path, upstream.url, name="after")
+
+
+async def test_a_waiting_retry_is_woken_by_the_other_workers_receipt(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """`Prefer: wait` on a key the other worker holds ends with the receipt: every waiter,
+    on either worker, gets the replay, and the upstream sees the call once."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    workers = worker_pids(supervisor_pid(gateway))
+    async with fresh_connections() as session:
+        first = asyncio.create_task(post(session, gateway.url, "waited", query="?delay=1"))
+        await upstream.wait_for_count(1, seconds=10)
+        waiters = [
+            asyncio.create_task(post(session, gateway.url, "waited", query="?delay=1", wait=20))
+            for _ in range(12)
+        ]
+        await asyncio.sleep(0.3)
+        held = [connections(pid, local_port=port_of(gateway.url)) for pid in workers]
+        answers = await asyncio.gather(first, *waiters)
+    assert all(count > 0 for count in held), held  # waiters on both workers
+    assert [status for status, _, _ in answers] == [201] * 13
+    assert all(h.get("Idempotent-Replayed") == "true" for _, h, _ in answers[1:])
+    assert len({body for _, _, body in answers}) == 1
+    assert upstream.count == 1

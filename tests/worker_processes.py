@@ -1,0 +1,63 @@
+"""What a test can see of a gateway's worker processes, from /proc: who they are, and
+which of them holds which connection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+
+def worker_pids(supervisor_pid: int) -> list[int]:
+    """The supervisor's children, i.e. its workers, in start order."""
+    children = Path(f"/proc/{supervisor_pid}/task/{supervisor_pid}/children").read_text()
+    return sorted(int(pid) for pid in children.split())
+
+
+async def wait_for_workers(
+    supervisor_pid: int, count: int, *, besides: set[int] = frozenset(), seconds: float = 15.0
+) -> list[int]:
+    """Wait until `count` workers run, none of them in `besides` (dead or replaced ones)."""
+    async with asyncio.timeout(seconds):
+        while True:
+            pids = [pid for pid in worker_pids(supervisor_pid) if pid not in besides]
+            if len(pids) == count:
+                return pids
+            await asyncio.sleep(0.05)
+
+
+def is_running(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def connections(pid: int, *, local_port: int | None = None, remote_port: int | None = None) -> int:
+    """How many established TCP connections process `pid` holds with that local or remote port."""
+    inodes = _socket_inodes(pid)
+    count = 0
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if state != "01" or inode not in inodes:  # 01: ESTABLISHED
+                continue
+            if local_port is not None and int(local.rsplit(":", 1)[1], 16) != local_port:
+                continue
+            if remote_port is not None and int(remote.rsplit(":", 1)[1], 16) != remote_port:
+                continue
+            count += 1
+    return count
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
