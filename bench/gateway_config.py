@@ -5,7 +5,9 @@ Built through the gateway's own `Settings` model and written back with
 any server starts, naming the key. One route: "tickets" at `/tickets` in
 front of the tool API, or for the MCP rows "tools" at `/tools` (`kind = "mcp"`)
 in front of the MCP server; everything else is the production default (24 h
-retention, 60 s sweep, no quotas) because that is what operators run.
+retention, 60 s sweep, no quotas, one serving process) because that is what
+operators run. `workers` sets `[server] workers` for the worker-process rows
+(`bench.worker_rows`).
 """
 
 from __future__ import annotations
@@ -35,17 +37,23 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 def write_gateway_config(
-    path: Path, *, upstream: str, store_url: str, log_level: LogLevel = "warning"
+    path: Path,
+    *,
+    upstream: str,
+    store_url: str,
+    log_level: LogLevel = "warning",
+    workers: int = 1,
 ) -> Path:
     """Write a config for a gateway on 127.0.0.1, OS-chosen port, and return `path`.
 
     `log_level="info"` turns on the JSON access log (one line a request), whose
-    cost the benchmark reports separately.
+    cost the benchmark reports separately. `workers` above 1 runs a supervisor
+    and that many worker processes on the one port (`[server] workers`).
 
     >>> # write_gateway_config(tmp / "gw.toml", upstream=api.url, store_url="sqlite:////tmp/g.db")
     """
     route = {"name": "tickets", "prefix": ROUTE_PREFIX, "upstream": upstream, "timeout": "10s"}
-    return _write(path, route, store_url, log_level)
+    return _write(path, route, store_url, log_level, workers=workers)
 
 
 def write_mcp_gateway_config(
@@ -67,10 +75,17 @@ def write_mcp_gateway_config(
     return _write(path, route, store_url, log_level)
 
 
-def _write(path: Path, route: Mapping[str, object], store_url: str, log_level: LogLevel) -> Path:
+def _write(
+    path: Path,
+    route: Mapping[str, object],
+    store_url: str,
+    log_level: LogLevel,
+    *,
+    workers: int = 1,
+) -> Path:
     settings = Settings.model_validate(
         {
-            "server": {"host": "127.0.0.1", "port": 0},
+            "server": {"host": "127.0.0.1", "port": 0, "workers": workers},
             "store": {"url": store_url},
             "routes": [route],
             "logging": {"level": log_level, "format": "json"},

@@ -6,7 +6,9 @@ responses). Only the `duration` window after the warm-up is measured. It runs
 as a separate process (`run_load` starts `python -m bench.loadgen`) so the
 server under test is never charged for the client's CPU, and it reads the
 server's CPU time from /proc at the edges of the measured window itself, so
-its own start-up and the replay warm-up are never charged either.
+its own start-up and the replay warm-up are never charged either. With
+`cpu_tree` a server is the process and all its descendants (a supervisor and
+its workers), summed (`bench.procstat.tree_cpu`).
 
 It is built on aiohttp so that the benchmark runs anywhere the project
 does; when `wrk` is installed, `LoadSpec(client="wrk")` makes `run_load`
@@ -47,18 +49,19 @@ import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal, get_args
 
 import aiohttp
 
 from bench.prefill import fill_key
-from bench.procstat import cpu_seconds
+from bench.procstat import cpu_seconds, tree_cpu, tree_cpu_delta
 
 __all__ = [
     "CLIENTS",
     "Client",
+    "CpuSample",
     "KeyMode",
     "LoadResult",
     "LoadSpec",
@@ -66,6 +69,8 @@ __all__ = [
     "json_body",
     "main",
     "run_load",
+    "sample_server_cpu",
+    "server_cpu_since",
     "start_load",
     "warm_replay_keys",
 ]
@@ -116,6 +121,8 @@ class LoadSpec:
     """How many pre-filled keys exist (`fill_key(0..n-1)`), for `lookup`."""
     cpu_pids: tuple[int, ...] = ()
     """Processes whose CPU time the result reports, measured over the window."""
+    cpu_tree: bool = False
+    """Charge each of `cpu_pids` its descendants' CPU too (a supervisor and its workers)."""
     client: Client = "aiohttp"
     """The generator `run_load` uses; `start_load` (the soak's sampler) is aiohttp only."""
 
@@ -152,6 +159,8 @@ class LoadSpec:
             args += ["--requests", str(self.requests)]
         for pid in self.cpu_pids:
             args += ["--cpu-pid", str(pid)]
+        if self.cpu_tree:
+            args.append("--cpu-tree")
         return args
 
 
@@ -177,6 +186,9 @@ class LoadResult:
     server_cpu: dict[str, float] = field(default_factory=dict)
     """CPU seconds over the window, by pid (as a string: JSON keys)."""
     statuses: dict[str, int] = field(default_factory=dict)
+    server_processes: dict[str, int] = field(default_factory=dict)
+    """Processes alive in each server's tree at the window's end, by pid (1 without
+    `cpu_tree`): says whether a multi-process server really ran several."""
 
     @property
     def throughput(self) -> float:
@@ -191,6 +203,26 @@ class LoadResult:
     def client_bound(self) -> bool:
         """The generator was busy most of the window: the server may have had more to give."""
         return self.client_cpu >= 0.9 * self.seconds
+
+
+CpuSample = dict[int, dict[int, float]]
+"""CPU seconds so far, by server pid, then by pid in that server's tree."""
+
+
+def sample_server_cpu(spec: LoadSpec) -> CpuSample:
+    """The CPU time of `spec.cpu_pids` now (of their whole trees with `spec.cpu_tree`)."""
+    if spec.cpu_tree:
+        return {pid: tree_cpu(pid) for pid in spec.cpu_pids}
+    return {pid: {pid: cpu_seconds(pid)} for pid in spec.cpu_pids}
+
+
+def server_cpu_since(
+    spec: LoadSpec, before: Mapping[int, Mapping[int, float]]
+) -> tuple[dict[str, float], dict[str, int]]:
+    """CPU seconds each server used since `before`, and its processes now (JSON-keyed)."""
+    after = sample_server_cpu(spec)
+    used = {str(pid): tree_cpu_delta(before[pid], tree) for pid, tree in after.items()}
+    return used, {str(pid): len(tree) for pid, tree in after.items()}
 
 
 def run_load(spec: LoadSpec) -> LoadResult:
@@ -313,16 +345,17 @@ class _Generator:
                 await asyncio.gather(*workers, return_exceptions=True)
 
     async def _measure(self) -> LoadResult:
-        window, pids = self.window, self.spec.cpu_pids
+        window = self.window
         await asyncio.sleep(self.spec.warmup)
+        # Read before the clock starts: a tree's /proc scan takes milliseconds.
+        servers_before = sample_server_cpu(self.spec)
         started, client_before = time.perf_counter(), time.process_time()
-        servers_before = {pid: cpu_seconds(pid) for pid in pids}
         window.measuring = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(window.enough.wait(), self.spec.duration)
         window.stopping = True
         elapsed, client_cpu = time.perf_counter() - started, time.process_time() - client_before
-        server_cpu = {str(pid): cpu_seconds(pid) - servers_before[pid] for pid in pids}
+        server_cpu, server_processes = server_cpu_since(self.spec, servers_before)
         latencies = sorted(window.latencies)
         statuses = window.statuses
         ok = sum(n for status, n in statuses.items() if 200 <= status < 300)
@@ -339,6 +372,7 @@ class _Generator:
             client_cpu=client_cpu,
             server_cpu=server_cpu,
             statuses={str(status): n for status, n in sorted(statuses.items())},
+            server_processes=server_processes,
         )
 
     async def _worker(self, session: aiohttp.ClientSession) -> None:
@@ -440,6 +474,11 @@ def _parser() -> argparse.ArgumentParser:
         "--cpu-pid", type=int, action="append", default=[], help="report this pid's CPU"
     )
     parser.add_argument(
+        "--cpu-tree",
+        action="store_true",
+        help="charge each --cpu-pid its descendants' CPU too (a supervisor and its workers)",
+    )
+    parser.add_argument(
         "--client", choices=CLIENTS, default="aiohttp", help="generator (default aiohttp)"
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -461,6 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         replay_keys=args.replay_keys,
         lookup_keys=args.lookup_keys,
         cpu_pids=tuple(args.cpu_pid),
+        cpu_tree=args.cpu_tree,
         client=args.client,
     )
     if spec.client == "wrk":
@@ -480,8 +520,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for pid, seconds in result.server_cpu.items():
             share = seconds / result.seconds
+            processes = result.server_processes.get(pid, 1)
+            tree = f" (tree of {processes} processes)" if processes > 1 else ""
             print(
-                f"pid {pid}: {share:.0%} CPU, {result.cpu_us_per_request(int(pid)):.0f} us/request"
+                f"pid {pid}{tree}: {share:.0%} CPU, "
+                f"{result.cpu_us_per_request(int(pid)):.0f} us/request"
             )
     return 0
 

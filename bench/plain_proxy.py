@@ -5,17 +5,37 @@ the fair yardstick for "its own work" is this proxy, measured in the same run:
 one shared `ClientSession`, read the whole body, forward it, return status,
 headers and body. No streaming, no retries, no routing, no logging.
 
+`--processes N` (N > 1) is the yardstick for a gateway with `[server]
+workers = N`: this process becomes a supervisor that binds the port (so port
+0 resolves to a real port), starts N children that each listen on that same
+host:port with SO_REUSEPORT and share nothing else (the kernel spreads the
+connections), and serves nothing itself, as the gateway's supervisor does.
+The process tree is N + 1 processes, the parent idle. Its socket is only
+bound, never listening, so the kernel gives it no connections, yet it holds
+the port. The children get SIGTERM when it dies (PR_SET_PDEATHSIG, even on
+SIGKILL); on SIGTERM or SIGINT it stops them and waits for them; if one dies
+it stops the others and exits 1. It prints its one "listening on" line only
+once every child has printed its own.
+
 Run it with::
 
     python -m bench.plain_proxy --port 0 --upstream http://127.0.0.1:9000
+    python -m bench.plain_proxy --port 0 --upstream http://127.0.0.1:9000 --processes 2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import os
+import select
 import signal
-from collections.abc import AsyncIterator, Sequence
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -36,6 +56,14 @@ HOP_BY_HOP = frozenset(
     }
 )
 """Headers that describe one hop, not the message: never copied across the proxy."""
+
+_PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal this process gets when its parent dies (linux/prctl.h)."""
+_START_TIMEOUT = 30.0
+"""Seconds every child has to print its "listening on" line."""
+_STOP_GRACE = 15.0
+"""Seconds the children get to drain after SIGTERM (less than `bench.processes`' 20)."""
+_SUPERVISOR_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGCHLD})
 
 UPSTREAM = web.AppKey("upstream", str)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
@@ -77,11 +105,11 @@ async def _forward(request: web.Request) -> web.Response:
         return web.Response(status=upstream.status, headers=reply_headers, body=payload)
 
 
-async def _serve(host: str, port: int, upstream: str) -> None:
+async def _serve(host: str, port: int, upstream: str, *, reuse_port: bool) -> None:
     runner = web.AppRunner(create_app(upstream), access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
         bound_host, bound_port = runner.addresses[0][:2]
         print(f"plain proxy listening on http://{bound_host}:{bound_port}", flush=True)
         stop = asyncio.Event()
@@ -91,6 +119,98 @@ async def _serve(host: str, port: int, upstream: str) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+def _supervise(host: str, port: int, upstream: str, count: int) -> int:
+    """Bind the port, serve it with `count` children, wait for a signal; the exit status."""
+    # Blocked from the start, so a signal that comes while the children start
+    # is kept pending for sigwaitinfo below instead of killing this process
+    # (and with it, through PR_SET_PDEATHSIG, the children) half-way.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SUPERVISOR_SIGNALS)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    children: list[subprocess.Popen[str]] = []
+    with socket.socket(family, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind((host, port))
+        bound_host, bound_port = holder.getsockname()[:2]
+        argv = [
+            sys.executable, "-m", "bench.plain_proxy",
+            "--host", bound_host,
+            "--port", str(bound_port),
+            "--upstream", upstream,
+            "--reuse-port",
+        ]  # fmt: skip
+        try:
+            for _ in range(count):
+                children.append(
+                    subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        # Safe here: this process runs no threads.
+                        preexec_fn=_child_setup(os.getpid()),
+                    )
+                )
+            _await_listening(children)
+            shown = f"[{bound_host}]" if family == socket.AF_INET6 else bound_host
+            print(
+                f"plain proxy ({count} processes) listening on http://{shown}:{bound_port}",
+                flush=True,
+            )
+            while True:
+                signum = signal.sigwaitinfo(_SUPERVISOR_SIGNALS).si_signo
+                if signum != signal.SIGCHLD:
+                    return 0
+                dead = [child for child in children if child.poll() is not None]
+                if dead:
+                    codes = ", ".join(f"pid {c.pid}: {c.returncode}" for c in dead)
+                    print(f"plain proxy: a child exited ({codes}); stopping", file=sys.stderr)
+                    return 1
+        finally:
+            _stop(children)
+
+
+def _child_setup(parent: int) -> Callable[[], None]:
+    """What each child runs between fork and exec: unblock signals, die with `parent`."""
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
+
+    def setup() -> None:
+        # The signal mask survives exec: the child's asyncio handlers need these delivered.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SUPERVISOR_SIGNALS)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before prctl: no signal will come
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+def _await_listening(children: Sequence[subprocess.Popen[str]]) -> None:
+    """Return once every child has printed its "listening on" line; raise if one did not."""
+    deadline = time.monotonic() + _START_TIMEOUT
+    for child in children:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = child.stdout.readline() if ready else ""
+        if "listening on http://" not in line:
+            raise RuntimeError(f"plain proxy child {child.pid} did not start: {line!r}")
+
+
+def _stop(children: Sequence[subprocess.Popen[str]]) -> None:
+    """SIGTERM every child still running, wait for them to drain, SIGKILL the late."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + _STOP_GRACE
+    for child in children:
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 def _use_uvloop() -> None:
@@ -110,9 +230,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port; 0 lets the OS choose")
     parser.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:9000")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="serving processes on the one port (default 1: this one); above 1, this "
+        "process supervises that many children listening with SO_REUSEPORT",
+    )
+    # A child of --processes N: listen with SO_REUSEPORT beside its siblings.
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.processes < 1:
+        parser.error("--processes: expected 1 or more")
+    if args.processes > 1:
+        return _supervise(args.host, args.port, args.upstream, args.processes)
     _use_uvloop()
-    asyncio.run(_serve(args.host, args.port, args.upstream))
+    asyncio.run(_serve(args.host, args.port, args.upstream, reuse_port=args.reuse_port))
     return 0
 
 

@@ -5,6 +5,11 @@ the store-scale run; the whole run stays well under 10 minutes on 2 cores.
 Quick: c=8, 2 s a row, 10k stored operations and no PostgreSQL, so the smoke
 test finishes in well under its 90 s budget.
 
+The worker-process rows (`bench.worker_rows`: the plain proxy and the
+gateway's miss path as 1 and as 2 processes on one port) run at the HTTP
+rows' concurrency and duration, in both plans: 4 rows, about 45 s full and
+under 6 s quick, server start-ups included.
+
 The MCP rows (`bench.mcp_rows`) run at c=1 and c=16 whatever the HTTP rows'
 concurrency: full, three answer forms at the HTTP rows' duration, plus the
 gateway's key-less pass-through; quick, the JSON form only, 1 s a row.
@@ -45,6 +50,10 @@ class Plan:
     """Measured seconds of every MCP row (None: `duration`)."""
     mcp_pass_through: bool = True
     """Also run the first MCP form through the gateway without keys (the hop alone)."""
+    worker_counts: tuple[int, ...] = (1, 2)
+    """Serving processes of the worker-process rows (`bench.worker_rows`): the plain
+    proxy and the gateway's miss path with each; empty: no such rows. 1 is the
+    baseline of their "vs 1 process" ratios."""
 
     def spec(
         self,
@@ -55,8 +64,9 @@ class Plan:
         concurrency: int | None = None,
         method: str = "POST",
         lookup_keys: int = 0,
+        cpu_tree: bool = False,
     ) -> LoadSpec:
-        """A load for one row of this plan."""
+        """A load for one row of this plan (`cpu_tree`: charge `pids`' descendants too)."""
         return LoadSpec(
             url=url,
             mode=mode,
@@ -67,6 +77,7 @@ class Plan:
             replay_keys=self.replay_keys,
             lookup_keys=lookup_keys,
             cpu_pids=pids,
+            cpu_tree=cpu_tree,
             client=self.client,
         )
 

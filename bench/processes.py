@@ -2,7 +2,10 @@
 
 Each server runs in its own process so that its CPU time can be read from
 /proc without the load generator's, and so that the gateway runs exactly as
-production runs it (`python -m gateway serve`). Every server prints one
+production runs it (`python -m gateway serve`). A multi-process server (a
+gateway with `workers` above 1, `bench.plain_proxy --processes`) is a
+supervisor with worker children: `pid` is the supervisor's, whose SIGTERM
+stops them all, and its CPU is read over the tree (`LoadSpec.cpu_tree`). Every server prints one
 "... listening on http://HOST:PORT" line once it accepts connections; that
 line is the only way to learn the port the OS chose.
 """
@@ -104,10 +107,18 @@ def tool_api(log_dir: Path) -> ServerProcess:
     return ServerProcess("tool API", argv, log_path=log_dir / "tool_api.log")
 
 
-def plain_proxy(log_dir: Path, upstream: str) -> ServerProcess:
-    """The baseline: a pass-through aiohttp proxy in front of `upstream`."""
+def plain_proxy(log_dir: Path, upstream: str, *, processes: int = 1) -> ServerProcess:
+    """The baseline: a pass-through aiohttp proxy in front of `upstream`.
+
+    `processes` above 1: a supervisor and that many children on the one port
+    (`bench.plain_proxy --processes`), its `pid` the supervisor's.
+    """
     argv = [sys.executable, "-m", "bench.plain_proxy", "--port", "0", "--upstream", upstream]
-    return ServerProcess("plain proxy", argv, log_path=log_dir / "plain_proxy.log")
+    name, log = "plain proxy", "plain_proxy.log"
+    if processes != 1:
+        argv += ["--processes", str(processes)]
+        name, log = f"plain proxy ({processes} processes)", f"plain_proxy_{processes}p.log"
+    return ServerProcess(name, argv, log_path=log_dir / log)
 
 
 def mcp_server(log_dir: Path, *, json_response: bool) -> ServerProcess:

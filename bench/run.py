@@ -4,12 +4,15 @@ Starts, on 127.0.0.1 with OS-chosen ports: the example tool API, the plain
 proxy, the gateway on a fresh SQLite file (again with the info-level access
 log, for its cost), the gateway on a fresh PostgreSQL schema (skipped, with a
 note, when the server is unreachable); then pre-fills SQLite stores for the
-store-scale rows. Prints Markdown tables; `--write` also writes them, with
-the machine's description, to bench/RESULTS.md.
+store-scale rows; then runs the plain proxy and the gateway as 1 and as 2
+processes on one port (`bench.worker_rows`). Prints Markdown tables;
+`--write` also writes them, with the machine's description, to
+bench/RESULTS.md.
 
-    python -m bench.run --write      # the full run, under 10 minutes on 2 cores
-    python -m bench.run --quick      # a smoke run of well under a minute
-    python -m bench.run --only mcp   # only the MCP rows (prints; never writes)
+    python -m bench.run --write          # the full run, under 10 minutes on 2 cores
+    python -m bench.run --quick          # a smoke run of well under a minute
+    python -m bench.run --only mcp       # only the MCP rows (prints; never writes)
+    python -m bench.run --only workers   # only the worker-process rows
 
 Every HTTP row's load comes from wrk when it is installed (`bench.wrk`), else
 from the aiohttp generator (`bench.loadgen`); `--client` chooses. The MCP
@@ -40,6 +43,7 @@ from bench.plan import FULL, QUICK, Plan
 from bench.report import machine_info, write_results
 from bench.scale import ScalePoint, measure_scale_point, scale_table
 from bench.scenarios import DIRECT, Rows, latency_table, measure_http_rows, throughput_table
+from bench.worker_rows import WorkerRows, measure_worker_rows, worker_section
 from bench.wrk import SCRIPT, wrk_available, wrk_version
 
 __all__ = ["main"]
@@ -47,21 +51,27 @@ __all__ = ["main"]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HTTP_MISS = "gateway sqlite miss"
 """The HTTP row the MCP rows' added latency is compared with (`bench.scenarios`)."""
-SECTIONS = ("http", "scale", "mcp")
-"""What `--only` can pick: the HTTP rows, the store-scale rows, the MCP rows."""
+SECTIONS = ("http", "scale", "workers", "mcp")
+"""What `--only` can pick: the HTTP rows, the store-scale rows, the worker-process
+rows, the MCP rows."""
+_ON_HTTP = ("http", "scale", "workers")
+"""The sections whose rows run on the tool API and the chosen HTTP load generator."""
 
 
 def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
     """Run every row of `plan` in `sections` and return the results as Markdown."""
     started, machine = time.monotonic(), machine_info()
-    http_or_scale = "http" in sections or "scale" in sections
-    generator = _generator_note(plan.client) if http_or_scale else None
+    if "workers" in sections and not plan.worker_counts:
+        sections = tuple(section for section in sections if section != "workers")
+    on_http = any(section in _ON_HTTP for section in sections)
+    generator = _generator_note(plan.client) if on_http else None
     rows: Rows | None = None
     scale: tuple[ScalePoint, ScalePoint] | None = None
+    workers: WorkerRows | None = None
     mcp: McpRows | None = None
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         workdir = Path(tmp)
-        if http_or_scale:
+        if on_http:
             with processes.tool_api(workdir) as api:
                 if "http" in sections:
                     print("HTTP rows:", file=sys.stderr, flush=True)
@@ -71,6 +81,9 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
                     small = measure_scale_point(plan, workdir, api, plan.small_store)
                     large = measure_scale_point(plan, workdir, api, plan.large_store)
                     scale = (small, large)
+                if "workers" in sections:
+                    print("worker-process rows:", file=sys.stderr, flush=True)
+                    workers = measure_worker_rows(plan, workdir, api)
         if "mcp" in sections and plan.mcp_forms:
             print("MCP rows:", file=sys.stderr, flush=True)
             mcp = measure_mcp_rows(plan, workdir)
@@ -109,9 +122,15 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
         ]
     if scale is not None:
         lines += ["", "## Store scale", "", scale_table(*scale).render()]
+    if workers is not None:
+        lines += ["", *worker_section(workers)]
     if mcp is not None and mcp.measured:
         lines += ["", *_mcp_section(plan, mcp, rows)]
-    notes = [*(rows.notes if rows else []), *(mcp.notes if mcp else [])]
+    notes = [
+        *(rows.notes if rows else []),
+        *(workers.notes if workers else []),
+        *(mcp.notes if mcp else []),
+    ]
     if notes:
         lines += ["", *(f"- {note}" for note in notes)]
     return "\n".join(lines)

@@ -16,7 +16,8 @@ at the end. A row is:
    (`bench.loadgen.warm_replay_keys`, the aiohttp generator's own warm-up);
 2. an unmeasured wrk run of `spec.warmup` seconds;
 3. the measured wrk run of `spec.duration` seconds, with the servers' CPU
-   time (`spec.cpu_pids`) read just before it starts and right after it exits.
+   time (`spec.cpu_pids`, their whole process trees with `spec.cpu_tree`)
+   read just before it starts and right after it exits.
 
 Unlike the aiohttp generator, the measured run opens its own connections (so
 its first milliseconds include the connects); the warm-up run has warmed the
@@ -56,10 +57,11 @@ from bench.loadgen import (
     LoadResult,
     LoadSpec,
     json_body,
+    sample_server_cpu,
+    server_cpu_since,
     warm_replay_keys,
 )
 from bench.prefill import fill_key
-from bench.procstat import cpu_seconds
 
 __all__ = ["SCRIPT", "run_wrk", "wrk_available", "wrk_version"]
 
@@ -115,10 +117,15 @@ def run_wrk(spec: LoadSpec) -> LoadResult:
             argv = _argv(executable, spec, spec.warmup, {**options, "run": warm_run})
             _execute(argv, spec.warmup, workdir / "warmup.out", interrupted_ok=True)
         argv = _argv(executable, spec, spec.duration, {**options, "run": run})
-        before = {pid: cpu_seconds(pid) for pid in spec.cpu_pids}
+        before = sample_server_cpu(spec)
         finished = _execute(argv, spec.duration, workdir / "measured.out", interrupted_ok=False)
-        server_cpu = {str(pid): cpu_seconds(pid) - before[pid] for pid in spec.cpu_pids}
-    return _result(_parse(finished.output), client_cpu=finished.cpu, server_cpu=server_cpu)
+        server_cpu, server_processes = server_cpu_since(spec, before)
+    return _result(
+        _parse(finished.output),
+        client_cpu=finished.cpu,
+        server_cpu=server_cpu,
+        server_processes=server_processes,
+    )
 
 
 def _executable() -> str:
@@ -245,7 +252,11 @@ def _parse(output: str) -> dict[str, Any]:
 
 
 def _result(
-    document: dict[str, Any], *, client_cpu: float, server_cpu: dict[str, float]
+    document: dict[str, Any],
+    *,
+    client_cpu: float,
+    server_cpu: dict[str, float],
+    server_processes: dict[str, int],
 ) -> LoadResult:
     """`document` (counts, microseconds) as a `LoadResult` (milliseconds)."""
     statuses = {int(status): int(count) for status, count in document["statuses"].items()}
@@ -270,4 +281,5 @@ def _result(
         client_cpu=client_cpu,
         server_cpu=server_cpu,
         statuses={str(status): count for status, count in sorted(statuses.items())},
+        server_processes=server_processes,
     )

@@ -30,6 +30,12 @@ THROUGHPUT_ROWS = (
     "gateway sqlite miss, log info",
 )
 LATENCY_ROWS = ("direct", "plain proxy", "gateway sqlite miss", "gateway sqlite replay")
+WORKER_ROWS = (
+    "plain proxy, 1 process",
+    "plain proxy, 2 processes",
+    "gateway sqlite miss, 1 worker",
+    "gateway sqlite miss, 2 workers",
+)
 SCALE_ROWS = (
     "claim (POST, new key) p50",
     "claim (POST, new key) p99",
@@ -75,6 +81,11 @@ def test_quick_run_prints_every_row() -> None:
         assert throughput[name][6] == "0/0", f"{name}: non-2xx/errors {throughput[name][6]}"
     assert set(LATENCY_ROWS) <= set(_table_rows(output, "## Latency at c=1")), output
     assert set(SCALE_ROWS) <= set(_table_rows(output, "## Store scale")), output
+    workers = _table_rows(output, "## Worker processes")
+    assert set(WORKER_ROWS) <= set(workers), output
+    for name in WORKER_ROWS:
+        assert workers[name][8] == "0/0", f"{name}: non-2xx/errors {workers[name][8]}"
+    assert "CPU per request, 2 processes vs 1: gateway sqlite miss" in output, output
     mcp = _table_rows(output, "## MCP tool calls")
     assert "2025-11-25 session, JSON answers" in mcp, output
     for line in output.split("## MCP tool calls", 1)[1].splitlines():
