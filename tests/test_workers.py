@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from harness import GatewayProcess, spawn
 from upstream import CountingUpstream
 from worker_processes import connections, is_running, wait_for_workers, worker_pids
@@ -227,3 +228,133 @@ async def test_a_waiting_retry_is_woken_by_the_other_workers_receipt(
     assert all(h.get("Idempotent-Replayed") == "true" for _, h, _ in answers[1:])
     assert len({body for _, _, body in answers}) == 1
     assert upstream.count == 1
+
+
+CRASH_WINDOWS = pytest.mark.parametrize(
+    ("window", "effects", "state"),
+    [
+        ("after_claim", 0, "unknown"),
+        ("after_send", 1, "unknown"),
+        ("after_response", 1, "unknown"),
+        ("after_receipt", 1, "completed"),
+    ],
+)
+
+
+@CRASH_WINDOWS
+async def test_a_worker_crashing_in_each_window_leaves_an_honest_state(
+    processes: list[GatewayProcess],
+    tmp_path: Path,
+    upstream: CountingUpstream,
+    window: str,
+    effects: int,
+    state: str,
+) -> None:
+    """The crash table with two workers: the worker that took the call dies by SIGKILL in
+    the window, the other serves on, the replacement settles the dead one's claim, and no
+    retry, on either worker, sends the call again."""
+    gateway = spawn(processes, tmp_path, upstream.url, fault=f"crash_{window}", **WORKERS)
+    supervisor = supervisor_pid(gateway)
+    before = worker_pids(supervisor)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            await post(session, gateway.url, f"crash-{window}")
+        operation = await settled_state(session, gateway.url, f"crash-{window}", seconds=10)
+        assert operation["state"] == state
+        for _ in range(4):
+            status, headers, _ = await post(session, gateway.url, f"crash-{window}")
+            if state == "unknown":
+                assert status == 409
+                assert headers["Idempotency-Status"] == "unknown"
+            else:
+                assert status == 201
+                assert headers["Idempotent-Replayed"] == "true"
+    assert upstream.count == effects
+    assert len(set(worker_pids(supervisor)) - set(before)) == 1  # one worker was replaced
+
+
+async def test_kill_9_of_the_supervisor_lets_the_workers_finish_their_calls(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Workers outlive a supervisor killed by SIGKILL only to drain: the call in flight gets
+    its answer and its receipt, then they exit and free the file for the next gateway."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    workers = worker_pids(supervisor_pid(gateway))
+    async with aiohttp.ClientSession() as session:
+        call = asyncio.create_task(post(session, gateway.url, "orphaned", query="?delay=1"))
+        await upstream.wait_for_count(1, seconds=10)
+        gateway.kill(signal.SIGKILL)
+        status, _, _ = await call
+        assert status == 201
+        async with asyncio.timeout(15):
+            while any(is_running(pid) for pid in workers):
+                await asyncio.sleep(0.05)
+        restarted = spawn(processes, tmp_path, upstream.url, name="next")
+        assert (await state_of(session, restarted.url, "orphaned"))["state"] == "completed"
+    assert upstream.count == 1
+
+
+async def test_one_metrics_endpoint_counts_every_worker(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """40 calls spread over two workers: every scrape, whichever worker answers it, counts 40."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    async with fresh_connections() as session:
+        await asyncio.gather(*(post(session, gateway.url, f"m{n}") for n in range(40)))
+        for _ in range(6):
+            async with session.get(f"{gateway.url}/metrics") as response:
+                text = await response.text()
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            forwarded = [
+                sample.value
+                for sample in families["idempotency_gateway_requests"].samples
+                if sample.name.endswith("_total") and sample.labels["outcome"] == "forwarded"
+            ]
+            assert forwarded == [40]
+            assert families["idempotency_gateway_ready"].samples[0].value == 1
+
+
+async def test_a_waiter_on_the_other_worker_is_woken_not_left_to_poll(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Waiters on both workers answer within moments of the holder's receipt. Left to the
+    store-polling fallback, the poll schedule (0.05 s doubling to 1 s) would answer the
+    ones on the other worker about 0.9 s late for a call that ends 1.6 s into the wait."""
+    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    workers = worker_pids(supervisor_pid(gateway))
+    loop = asyncio.get_running_loop()
+
+    async def timed(wait: float) -> float:
+        await post(session, gateway.url, "woken", query="?delay=2", wait=wait)
+        return loop.time()
+
+    async with fresh_connections() as session:
+        first = asyncio.create_task(timed(0))
+        await upstream.wait_for_count(1, seconds=10)
+        await asyncio.sleep(0.4)
+        waiters = [asyncio.create_task(timed(20)) for _ in range(12)]
+        await asyncio.sleep(0.2)
+        held = [connections(pid, local_port=port_of(gateway.url)) for pid in workers]
+        done = await asyncio.gather(first, *waiters)
+    assert all(count > 0 for count in held), held
+    assert max(done[1:]) - done[0] < 0.5, [round(t - done[0], 3) for t in done]
+    assert upstream.count == 1
+
+
+@pytest.mark.postgres
+async def test_workers_on_postgresql_are_replicas_of_one_store(
+    postgres_url: str, processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Two workers on PostgreSQL: a storm of one key and 60 keys twice, one effect each."""
+    gateway = spawn(processes, tmp_path, upstream.url, store_url=postgres_url, **WORKERS)
+    async with fresh_connections() as session:
+        storm = await asyncio.gather(
+            *(post(session, gateway.url, "pg-storm", query="?delay=0.3") for _ in range(40))
+        )
+        keys = await asyncio.gather(
+            *(post(session, gateway.url, f"pg-{n}") for n in range(60) for _ in range(2))
+        )
+    assert Counter(status for status, _, _ in storm) <= Counter({201: 40, 409: 40})
+    assert {status for status, _, _ in keys} <= {201, 409}
+    assert upstream.count == 61
+    assert sorted(Counter(effect.key for effect in upstream.effects).values()) == [1] * 61
