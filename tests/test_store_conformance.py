@@ -757,8 +757,9 @@ async def test_complete_returns_the_operation_as_a_read_returns_it(store: Store)
     assert dropped.response.body == b""
 
 
-async def test_peek_completed_answers_only_for_completed_keys(store: Store) -> None:
-    """`peek_completed` is `None` or exactly what `get` returns, and only ever completed.
+async def test_peek_receipt_answers_only_for_replayable_receipts(store: Store) -> None:
+    """`peek_receipt` is `None` or exactly the receipt `get` holds, and only while it can
+    be replayed: never for a key in flight, unknown, released, expired or not kept.
 
     PostgreSQL may always say `None` (its claim answers retries instead).
     """
@@ -767,15 +768,23 @@ async def test_peek_completed_answers_only_for_completed_keys(store: Store) -> N
     await unknown(store, "lost")
     await released(store, "freed")
     await completed(store, "gone", retention=0.1, tombstone=0.2)
+    await completed(store, "expired", retention=0.1, tombstone=600)
+    await completed(store, "not-kept", body_retained=False)
     await asyncio.sleep(0.3)
 
-    peeked = store.peek_completed("s1", "done")
-    assert peeked is None or same(peeked) == same(done) == same(await store.get("s1", "done"))
-    for key in ("flying", "lost", "freed", "gone", "never-used"):
-        assert store.peek_completed("s1", key) is None, key
-    assert store.peek_completed("s2", "done") is None
+    peeked = store.peek_receipt("s1", "done")
+    if peeked is not None:
+        assert (peeked.operation_id, peeked.attempts, peeked.fingerprint) == (
+            done.id,
+            done.attempts,
+            done.fingerprint,
+        )
+        assert peeked.response == done.response
+    for key in ("flying", "lost", "freed", "gone", "expired", "not-kept", "never-used"):
+        assert store.peek_receipt("s1", key) is None, key
+    assert store.peek_receipt("s2", "done") is None
     if isinstance(store, SqliteStore):
-        assert same(peeked) == same(done)
+        assert peeked is not None
 
 
 async def test_list_operations_pages_by_state_in_creation_order(store: Store) -> None:
@@ -1055,7 +1064,7 @@ async def test_sqlite_reads_fall_back_to_the_writer_when_the_reader_fails(tmp_pa
 
         assert same(await store.get("s1", "k")) == same(done)
         assert same(await store.get_by_id(done.id)) == same(done)
-        assert store.peek_completed("s1", "k") is None  # "ask claim" instead
+        assert store.peek_receipt("s1", "k") is None  # "ask claim" instead
         again = await store.claim(claim_request("k"))
         assert isinstance(again, Existing)
         assert same(again.operation) == same(done)
@@ -1089,14 +1098,16 @@ async def test_sqlite_peek_sees_committed_writes_only(tmp_path: Path) -> None:
         await asyncio.sleep(0.05)  # the UPDATE has run on the loop; its COMMIT is queued
 
         assert not writing.done()
-        assert store.peek_completed("s1", "k") is None
+        assert store.peek_receipt("s1", "k") is None
         current = await store.get("s1", "k")
         assert current is not None
         assert current.state is State.IN_FLIGHT
 
         release_commit.set()
         done = await writing
-        assert same(store.peek_completed("s1", "k")) == same(done)
+        peeked = store.peek_receipt("s1", "k")
+        assert peeked is not None
+        assert peeked.response == done.response
     finally:
         release_commit.set()
         await store.close()

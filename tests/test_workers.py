@@ -19,10 +19,16 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from harness import GatewayProcess, spawn
+from prometheus_client.parser import text_string_to_metric_families
 from upstream import CountingUpstream
-from worker_processes import connections, is_running, wait_for_workers, worker_pids
+from worker_processes import (
+    connections,
+    is_running,
+    wait_for_workers,
+    wait_until_exited,
+    worker_pids,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -286,9 +292,7 @@ async def test_kill_9_of_the_supervisor_lets_the_workers_finish_their_calls(
         gateway.kill(signal.SIGKILL)
         status, _, _ = await call
         assert status == 201
-        async with asyncio.timeout(15):
-            while any(is_running(pid) for pid in workers):
-                await asyncio.sleep(0.05)
+        await wait_until_exited(workers, seconds=15)
         restarted = spawn(processes, tmp_path, upstream.url, name="next")
         assert (await state_of(session, restarted.url, "orphaned"))["state"] == "completed"
     assert upstream.count == 1

@@ -26,6 +26,14 @@ async def wait_for_workers(
             await asyncio.sleep(0.05)
 
 
+async def wait_until_exited(pids: list[int], *, seconds: float) -> None:
+    async with asyncio.timeout(seconds):
+        while True:
+            if not any(is_running(pid) for pid in pids):
+                return
+            await asyncio.sleep(0.05)
+
+
 def is_running(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 

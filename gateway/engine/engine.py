@@ -203,15 +203,24 @@ class IdempotencyEngine:
         waiting or the key is anything but completed: then call `execute`.
         """
         started = self._clock.monotonic()
-        operation = self._store.peek_completed(request.scope, request.key)
-        if operation is None:
-            return None
+        receipt = self._store.peek_receipt(request.scope, request.key)
+        if receipt is None or receipt.fingerprint != request.fingerprint:
+            return None  # `execute` answers it (a different request with the key: 422)
         # Timed only when it answered: PostgreSQL's peek is a constant `None`.
         self._observer.store_call("peek", self._clock.monotonic() - started)
         with self._quotas.in_flight(request.scope):
             if request.trace is not None:
-                request.trace.saw(operation)
-            return answer_existing(operation, request.fingerprint)
+                request.trace.operation_id = receipt.operation_id
+                request.trace.attempt = receipt.attempts
+            response = receipt.response
+            return Reply(
+                status=response.status,
+                headers=response.headers,
+                body=response.body,
+                state=State.COMPLETED,
+                key=request.key,
+                replayed=True,
+            )
 
     async def _admit_if_new(self, request: ProxyRequest) -> None:
         """With key quotas on, a new key is charged before it is claimed (one extra read)."""

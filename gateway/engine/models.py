@@ -29,6 +29,21 @@ ResolvedBy = Literal["upstream", "probe", "owner", "admin"]
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayableReceipt:
+    """What a retry of a completed key is answered from, and nothing more.
+
+    A replay is the hottest read the gateway makes: it needs the receipt and
+    the fingerprint to compare, not the operation's whole story (evidence,
+    resolution, times), so the store reads and decodes only these.
+    """
+
+    operation_id: str
+    attempts: int
+    fingerprint: str
+    response: StoredResponse
+
+
+@dataclass(frozen=True, slots=True)
 class StoredResponse:
     """An upstream answer as the gateway keeps it (hop-by-hop and redacted headers removed).
 

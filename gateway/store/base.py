@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         ClaimResult,
         Evidence,
         Operation,
+        ReplayableReceipt,
         Resolution,
         State,
         StoredResponse,
@@ -172,14 +173,15 @@ class Store(Protocol):
 
     async def get_by_id(self, operation_id: str) -> Operation | None: ...
 
-    def peek_completed(self, scope: str, key: str) -> Operation | None:
-        """The key's `completed` operation if the store can read it without waiting.
+    def peek_receipt(self, scope: str, key: str) -> ReplayableReceipt | None:
+        """The key's receipt if it can be replayed and the store can read it without waiting.
 
         Not a verb of the state machine but a shortcut for retries: a completed
-        record is final, so a committed read of it answers a retry exactly as
-        a claim would. `None` means "ask `claim`": the key is new, in another
-        state, forgotten, or the store cannot read without a round trip or a
-        lock wait (PostgreSQL always says `None`).
+        record is final, so a committed read of its receipt answers a retry
+        exactly as a claim would. `None` means "ask `claim`": the key is new,
+        in another state, forgotten, its receipt is gone (expired, not kept,
+        erased), or the store cannot read without a round trip or a lock wait
+        (PostgreSQL always says `None`).
         """
 
     async def resolve(

@@ -40,6 +40,7 @@ from gateway.engine.models import (
     Existing,
     NewAttempt,
     Operation,
+    ReplayableReceipt,
     Resolution,
     State,
     StoredResponse,
@@ -317,7 +318,7 @@ class PostgresStore(PostgresConnection):
         operation = self._decode(row)
         return None if is_forgotten(operation) else operation
 
-    def peek_completed(self, scope: str, key: str) -> Operation | None:
+    def peek_receipt(self, scope: str, key: str) -> ReplayableReceipt | None:
         # A read is a network round trip here; for a new key (the common case) it
         # would come on top of the claim's single INSERT. Retries go through claim.
         return None

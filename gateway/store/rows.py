@@ -93,7 +93,7 @@ def seal_receipt(
     return SealedReceipt(sealed_headers, sealed_body, SEALED)
 
 
-def _open_receipt(
+def open_receipt(
     headers: str | None,
     body: bytes | None,
     storage: str,
@@ -230,7 +230,7 @@ def row_to_operation(
     swept = response_body is None and body_retained
     if response is None and response_status is not None and not swept:
         try:
-            headers, body = _open_receipt(response_headers, response_body, storage, op_id, cipher)
+            headers, body = open_receipt(response_headers, response_body, storage, op_id, cipher)
         except CipherError as exc:
             if not lenient:
                 raise StoreUnavailable(

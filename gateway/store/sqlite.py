@@ -17,7 +17,7 @@ become `unknown` by its lease (or at once, when the supervisor restarts it).
 The store's clock is the gateway host's (`clock`, registered in SQL as
 `gateway_now()`): every time a record holds is written and compared on it.
 
-Reads by key or id (`get`, `get_by_id`, `peek_completed`) go through a second,
+Reads by key or id (`get`, `get_by_id`, `peek_receipt`) go through a second,
 read-only connection on the event loop: in WAL mode it sees exactly what is
 committed, never a batch that is still open, so a retry or a lookup is
 answered without waiting for the next group commit.
@@ -43,22 +43,24 @@ from gateway.engine.models import (
     ClaimResult,
     Evidence,
     Operation,
+    ReplayableReceipt,
     Resolution,
     State,
     StoredResponse,
 )
 from gateway.store.base import OperationFilter, Page, SweepReport
-from gateway.store.crypto import BodyCipher
+from gateway.store.crypto import BodyCipher, CipherError
 from gateway.store.rows import (
     as_stored,
     decode_cursor,
     encode_cursor,
     is_forgotten,
+    open_receipt,
     row_to_operation,
     seal_receipt,
 )
 from gateway.store.sqlite_connection import SharedDatabase, SqliteConnection
-from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION, migrate
+from gateway.store.sqlite_schema import CLOCK_FUNCTION, COLUMNS, SETTLED_FUNCTION, migrate
 from gateway.store.sqlite_statements import (
     _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
@@ -70,6 +72,16 @@ from gateway.store.sqlite_statements import (
 )
 
 T = TypeVar("T")
+
+_REPLAYABLE = (
+    "SELECT id, attempts, fingerprint, response_status, response_headers, response_body, "
+    "storage FROM operations WHERE scope = ? AND key = ? AND state = 'completed' "
+    "AND body_retained AND response_status IS NOT NULL AND response_body IS NOT NULL "
+    f"AND (expires_at IS NULL OR expires_at > {CLOCK_FUNCTION}()) "
+    f"AND (forgotten_at IS NULL OR forgotten_at > {CLOCK_FUNCTION}())"
+)
+"""A completed key's receipt while it can be replayed (`Operation.receipt_available`,
+and not forgotten), judged on the store's clock: the columns a replay needs, no more."""
 log = logging.getLogger("gateway.store.sqlite")
 
 
@@ -288,11 +300,18 @@ class SqliteStore(SqliteConnection):
         rows = await self._read(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key))
         return self._unless_forgotten(rows)
 
-    def peek_completed(self, scope: str, key: str) -> Operation | None:
-        rows = self._read_now(
-            f"{_SELECT} WHERE scope = ? AND key = ? AND state = 'completed'", (scope, key)
+    def peek_receipt(self, scope: str, key: str) -> ReplayableReceipt | None:
+        rows = self._read_now(_REPLAYABLE, (scope, key))
+        if not rows:
+            return None
+        op_id, attempts, fingerprint, status, headers, body, storage = rows[0]
+        try:
+            opened_headers, opened_body = open_receipt(headers, body, storage, op_id, self._cipher)
+        except CipherError:
+            return None  # the full path reports it (503): a replay never guesses
+        return ReplayableReceipt(
+            op_id, attempts, fingerprint, StoredResponse(status, opened_headers, opened_body)
         )
-        return self._unless_forgotten(rows) if rows else None
 
     def _unless_forgotten(self, rows: list[Any]) -> Operation | None:
         if not rows:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from gateway.engine.errors import StoreUnavailable
-from gateway.engine.models import NewAttempt
+from gateway.engine.models import NewAttempt, ReplayableReceipt
 from tests.simulation.context import CALL
 
 if TYPE_CHECKING:
@@ -231,11 +231,11 @@ class FaultyStore:
     async def get_by_id(self, operation_id: str) -> Operation | None:
         return await self._call("get_by_id", lambda: self._inner.get_by_id(operation_id))
 
-    def peek_completed(self, scope: str, key: str) -> Operation | None:
+    def peek_receipt(self, scope: str, key: str) -> ReplayableReceipt | None:
         # Synchronous: an unreachable or paused store cannot answer without waiting.
         if self.dead or self.down or self._clock.paused:
             return None
-        return self._inner.peek_completed(scope, key)
+        return self._inner.peek_receipt(scope, key)
 
     async def resolve(
         self,

@@ -27,12 +27,13 @@ from gateway.engine.models import (
     Existing,
     NewAttempt,
     Operation,
+    ReplayableReceipt,
     Resolution,
     State,
     StoredResponse,
 )
 from gateway.store.base import OperationFilter, Page, SweepReport
-from gateway.store.rows import decode_cursor, encode_cursor
+from gateway.store.rows import decode_cursor, encode_cursor, is_forgotten
 
 __all__ = ["MemoryDatabase", "MemoryStore", "Transition"]
 
@@ -385,13 +386,17 @@ class MemoryStore:
         found = self.db.rows.get(operation_id)
         return None if found is None else self._seen(found, self.db.clock())
 
-    def peek_completed(self, scope: str, key: str) -> Operation | None:
+    def peek_receipt(self, scope: str, key: str) -> ReplayableReceipt | None:
         if not self._open:
             return None
         found = self.db.current(scope, key)
         if found is None or found.state is not State.COMPLETED:
             return None
-        return self._seen(found, self.db.clock())
+        seen = self._seen(found, self.db.clock())
+        if is_forgotten(seen) or not seen.receipt_available():
+            return None
+        assert seen.response is not None
+        return ReplayableReceipt(seen.id, seen.attempts, seen.fingerprint, seen.response)
 
     async def resolve(
         self,
