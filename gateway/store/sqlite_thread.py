@@ -160,13 +160,26 @@ class SqliteWriterThread:
         try:
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
-            # Another process holds the write lock: wait for it on the thread.
+            # Another process holds the write lock (another worker of this gateway, a
+            # backup): wait for it on the thread, then run the statements here.
             thread.submit(
-                lambda: self._run_batch_waiting(connection, batch), self._delivered(batch)
+                lambda: _begin_waiting(connection, self._busy_timeout),
+                lambda _, error: self._run_on_loop(batch, error),
             )
             return
         except sqlite3.Error as exc:
             self._finish_now(batch, _unavailable("the SQLite store refused a transaction", exc))
+            return
+        self._run_on_loop(batch, None)
+
+    def _run_on_loop(self, batch: list[_Pending[Any]], error: BaseException | None) -> None:
+        """Run the batch's statements in the transaction just begun; COMMIT on the thread."""
+        connection = self._connection
+        thread = self._thread
+        assert connection is not None
+        assert thread is not None
+        if error is not None:
+            self._finish_now(batch, error)
             return
         try:
             done = _run_jobs(connection, batch)
@@ -194,16 +207,10 @@ class SqliteWriterThread:
     def _run_batch_waiting(
         self, connection: sqlite3.Connection, batch: list[_Pending[Any]]
     ) -> list[_Done]:
-        deadline = time.monotonic() + self._busy_timeout
-        while True:
-            try:
-                connection.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as exc:
-                if time.monotonic() >= deadline:
-                    error = _unavailable("the SQLite database stayed locked", exc)
-                    return [_Done(item.future, error=error) for item in batch]
-                time.sleep(0.005)
+        try:
+            _begin_waiting(connection, self._busy_timeout)
+        except StoreUnavailable as locked:
+            return [_Done(item.future, error=locked) for item in batch]
         try:
             done = _run_jobs(connection, batch)
         except sqlite3.Error as exc:  # even the rollback to the careful path failed
@@ -285,6 +292,29 @@ class _CommitThread:
                 self._loop.call_soon_threadsafe(then, result, error)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
+
+
+BUSY_RETRY = (0.0002, 0.005)
+"""First and longest sleep between tries for the write lock another process holds.
+
+Another worker's transaction is a batch and its fsync, a fraction of a
+millisecond: a first retry that soon takes the lock when it is free again, and
+the doubling keeps a long holder (a backup) from costing many wake-ups."""
+
+
+def _begin_waiting(connection: sqlite3.Connection, seconds: float) -> None:
+    """BEGIN IMMEDIATE once the write lock is free; `StoreUnavailable` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    pause = BUSY_RETRY[0]
+    while True:
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if time.monotonic() >= deadline:
+                raise _unavailable("the SQLite database stayed locked", exc) from exc
+            time.sleep(pause)
+            pause = min(pause * 2, BUSY_RETRY[1])
 
 
 def _run_jobs(connection: sqlite3.Connection, batch: list[_Pending[Any]]) -> list[_Done]:
