@@ -137,7 +137,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     # over live workers, and a worker no probe or scrape has reached yet is ready.
     metrics.ready.set(1)
     if worker is not None:
-        await _expire_dead_workers_claims(store, worker.role.dead_owners)
+        await _expire_dead_workers_claims(store, worker.role.dead_owners, metrics)
     tracer = open_tracer()
     forwarder = Forwarder(settings.routes, tracer=tracer)
     await forwarder.start()
@@ -198,11 +198,14 @@ def _shared_database(worker: RunningWorker | None) -> SharedDatabase | None:
     )
 
 
-async def _expire_dead_workers_claims(store: Store, owners: tuple[str, ...]) -> None:
+async def _expire_dead_workers_claims(
+    store: Store, owners: tuple[str, ...], metrics: GatewayMetrics
+) -> None:
     """A replaced worker's claims turn `unknown` before its replacement serves: it may
     have sent them, so they are never released, and nobody waits out their leases."""
     for owner in owners:
         expired = await store.expire_orphans(owner=owner)
+        metrics.lease_expired(expired)
         if expired:
             log.warning(
                 "%d in-flight operations of dead worker %s are now unknown",

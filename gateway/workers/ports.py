@@ -4,8 +4,10 @@ The supervisor binds each address with SO_REUSEPORT and never listens on it:
 the kernel hands connections only to listening sockets, so all of them go to
 the workers, which bind the same address with SO_REUSEPORT and listen. Holding
 the bound socket resolves port 0 to one real port for every worker, and keeps
-the port this gateway's while a dead worker is restarted. A program that does
-not set SO_REUSEPORT (a single-process gateway among them) is refused the port.
+the port this gateway's while a dead worker is restarted: while any worker
+listens, a program that does not set SO_REUSEPORT (a single-process gateway
+among them) is refused the port. (Before the first worker listens, or with
+every worker dead at once, such a program could still take it.)
 """
 
 from __future__ import annotations
