@@ -15,6 +15,7 @@ import os
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -284,7 +285,8 @@ async def test_kill_9_of_the_supervisor_lets_the_workers_finish_their_calls(
 ) -> None:
     """Workers outlive a supervisor killed by SIGKILL only to drain: the call in flight gets
     its answer and its receipt, then they exit and free the file for the next gateway."""
-    gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
+    # Its metrics directory outlives it (nobody is left to remove it): keep it in tmp_path.
+    gateway = spawn(processes, tmp_path, upstream.url, env={"TMPDIR": str(tmp_path)}, **WORKERS)
     workers = worker_pids(supervisor_pid(gateway))
     async with aiohttp.ClientSession() as session:
         call = asyncio.create_task(post(session, gateway.url, "orphaned", query="?delay=1"))
@@ -301,21 +303,33 @@ async def test_kill_9_of_the_supervisor_lets_the_workers_finish_their_calls(
 async def test_one_metrics_endpoint_counts_every_worker(
     processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
 ) -> None:
-    """40 calls spread over two workers: every scrape, whichever worker answers it, counts 40."""
+    """40 calls spread over two workers: scrapes, whichever worker answers them, count 40
+    once every worker's snapshot is in (at most a second), and never more."""
     gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
     async with fresh_connections() as session:
         await asyncio.gather(*(post(session, gateway.url, f"m{n}") for n in range(40)))
-        for _ in range(6):
-            async with session.get(f"{gateway.url}/metrics") as response:
-                text = await response.text()
-            families = {f.name: f for f in text_string_to_metric_families(text)}
-            forwarded = [
-                sample.value
-                for sample in families["idempotency_gateway_requests"].samples
-                if sample.name.endswith("_total") and sample.labels["outcome"] == "forwarded"
-            ]
-            assert forwarded == [40]
-            assert families["idempotency_gateway_ready"].samples[0].value == 1
+        seen: list[float] = []
+        async with asyncio.timeout(5):
+            while seen[-3:] != [40, 40, 40]:
+                families = await scrape(session, gateway.url)
+                seen.append(forwarded_count(families))
+                assert families["idempotency_gateway_ready"].samples[0].value == 1
+                await asyncio.sleep(0.1)
+    assert max(seen) == 40, seen
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def forwarded_count(families: dict[str, Any]) -> float:
+    return sum(
+        sample.value
+        for sample in families["idempotency_gateway_requests"].samples
+        if sample.name.endswith("_total") and sample.labels["outcome"] == "forwarded"
+    )
 
 
 async def test_a_waiter_on_the_other_worker_is_woken_not_left_to_poll(

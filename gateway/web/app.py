@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -64,6 +65,7 @@ from gateway.web.console_view import add_console_routes
 from gateway.web.dispatch import proxy
 from gateway.web.listeners import LISTENERS, Listeners, listener_middleware
 from gateway.web.metrics import GatewayMetrics
+from gateway.web.metrics_processes import SNAPSHOT_SECONDS, WorkerSnapshots
 from gateway.web.openapi import openapi_json
 from gateway.web.operations_view import lookup, resolve
 from gateway.web.problems import problem_middleware
@@ -136,8 +138,11 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     # Open is a readiness check passed: with workers, the `ready` gauge is the least
     # over live workers, and a worker no probe or scrape has reached yet is ready.
     metrics.ready.set(1)
+    publisher: asyncio.Task[None] | None = None
     if worker is not None:
         await _expire_dead_workers_claims(store, worker.role.dead_owners, metrics)
+        metrics.share(WorkerSnapshots(Path(worker.role.metrics_directory)))
+        publisher = asyncio.create_task(_publish_metrics(metrics), name="metrics-snapshots")
     tracer = open_tracer()
     forwarder = Forwarder(settings.routes, tracer=tracer)
     await forwarder.start()
@@ -180,6 +185,10 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await _drain(app[BACKGROUND])
+        if publisher is not None:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
+            metrics.publish()  # the last counts of a worker that stops
         await sweeper.stop()
         await keeper.stop()
         await forwarder.close()
@@ -196,6 +205,16 @@ def _shared_database(worker: RunningWorker | None) -> SharedDatabase | None:
         first=worker.role.first,
         signal=worker.channel,
     )
+
+
+async def _publish_metrics(metrics: GatewayMetrics) -> None:
+    """A worker's counts reach the other workers' scrapes at most this late."""
+    while True:
+        await asyncio.sleep(SNAPSHOT_SECONDS)
+        try:
+            metrics.publish()
+        except OSError as exc:  # a full disk must not stop the serving
+            log.warning("cannot publish this worker's metrics: %s", exc)
 
 
 async def _expire_dead_workers_claims(

@@ -2,9 +2,9 @@
 
 Each application gets its own registry, so several gateways can live in one
 test process and nothing leaks through prometheus_client's global default.
-With worker processes (`PROMETHEUS_MULTIPROC_DIR` set when the worker starts) the
-values also go to the shared directory and `render()` shows every worker's sum
-(gateway/web/metrics_processes.py).
+With worker processes, each worker also publishes a snapshot to the
+supervisor's directory and `render()` shows every worker's sum
+(`gateway.web.metrics_processes`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ from prometheus_client import (
 )
 
 from gateway.engine.models import State
-from gateway.web.metrics_processes import aggregating_registry, claim_process, shared_directory
-
-# For the supervisor: `forget_dead_worker(pid, directory)` once a worker has been reaped.
-from gateway.web.metrics_processes import forget_dead_worker as forget_dead_worker
+from gateway.web.metrics_processes import WorkerSnapshots
 
 # `_created` series double the output and no dashboard here uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
@@ -48,7 +45,7 @@ _LATENCY_BUCKETS = (
 
 
 class GatewayMetrics:
-    """All of the gateway's instruments, on one registry (one instance per worker process).
+    """All of the gateway's instruments, on one registry.
 
     >>> metrics = GatewayMetrics()
     >>> metrics.request("tickets", "replayed")
@@ -59,9 +56,6 @@ class GatewayMetrics:
     def __init__(self, *, version: str = "0") -> None:
         self._counted_at: float | None = None
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
-        shared = shared_directory()
-        if shared is not None:
-            claim_process()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -80,8 +74,6 @@ class GatewayMetrics:
             PREFIX + "operations",
             "Stored operations by state.",
             ("state",),
-            # Workers count one shared store: the latest count is right, a sum of them is not.
-            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.upstream_seconds = Histogram(
@@ -154,8 +146,6 @@ class GatewayMetrics:
         self.ready = Gauge(
             PREFIX + "ready",
             "1 when the store answered the last readiness check, else 0.",
-            # 0 while any live worker is not ready; forget_dead_worker drops a dead one's value.
-            multiprocess_mode="livemin",
             registry=r,
         )
         self.request_seconds = Histogram(
@@ -167,8 +157,19 @@ class GatewayMetrics:
         )
         self.build = Info(PREFIX + "build", "Gateway build information.", registry=r)
         self.build.info({"version": version})
-        # What `render()` shows: this registry alone, or every worker's files when shared.
-        self._exposed = r if shared is None else aggregating_registry(shared, self.build)
+        self._snapshots: WorkerSnapshots | None = None
+        self._exposed = r
+        """What `render()` shows: this registry, or every worker's snapshot once shared."""
+
+    def share(self, snapshots: WorkerSnapshots) -> None:
+        """As one of a gateway's workers: `publish()` to, and render from, the shared snapshots."""
+        self._snapshots = snapshots
+        self._exposed = snapshots.registry(self.registry)
+
+    def publish(self) -> None:
+        """Write this worker's snapshot (a no-op for a gateway of one process)."""
+        if self._snapshots is not None:
+            self._snapshots.publish(self.registry)
 
     def request(self, route: str, outcome: str) -> None:
         self._child(self.requests, route, outcome).inc()
@@ -220,6 +221,7 @@ class GatewayMetrics:
         self.commit_batch.observe(batch_size)
 
     def render(self) -> bytes:
+        self.publish()  # this worker's own counts are current in its own scrape
         return generate_latest(self._exposed)
 
     def _child(self, metric: Any, *labels: str) -> Any:

@@ -24,6 +24,8 @@ class WorkerRole:
     """The gateway's lock on the SQLite file, held by the supervisor; None on PostgreSQL."""
     first: bool
     """Started alone before any other worker: what it finds in flight is an earlier gateway's."""
+    metrics_directory: str = ""
+    """Where every worker publishes its metrics snapshot (`gateway.web.metrics_processes`)."""
     dead_owners: tuple[str, ...] = ()
     """Lease owners of workers that died in this slot: their claims turn `unknown` at start."""
 

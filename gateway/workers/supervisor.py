@@ -2,8 +2,8 @@
 
 What it holds, so that N processes are one gateway: the SQLite file's lock
 (a second gateway on the file is refused, whatever its workers), the ports
-(`gateway.workers.ports`), the metrics directory the workers write their
-samples to (prometheus-client's multiprocess mode), and one channel per worker
+(`gateway.workers.ports`), the directory the workers publish their metrics
+to (`gateway.web.metrics_processes`), and one channel per worker
 (`gateway.workers.channel`). It runs no request and opens no store.
 
 The first worker starts alone: it migrates the schema and turns what an
@@ -35,14 +35,13 @@ from typing import IO
 
 from gateway.config import Settings
 from gateway.web.app import SHUTDOWN_GRACE
-from gateway.web.metrics import forget_dead_worker
+from gateway.web.metrics_processes import forget_dead_worker
 from gateway.workers.channel import SupervisorEnd, pair
 from gateway.workers.ports import bound_port, reserve_port
 from gateway.workers.role import WorkerRole
 
 log = logging.getLogger("gateway.workers")
 
-METRICS_DIRECTORY_ENV = "PROMETHEUS_MULTIPROC_DIR"
 START_SECONDS = 60.0
 """How long a worker may take to listen (migrations on a large file included)."""
 MAX_RESTART_DELAY = 5.0
@@ -192,6 +191,7 @@ class Supervisor:
             channel_descriptor=worker_end.fileno(),
             lock_descriptor=None if self._lock is None else self._lock.fileno(),
             first=first,
+            metrics_directory=self._metrics_directory,
             dead_owners=tuple(slot.dead_owners),
         )
         settings = self._worker_settings
@@ -209,7 +209,6 @@ class Supervisor:
                 "gateway.workers.child",
                 stdin=asyncio.subprocess.PIPE,
                 pass_fds=inherited,
-                env={**os.environ, METRICS_DIRECTORY_ENV: self._metrics_directory},
             )
         finally:
             worker_end.close()
