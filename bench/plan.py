@@ -2,7 +2,7 @@
 
 Full: about 10 s a row at c=64 and at c=1, a million stored operations for
 the store-scale run; the whole run stays well under 10 minutes on 2 cores.
-Quick: c=8, 2 s a row, 10k stored operations and no PostgreSQL, so the smoke
+Quick: c=8, 0.5 s a row, 10k stored operations and no PostgreSQL, so the smoke
 test finishes in well under its 90 s budget.
 
 The worker-process rows (`bench.worker_rows`: the plain proxy and the
@@ -12,7 +12,7 @@ under 6 s quick, server start-ups included.
 
 The MCP rows (`bench.mcp_rows`) run at c=1 and c=16 whatever the HTTP rows'
 concurrency: full, three answer forms at the HTTP rows' duration, plus the
-gateway's key-less pass-through; quick, the JSON form only, 1 s a row.
+gateway's key-less pass-through; quick, the JSON form only, 0.5 s a row.
 
 Both run on the aiohttp load generator unless told otherwise: `bench.run`
 picks wrk when it is installed (`--client auto`), and passes it in `client`.
