@@ -268,7 +268,7 @@ class Supervisor:
             try:
                 await self._start_worker(slot)
                 return
-            except WorkersFailed as exc:
+            except (WorkersFailed, OSError) as exc:  # OSError: it could not even be spawned
                 slot.failures += 1
                 delay = min(0.1 * 2 ** (slot.failures - 1), MAX_RESTART_DELAY)
                 log.error("restarting worker %d failed: %s; again in %.1fs", slot.index, exc, delay)
