@@ -60,7 +60,7 @@ from gateway.store.rows import (
     seal_receipt,
 )
 from gateway.store.sqlite_connection import SharedDatabase, SqliteConnection
-from gateway.store.sqlite_schema import CLOCK_FUNCTION, COLUMNS, SETTLED_FUNCTION, migrate
+from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION, migrate
 from gateway.store.sqlite_statements import (
     _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
@@ -75,13 +75,13 @@ T = TypeVar("T")
 
 _REPLAYABLE = (
     "SELECT id, attempts, fingerprint, response_status, response_headers, response_body, "
-    "storage FROM operations WHERE scope = ? AND key = ? AND state = 'completed' "
+    "storage FROM operations WHERE scope = ?2 AND key = ?3 AND state = 'completed' "
     "AND body_retained AND response_status IS NOT NULL AND response_body IS NOT NULL "
-    f"AND (expires_at IS NULL OR expires_at > {CLOCK_FUNCTION}()) "
-    f"AND (forgotten_at IS NULL OR forgotten_at > {CLOCK_FUNCTION}())"
+    "AND (expires_at IS NULL OR expires_at > ?1) AND (forgotten_at IS NULL OR forgotten_at > ?1)"
 )
 """A completed key's receipt while it can be replayed (`Operation.receipt_available`,
-and not forgotten), judged on the store's clock: the columns a replay needs, no more."""
+and not forgotten), judged on the store's clock (`?1`, its time now): the columns a replay
+needs, no more."""
 log = logging.getLogger("gateway.store.sqlite")
 
 
@@ -301,7 +301,7 @@ class SqliteStore(SqliteConnection):
         return self._unless_forgotten(rows)
 
     def peek_receipt(self, scope: str, key: str) -> ReplayableReceipt | None:
-        rows = self._read_now(_REPLAYABLE, (scope, key))
+        rows = self._read_now(_REPLAYABLE, (self._clock.time(), scope, key))
         if not rows:
             return None
         op_id, attempts, fingerprint, status, headers, body, storage = rows[0]
