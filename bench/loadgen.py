@@ -13,7 +13,7 @@ its workers), summed (`bench.procstat.tree_cpu`).
 It is built on aiohttp so that the benchmark runs anywhere the project
 does; when `wrk` is installed, `LoadSpec(client="wrk")` makes `run_load`
 drive the same row with wrk instead (`bench.wrk`, same `LoadResult`). The
-aiohttp client costs 100 us or more of CPU a request (PERF-NOTES), so one
+aiohttp client costs 100 us or more of CPU a request (measured on the bench machine), so one
 generator process saturates near 10,000 req/s or sooner: the result says how
 busy the client was (`client_cpu`) so a client-bound row can be flagged
 instead of misread.

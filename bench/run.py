@@ -92,7 +92,8 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
         "# Benchmark results",
         "",
         "Written by `make bench` (`python -m bench.run --write`). Compare ratios "
-        "within one run, not absolute numbers across runs (PERF-NOTES).",
+        "within one run, not absolute numbers across runs: on a shared machine they "
+        "move 15-25% between runs.",
         "",
         *machine,
     ]

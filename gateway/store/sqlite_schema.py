@@ -1,7 +1,7 @@
 """The SQLite schema and its migrations, versioned like the PostgreSQL one.
 
-A rowid table with a unique (scope, key) index: measured faster here than a
-`WITHOUT ROWID` table keyed by random keys (PERF-NOTES). `seq` orders admin
+A rowid table with a unique (scope, key) index: a `WITHOUT ROWID` table keyed
+by random keys measured 1.3-2x slower on the bench machine. `seq` orders admin
 listings and makes cursors cheap.
 """
 
