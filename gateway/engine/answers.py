@@ -149,15 +149,7 @@ def answer_existing(operation: Operation, fingerprint: str) -> Reply:
     if operation.state is State.COMPLETED:
         if operation.receipt_available():
             assert operation.response is not None
-            response = operation.response
-            return Reply(
-                status=response.status,
-                headers=response.headers,
-                body=response.body,
-                state=State.COMPLETED,
-                key=key,
-                replayed=True,
-            )
+            return Reply.replay(operation.response, key)
         if not operation.body_retained:
             resolution = operation.resolution
             if any(item.source == "redaction" for item in operation.evidence):

@@ -212,15 +212,7 @@ class IdempotencyEngine:
             if request.trace is not None:
                 request.trace.operation_id = receipt.operation_id
                 request.trace.attempt = receipt.attempts
-            response = receipt.response
-            return Reply(
-                status=response.status,
-                headers=response.headers,
-                body=response.body,
-                state=State.COMPLETED,
-                key=request.key,
-                replayed=True,
-            )
+            return Reply.replay(receipt.response, request.key)
 
     async def _admit_if_new(self, request: ProxyRequest) -> None:
         """With key quotas on, a new key is charged before it is claimed (one extra read)."""

@@ -181,6 +181,18 @@ class Reply:
     close: Callable[[], None] | None = None
 
     @classmethod
+    def replay(cls, response: StoredResponse, key: str) -> Reply:
+        """A completed key's receipt, answered again."""
+        return cls(
+            status=response.status,
+            headers=response.headers,
+            body=response.body,
+            state=State.COMPLETED,
+            key=key,
+            replayed=True,
+        )
+
+    @classmethod
     def from_upstream(
         cls,
         reply: UpstreamAnswer,
