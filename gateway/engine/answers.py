@@ -131,6 +131,16 @@ class KeyRecords:
             event.set()
 
 
+def key_mismatch(key: str, state: str, operation_id: str) -> KeyMismatch:
+    """The 422 for a key already bound to another request, whatever its state."""
+    return KeyMismatch(
+        "this key was first used with a different request (method, path, query or body)",
+        key=key,
+        state=state,
+        operation_id=operation_id,
+    )
+
+
 def answer_existing(operation: Operation, fingerprint: str) -> Reply:
     """Answer a request whose key is bound to an operation this caller does not hold.
 
@@ -140,12 +150,7 @@ def answer_existing(operation: Operation, fingerprint: str) -> Reply:
     key = operation.key
     state, op_id = operation.state.value, operation.id
     if operation.fingerprint != fingerprint:
-        raise KeyMismatch(
-            "this key was first used with a different request (method, path, query or body)",
-            key=key,
-            state=state,
-            operation_id=op_id,
-        )
+        raise key_mismatch(key, state, op_id)
     if operation.state is State.COMPLETED:
         if operation.receipt_available():
             assert operation.response is not None

@@ -25,7 +25,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from gateway.engine.answers import KeyRecords, answer_existing
+from gateway.engine.answers import KeyRecords, answer_existing, key_mismatch
 from gateway.engine.clock import SYSTEM_CLOCK, Clock
 from gateway.engine.errors import (
     InProgress,
@@ -204,14 +204,16 @@ class IdempotencyEngine:
         """
         started = self._clock.monotonic()
         receipt = self._store.peek_receipt(request.scope, request.key)
-        if receipt is None or receipt.fingerprint != request.fingerprint:
-            return None  # `execute` answers it (a different request with the key: 422)
+        if receipt is None:
+            return None
         # Timed only when it answered: PostgreSQL's peek is a constant `None`.
         self._observer.store_call("peek", self._clock.monotonic() - started)
         with self._quotas.in_flight(request.scope):
             if request.trace is not None:
                 request.trace.operation_id = receipt.operation_id
                 request.trace.attempt = receipt.attempts
+            if receipt.fingerprint != request.fingerprint:
+                raise key_mismatch(request.key, State.COMPLETED.value, receipt.operation_id)
             return Reply.replay(receipt.response, request.key)
 
     async def _admit_if_new(self, request: ProxyRequest) -> None:

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.headers import without
-from gateway.engine.models import StoredResponse
+from gateway.engine.models import State, StoredResponse
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.clock import Clock
     from gateway.engine.headers import Pairs
-    from gateway.engine.models import Operation, State
+    from gateway.engine.models import Operation
 
 T = TypeVar("T")
 
