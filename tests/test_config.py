@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -683,3 +684,16 @@ def test_render_escapes_strings(load: Any) -> None:
     settings = load(text)
     data = tomllib.loads(render_effective(settings))
     assert data["routes"][0]["probe"]["path"] == settings.routes[0].probe.path
+
+
+def test_workers_is_a_count_or_auto(load: Any) -> None:
+    """`workers = "auto"` is one per CPU this process may use; the environment can set it;
+    anything but a count from 1 to 256 or "auto" is refused, naming the key."""
+    assert load('[server]\nworkers = "auto"').server.workers == len(os.sched_getaffinity(0))
+    assert load("[server]\nworkers = 3").server.workers == 3
+    environ = {"IDEMPOTENCY_GATEWAY_SERVER__WORKERS": "2"}
+    assert load("", environ=environ).server.workers == 2
+    assert load("").server.workers == 1
+    for text in ("workers = 0", "workers = 257", 'workers = "many"', "workers = -1"):
+        assert "server.workers" in refusal(load, f"[server]\n{text}"), text
+    assert '"auto"' in refusal(load, '[server]\nworkers = "many"')
