@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from harness import GatewayProcess, RunningGateway, settings_for, start_gateway, stop_gateway
-from pg import drop_schema, fresh_schema, require_postgres, url_for
+from pg import drop_schema, fresh_schema, require_postgres, server_in_use, url_for
 from upstream import CountingUpstream
 
 from examples.tool_api import STATE, ToolState, create_app
@@ -71,6 +71,17 @@ async def gateway_factory(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
 async def gateway(gateway_factory: GatewayFactory, upstream: CountingUpstream) -> RunningGateway:
     """A gateway with route /tickets in front of the counting upstream."""
     return await gateway_factory(upstream.url)
+
+
+@pytest.fixture(autouse=True)
+def _postgres_server_in_use(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked `postgres` holds the server (shared) from its first fixture to its last,
+    so the test that restarts the server waits for it (`pg.restart_alone`)."""
+    if request.node.get_closest_marker("postgres") is None:
+        yield
+        return
+    with server_in_use():
+        yield
 
 
 @pytest.fixture

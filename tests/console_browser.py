@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -76,7 +77,11 @@ class ConsolePage:
         return await asyncio.to_thread(step)
 
     def _wait(self) -> WebDriverWait[webdriver.Chrome]:
-        return WebDriverWait(self.driver, WAIT_SECONDS)
+        # The page re-renders a list or a detail in place when an answer arrives: an
+        # element read a moment before is then stale, and the wait reads it again.
+        return WebDriverWait(
+            self.driver, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
+        )
 
     def _visible(self, element_id: str) -> WebElement:
         element: WebElement = self._wait().until(

@@ -8,11 +8,16 @@ so tests never see each other's rows and need no cleanup beyond a
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
 import socket
-from typing import TYPE_CHECKING, NoReturn
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, NoReturn
 
 import asyncpg
 import pytest
@@ -93,3 +98,31 @@ def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"PostgreSQL is required in CI: {reason}")
     pytest.skip(reason)
+
+
+_SERVER_LOCK = Path(tempfile.gettempdir()) / "idempotency-gateway-tests-postgres.lock"
+"""Shared by every test on the server while it runs, taken exclusively by the one test that
+restarts the server: pytest-xdist workers are processes, so the lock is a file's flock."""
+_held: IO[bytes] | None = None
+
+
+@contextmanager
+def server_in_use() -> Iterator[None]:
+    """Hold the server for this test (shared: other tests on it run alongside)."""
+    global _held
+    handle = _SERVER_LOCK.open("ab")
+    fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+    _held = handle
+    try:
+        yield
+    finally:
+        _held = None
+        handle.close()  # closing drops the flock
+
+
+def restart_alone() -> None:
+    """Wait until no test in another worker is on the server, and keep it so until this
+    test ends: only then may the server be restarted under it."""
+    if _held is None:
+        raise RuntimeError("restart_alone() needs the test's postgres marker (server_in_use)")
+    fcntl.flock(_held.fileno(), fcntl.LOCK_EX)

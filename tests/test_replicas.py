@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from harness import GatewayProcess, spawn
+from pg import restart_alone
 from upstream import CountingUpstream
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -334,6 +335,7 @@ async def test_postgres_restart_under_load_never_forwards_without_a_claim(
 ) -> None:
     """A PostgreSQL restart under load gives 503s, never an unrecorded effect, then serves again."""
     cluster = _cluster()
+    restart_alone()  # no other worker's test is on the server while it restarts
     # A short lease makes the keeper settle owed writes every second.
     gateway = start("solo", lease="3s", sweep_interval="500ms")
     answers: dict[str, Answer | BaseException] = {}
