@@ -21,10 +21,12 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 from harness import GatewayProcess, spawn
+from mcp_upstream import CountingMcpServer
 from prometheus_client.parser import text_string_to_metric_families
 from upstream import CountingUpstream
 from worker_processes import (
     connections,
+    holder,
     is_running,
     wait_for_workers,
     wait_until_exited,
@@ -376,3 +378,102 @@ async def test_workers_on_postgresql_are_replicas_of_one_store(
     assert {status for status, _, _ in keys} <= {201, 409}
     assert upstream.count == 61
     assert sorted(Counter(effect.key for effect in upstream.effects).values()) == [1] * 61
+
+
+MCP_ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+async def test_a_cancellation_reaching_another_worker_is_still_held_back(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """An MCP client's `notifications/cancelled` for a protected call in flight on one
+    worker, sent on a connection the other worker accepted, is held back all the same: the
+    call runs on to its receipt, and the server never hears of the cancellation."""
+    async with CountingMcpServer() as server:
+        route = {"name": "tools", "prefix": "/tools", "upstream": server.url, "kind": "mcp"}
+        gateway = spawn(processes, tmp_path, upstream.url, extra_routes=[route], **WORKERS)
+        workers = worker_pids(supervisor_pid(gateway))
+        url, port = gateway.url + "/tools", port_of(gateway.url)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json=MCP_INITIALIZE, headers=MCP_ACCEPT) as opened:
+                assert opened.status == 200
+                headers = {
+                    **MCP_ACCEPT,
+                    "Mcp-Session-Id": opened.headers["Mcp-Session-Id"],
+                    "MCP-Protocol-Version": "2025-11-25",
+                }
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            async with session.post(url, json=initialized, headers=headers) as done:
+                assert done.status == 202
+            call = {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {
+                    "name": "slow_ticket",
+                    "arguments": {"title": "slow", "seconds": 1.5},
+                    "_meta": {"idempotencyKey": "cancelled-elsewhere"},
+                },
+            }
+            answer = asyncio.create_task(session.post(url, json=call, headers=headers))
+            await server.wait_for_count(1, seconds=10)
+            mcp_port = port_of(server.url)
+            (sender,) = [pid for pid in workers if connections(pid, remote_port=mcp_port)]
+            other = next(pid for pid in workers if pid != sender)
+            cancel = {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": 7, "reason": "the client gave up"},
+            }
+            status = await _post_through(other, workers, url, port, cancel, headers)
+            assert status == 202
+            response = await answer
+            body = await response.text()
+        assert response.status == 200, body
+        assert '"isError":false' in body.replace(" ", "") or '"isError": false' in body
+        methods = [e.json.get("method") for e in server.requests if isinstance(e.json, dict)]
+        assert "notifications/cancelled" not in methods
+        assert server.count == 1
+
+
+async def _post_through(
+    worker: int,
+    workers: list[int],
+    url: str,
+    port: int,
+    document: dict[str, Any],
+    headers: dict[str, str],
+) -> int:
+    """POST `document` on a new connection that `worker` accepted (SO_REUSEPORT decides:
+    connections are opened until one lands there); the answer's status."""
+    path = urlsplit(url).path
+    body = json.dumps(document).encode()
+    for _ in range(64):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        source_port = writer.get_extra_info("sockname")[1]
+        await asyncio.sleep(0.02)  # accepted by then
+        if holder(workers, local_port=port, remote_port=source_port) != worker:
+            writer.close()
+            await writer.wait_closed()
+            continue
+        lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        writer.write(("\r\n".join([*lines, "Connection: close", "", ""])).encode() + body)
+        await writer.drain()
+        status_line = await reader.readline()
+        writer.close()
+        await writer.wait_closed()
+        return int(status_line.split()[1])
+    raise AssertionError(f"no connection of 64 landed on worker {worker}")
+
+
+MCP_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}

@@ -69,3 +69,24 @@ def _socket_inodes(pid: int) -> set[str]:
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
     return inodes
+
+
+def holder(pids: list[int], *, local_port: int, remote_port: int) -> int | None:
+    """Which of `pids` holds the established connection from `remote_port` to `local_port`."""
+    for pid in pids:
+        inodes = _socket_inodes(pid)
+        for table in ("tcp", "tcp6"):
+            path = Path(f"/proc/{pid}/net/{table}")
+            if not path.exists():
+                continue
+            for line in path.read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+                if (
+                    state == "01"
+                    and inode in inodes
+                    and int(local.rsplit(":", 1)[1], 16) == local_port
+                    and int(remote.rsplit(":", 1)[1], 16) == remote_port
+                ):
+                    return pid
+    return None

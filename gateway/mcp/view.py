@@ -35,6 +35,7 @@ from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
 from gateway.mcp.answers import EVENT_STREAM, McpCall
 from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
+from gateway.mcp.in_flight import CallHandle
 from gateway.mcp.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -182,16 +183,16 @@ async def _tool_call(
     )
     engine, metrics = app[ENGINE], app[METRICS]
     in_flight = app[MCP_CALLS_IN_FLIGHT]
-    handle = _call_handle(request, caller, call.id)
+    handle = call_handle(request, caller, call.id)
     try:
         reply = engine.answer_from_receipt(proxy_request)
         if reply is None:
             headers = upstream_headers(request, caller)
-            in_flight[handle] = in_flight.get(handle, 0) + 1
+            in_flight.started(handle)
             try:
                 reply = await execute_detached(app, proxy_request._replace(headers=headers))
             finally:
-                _forget_call(in_flight, handle)
+                in_flight.ended(handle)
     except GatewayError as error:
         trace.outcome, trace.state = outcome_of(error), error.state
         metrics.request(route.name, trace.outcome)
@@ -210,19 +211,9 @@ async def _tool_call(
     return await _answer_reply(request, live, call, key, reply)
 
 
-CallHandle = tuple[str, str, str]
-"""(scope, session id, JSON of the request id): how a cancellation names a call."""
-
-
-def _call_handle(request: web.Request, caller: CallerScope, request_id: object) -> CallHandle:
+def call_handle(request: web.Request, caller: CallerScope, request_id: object) -> CallHandle:
     session = request.headers.get("Mcp-Session-Id", "")
     return caller.scope, session, json.dumps(request_id)
-
-
-def _forget_call(in_flight: dict[CallHandle, int], handle: CallHandle) -> None:
-    left = in_flight.pop(handle, 1) - 1
-    if left > 0:
-        in_flight[handle] = left
 
 
 def _cancels_a_protected_call(request: web.Request, caller: CallerScope, message: Message) -> bool:
@@ -231,7 +222,7 @@ def _cancels_a_protected_call(request: web.Request, caller: CallerScope, message
     effect, and a server that stops the tool would turn one protocol generation's
     timeout into a receipt (`-32800`) and the other's into a lost stream. The call runs
     on; its outcome is recorded for the retry."""
-    handle = _call_handle(request, caller, message.params.get("requestId"))
+    handle = call_handle(request, caller, message.params.get("requestId"))
     if handle not in request.app[MCP_CALLS_IN_FLIGHT]:
         return False
     log.info(

@@ -32,6 +32,7 @@ from gateway.engine.quotas import ScopeQuotas
 from gateway.engine.scopes import ScopeResolver
 from gateway.engine.sweeper import Sweeper
 from gateway.mcp.hints import ReadOnlyHints
+from gateway.mcp.in_flight import CallsInFlight
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
@@ -107,7 +108,7 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app[METRICS] = GatewayMetrics(version=__version__)
     app[ROUTES] = RouteTable(settings.routes)
     app[MCP_HINTS] = ReadOnlyHints()
-    app[MCP_CALLS_IN_FLIGHT] = {}
+    app[MCP_CALLS_IN_FLIGHT] = CallsInFlight()
     app[BACKGROUND] = set()
     if worker is not None:
         app[WORKER] = worker
@@ -142,6 +143,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     if worker is not None:
         await _expire_dead_workers_claims(store, worker.role.dead_owners, metrics)
         metrics.share(WorkerSnapshots(Path(worker.role.metrics_directory)))
+        app[MCP_CALLS_IN_FLIGHT].share(worker.channel)
         publisher = asyncio.create_task(_publish_metrics(metrics), name="metrics-snapshots")
     tracer = open_tracer()
     forwarder = Forwarder(settings.routes, tracer=tracer)

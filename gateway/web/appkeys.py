@@ -12,6 +12,7 @@ from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.exchange import RequestTrace
 from gateway.engine.scopes import ScopeResolver
 from gateway.mcp.hints import ReadOnlyHints
+from gateway.mcp.in_flight import CallsInFlight
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
@@ -33,9 +34,9 @@ MCP_HINTS = web.AppKey("mcp_hints", ReadOnlyHints)
 """What each MCP route's server says is read-only, learned from its `tools/list` answers."""
 MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)
 """Binds MCP session ids to the scope that opened them (with `[[clients]]`)."""
-MCP_CALLS_IN_FLIGHT = web.AppKey("mcp_calls_in_flight", dict[tuple[str, str, str], int])
-"""Protected MCP calls being sent, by (scope, session, request id): cancellations of
-these are held back."""
+MCP_CALLS_IN_FLIGHT = web.AppKey("mcp_calls_in_flight", CallsInFlight)
+"""Protected MCP calls being sent (with workers, on any worker): cancellations of these
+are held back."""
 
 TRACE = web.RequestKey("trace", RequestTrace)
 """What one request's log line reports; set by the request-log middleware."""
