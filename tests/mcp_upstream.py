@@ -79,6 +79,8 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
+    "ACCEPT_BOTH",
+    "INITIALIZE",
     "LEGACY",
     "MODERN",
     "CountingMcpServer",
@@ -92,6 +94,21 @@ __all__ = [
 
 HOST = "127.0.0.1"
 PATH = "/mcp"
+
+INITIALIZE: Final = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+"""A raw client's ``initialize`` (protocol 2025-11-25), for tests that speak HTTP themselves."""
+
+ACCEPT_BOTH: Final = {"Accept": "application/json, text/event-stream"}
+"""What a Streamable HTTP client must accept on every POST."""
 
 LEGACY: Final = "legacy"
 """``mcp_client`` mode: the ``initialize`` handshake (protocol 2025-11-25, sessions)."""

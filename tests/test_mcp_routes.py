@@ -21,7 +21,15 @@ from aiohttp import web
 from conftest import GatewayFactory
 from harness import RunningGateway
 from mcp.shared.exceptions import MCPError
-from mcp_upstream import MODERN, CountingMcpServer, ProgressLog, call_with_key, mcp_client
+from mcp_upstream import (
+    ACCEPT_BOTH,
+    INITIALIZE,
+    MODERN,
+    CountingMcpServer,
+    ProgressLog,
+    call_with_key,
+    mcp_client,
+)
 
 PREFIX = "/tools"
 TIMEOUT = 20
@@ -319,17 +327,7 @@ CLIENTS = [
     {"name": "agent-a", "token_sha256": [sha256("tok-a")]},
     {"name": "agent-b", "token_sha256": [sha256("tok-b")]},
 ]
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
-ACCEPT = {"Accept": "application/json, text/event-stream"}
+ACCEPT = ACCEPT_BOTH
 
 
 async def test_a_session_id_works_only_for_the_client_that_opened_it(

@@ -18,6 +18,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 from mcp_upstream import (
+    INITIALIZE,
     MODERN,
     CountingMcpServer,
     HttpExchange,
@@ -322,16 +323,7 @@ async def test_wire_format_of_an_answer(json_response: bool) -> None:
     """What a proxy sees (raw HTTP, no SDK client): SSE answers are `event: message`
     events with CRLF line ends and no `id:` line (no event store, so not resumable);
     JSON answers are one JSON-RPC object with a Content-Length."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "0"},
-        },
-    }
+    initialize = INITIALIZE
     async with (
         asyncio.timeout(LIMIT),
         CountingMcpServer(json_response=json_response) as server,

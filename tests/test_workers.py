@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 from harness import GatewayProcess, spawn
-from mcp_upstream import CountingMcpServer
+from mcp_upstream import ACCEPT_BOTH, INITIALIZE, CountingMcpServer
 from prometheus_client.parser import text_string_to_metric_families
 from upstream import CountingUpstream
 from worker_processes import (
@@ -380,7 +380,7 @@ async def test_workers_on_postgresql_are_replicas_of_one_store(
     assert sorted(Counter(effect.key for effect in upstream.effects).values()) == [1] * 61
 
 
-MCP_ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+MCP_ACCEPT = {**ACCEPT_BOTH, "Content-Type": "application/json"}
 
 
 async def test_a_cancellation_reaching_another_worker_is_still_held_back(
@@ -395,7 +395,7 @@ async def test_a_cancellation_reaching_another_worker_is_still_held_back(
         workers = worker_pids(supervisor_pid(gateway))
         url, port = gateway.url + "/tools", port_of(gateway.url)
         async with aiohttp.ClientSession() as session:
-            async with session.post(url, json=MCP_INITIALIZE, headers=MCP_ACCEPT) as opened:
+            async with session.post(url, json=INITIALIZE, headers=MCP_ACCEPT) as opened:
                 assert opened.status == 200
                 headers = {
                     **MCP_ACCEPT,
@@ -465,15 +465,3 @@ async def _post_through(
         await writer.wait_closed()
         return int(status_line.split()[1])
     raise AssertionError(f"no connection of 64 landed on worker {worker}")
-
-
-MCP_INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -40,8 +41,25 @@ def is_running(pid: int) -> bool:
 
 def connections(pid: int, *, local_port: int | None = None, remote_port: int | None = None) -> int:
     """How many established TCP connections process `pid` holds with that local or remote port."""
+    return sum(
+        1
+        for local, remote in _established(pid)
+        if (local_port is None or local == local_port)
+        and (remote_port is None or remote == remote_port)
+    )
+
+
+def holder(pids: list[int], *, local_port: int, remote_port: int) -> int | None:
+    """Which of `pids` holds the established connection from `remote_port` to `local_port`."""
+    for pid in pids:
+        if (local_port, remote_port) in set(_established(pid)):
+            return pid
+    return None
+
+
+def _established(pid: int) -> Iterator[tuple[int, int]]:
+    """(local port, remote port) of each established TCP connection process `pid` holds."""
     inodes = _socket_inodes(pid)
-    count = 0
     for table in ("tcp", "tcp6"):
         path = Path(f"/proc/{pid}/net/{table}")
         if not path.exists():
@@ -49,14 +67,8 @@ def connections(pid: int, *, local_port: int | None = None, remote_port: int | N
         for line in path.read_text().splitlines()[1:]:
             fields = line.split()
             local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            if state != "01" or inode not in inodes:  # 01: ESTABLISHED
-                continue
-            if local_port is not None and int(local.rsplit(":", 1)[1], 16) != local_port:
-                continue
-            if remote_port is not None and int(remote.rsplit(":", 1)[1], 16) != remote_port:
-                continue
-            count += 1
-    return count
+            if state == "01" and inode in inodes:  # 01: ESTABLISHED
+                yield int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)
 
 
 def _socket_inodes(pid: int) -> set[str]:
@@ -69,24 +81,3 @@ def _socket_inodes(pid: int) -> set[str]:
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
     return inodes
-
-
-def holder(pids: list[int], *, local_port: int, remote_port: int) -> int | None:
-    """Which of `pids` holds the established connection from `remote_port` to `local_port`."""
-    for pid in pids:
-        inodes = _socket_inodes(pid)
-        for table in ("tcp", "tcp6"):
-            path = Path(f"/proc/{pid}/net/{table}")
-            if not path.exists():
-                continue
-            for line in path.read_text().splitlines()[1:]:
-                fields = line.split()
-                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-                if (
-                    state == "01"
-                    and inode in inodes
-                    and int(local.rsplit(":", 1)[1], 16) == local_port
-                    and int(remote.rsplit(":", 1)[1], 16) == remote_port
-                ):
-                    return pid
-    return None
