@@ -57,7 +57,7 @@ from gateway.engine.models import (
 )
 from gateway.engine.outcomes import OutcomeWriter
 from gateway.engine.settle import Outcome, Settler
-from gateway.telemetry.tracer import NO_TRACER, Tracer
+from gateway.telemetry.tracer import NO_TRACER, Span, Tracer
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
@@ -298,15 +298,9 @@ class IdempotencyEngine:
         started = self._clock.monotonic()
         try:
             with self._tracer.upstream(request, operation, request.method) as span:
-                reply = await self._forwarder.send(
-                    route,
-                    request.method,
-                    request.upstream_url,
-                    self._with_forwarded_key(request, operation),
-                    request.body,
+                reply = await self._send_once(
+                    request, operation, request.method, request.body, span
                 )
-                span.status(reply.status)
-                self._inject_fault("after_send")
                 body = await _read_or_close(reply, route.max_stored_response)
         except UpstreamError as exc:
             raise await self._send_failed(request, operation, started, exc) from exc
@@ -329,15 +323,8 @@ class IdempotencyEngine:
         answer: UpstreamAnswer | None = None
         try:
             with self._tracer.upstream(request, operation, dialect.send_method) as span:
-                answer = await self._forwarder.send(
-                    route,
-                    dialect.send_method,
-                    request.upstream_url,
-                    self._with_forwarded_key(request, operation),
-                    dialect.body_for(self._forwarded_key(request, operation)),
-                )
-                span.status(answer.status)
-                self._inject_fault("after_send")
+                body = dialect.body_for(self._forwarded_key(request, operation))
+                answer = await self._send_once(request, operation, dialect.send_method, body, span)
                 try:
                     async with asyncio.timeout(route.max_call):
                         outcome = await dialect.outcome(answer)
@@ -361,6 +348,22 @@ class IdempotencyEngine:
         state = await self._outcomes.complete(request, operation, stored, retained=True)
         self._inject_fault("after_receipt")
         return Reply(stored.status, stored.headers, stored.body, state, key=request.key)
+
+    async def _send_once(
+        self, request: ProxyRequest, operation: Operation, method: str, body: bytes, span: Span
+    ) -> UpstreamAnswer:
+        """The one send of an attempt, inside its upstream span (which also covers reading
+        the answer), with the forwarded key."""
+        answer = await self._forwarder.send(
+            request.route,
+            method,
+            request.upstream_url,
+            self._with_forwarded_key(request, operation),
+            body,
+        )
+        span.status(answer.status)
+        self._inject_fault("after_send")
+        return answer
 
     async def _send_failed(
         self, request: ProxyRequest, operation: Operation, started: float, error: UpstreamError

@@ -117,21 +117,8 @@ class OutcomeWriter:
         write: Callable[[], Awaitable[Operation | None]],
         evidence: Callable[[], Evidence],
     ) -> State:
-        """`_write_and_read_back` in the attempt's record span (the receipt write)."""
-        with self._tracer.record(request, operation, name) as span:
-            state = await self._write_and_read_back(request, operation, name, write, evidence)
-            span.state(state)
-            return state
-
-    async def _write_and_read_back(
-        self,
-        request: ProxyRequest,
-        operation: Operation,
-        name: str,
-        write: Callable[[], Awaitable[Operation | None]],
-        evidence: Callable[[], Evidence],
-    ) -> State:
-        """Run an outcome write; return the record's state once it is done.
+        """Run an outcome write in the attempt's record span; return the record's state
+        once it is done.
 
         That state, not the one the write meant to set, is what the caller is
         told: a stale token leaves evidence and the record as another writer
@@ -150,18 +137,21 @@ class OutcomeWriter:
             await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence()))
             return await self._store.get_by_id(operation.id)
 
-        try:
-            recorded = await settle()
-        except StoreUnavailable as exc:
-            log.error(
-                "%s for %s not recorded yet: %s", name, operation.id, exc.internal or exc.detail
-            )
-            self._keeper.owe(operation.id, operation.token, settle)
-            return self.own_state(operation)
-        if recorded is None:  # forgotten meanwhile: the key may be bound anew
-            current = await self._store.get(request.scope, request.key)
-            return current.state if current is not None else State.RELEASED
-        return recorded.state
+        with self._tracer.record(request, operation, name) as span:
+            try:
+                recorded = await settle()
+            except StoreUnavailable as exc:
+                log.error(
+                    "%s for %s not recorded yet: %s", name, operation.id, exc.internal or exc.detail
+                )
+                self._keeper.owe(operation.id, operation.token, settle)
+                state = self.own_state(operation)
+            else:
+                if recorded is None:  # forgotten meanwhile: the key may be bound anew
+                    recorded = await self._store.get(request.scope, request.key)
+                state = State.RELEASED if recorded is None else recorded.state
+            span.state(state)
+            return state
 
     def own_state(self, operation: Operation) -> State:
         """The record's state while this process holds the attempt and has not written
