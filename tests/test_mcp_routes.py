@@ -51,6 +51,17 @@ async def gateway_for(
     return await gateway_factory(server.url, route=mcp_route(server, **options))
 
 
+async def lost_then_retried(url: str, key: str) -> tuple[Any, Any]:
+    """A call whose connection drops after the tool's effect, then its retry on a new
+    session: both results."""
+    async with asyncio.timeout(TIMEOUT):
+        async with mcp_client(url) as client:
+            lost = await call_with_key(client, "lose_connection", {"title": "x"}, key)
+        async with mcp_client(url) as client:
+            retry = await call_with_key(client, "lose_connection", {"title": "x"}, key)
+    return lost, retry
+
+
 def meta(result: Any) -> dict[str, Any]:
     return dict(result.meta or {})
 
@@ -132,11 +143,7 @@ async def test_a_lost_answer_is_unknown_and_the_retry_is_refused_as_a_tool_resul
     not run again. Resolved applied with a tool result, the next retry replays it."""
     gateway = await gateway_for(gateway_factory, server)
     url = gateway.url + PREFIX
-    async with asyncio.timeout(TIMEOUT):
-        async with mcp_client(url) as client:
-            lost = await call_with_key(client, "lose_connection", {"title": "x"}, "lost-1")
-        async with mcp_client(url) as client:
-            retry = await call_with_key(client, "lose_connection", {"title": "x"}, "lost-1")
+    lost, retry = await lost_then_retried(url, "lost-1")
     assert server.count == 1
     for result in (lost, retry):
         assert result.is_error is True
@@ -182,11 +189,7 @@ async def test_a_lost_answer_names_its_operation_as_the_retry_does(
     in `_meta.idempotency`, as the retry's outcome-unknown result does."""
     gateway = await gateway_for(gateway_factory, server)
     url = gateway.url + PREFIX
-    async with asyncio.timeout(TIMEOUT):
-        async with mcp_client(url) as client:
-            lost = await call_with_key(client, "lose_connection", {"title": "x"}, "lost-named")
-        async with mcp_client(url) as client:
-            retry = await call_with_key(client, "lose_connection", {"title": "x"}, "lost-named")
+    lost, retry = await lost_then_retried(url, "lost-named")
     operation = await (await gateway.get("/operations/lost-named")).json()
 
     assert meta(lost)["idempotency"]["type"] == "upstream-connection-lost"
