@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import signal
 import sys
 
 from aiohttp import web
@@ -21,6 +20,7 @@ from gateway.engine.errors import GatewayError
 from gateway.web.app import SHUTDOWN_GRACE, create_app
 from gateway.web.listeners import LISTENERS
 from gateway.web.logs import configure_logging
+from gateway.web.process import announce, listening_url, wait_for_termination
 from gateway.workers.channel import WorkerChannel
 from gateway.workers.role import RunningWorker, WorkerRole
 from gateway.workers.supervisor import WorkersFailed, supervise
@@ -109,35 +109,30 @@ async def start_sites(
 
 def _url(address: object) -> str:
     host, port = address[0], address[1]  # type: ignore[index]
-    return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+    return listening_url(str(host), int(port))
 
 
 async def serve(settings: Settings, *, worker: WorkerRole | None = None) -> None:
     """Serve until a termination signal arrives (`worker`: as one of a gateway's workers,
     which reports to its supervisor instead of announcing the address)."""
-    channel = None if worker is None else WorkerChannel(worker.channel_descriptor)
-    running = None if worker is None or channel is None else RunningWorker(worker, channel)
+    running = None
+    if worker is not None:
+        running = RunningWorker(worker, WorkerChannel(worker.channel_descriptor))
     runner = make_runner(create_app(settings, worker=running), settings)
     try:
         await runner.setup()
-        urls = await start_sites(runner, settings, reuse_port=worker is not None)
+        urls = await start_sites(runner, settings, reuse_port=running is not None)
         tune_garbage_collector()
-        if channel is not None:
-            channel.ready()
+        if running is not None:
+            running.channel.ready()
         else:
-            print(f"idempotency gateway listening on {urls[0]}", flush=True)
-            if len(urls) > 1:
-                print(f"idempotency gateway admin listening on {urls[1]}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+            announce(urls)
+        await wait_for_termination()
         log.info("shutting down: draining in-flight requests")
     finally:
         await runner.cleanup()
-        if channel is not None:
-            channel.close()
+        if running is not None:
+            running.channel.close()
 
 
 def run(settings: Settings, *, worker: WorkerRole | None = None) -> int:

@@ -36,6 +36,7 @@ from typing import IO
 from gateway.config import Settings
 from gateway.web.app import SHUTDOWN_GRACE
 from gateway.web.metrics_processes import forget_dead_worker
+from gateway.web.process import announce, listening_url, wait_for_termination
 from gateway.workers.channel import SupervisorEnd, pair
 from gateway.workers.ports import bound_port, reserve_port
 from gateway.workers.role import WorkerRole
@@ -170,12 +171,12 @@ class Supervisor:
         updates: dict[str, object] = {
             "server": server.model_copy(update={"port": bound_port(main)})
         }
-        urls = [_url(server.host, bound_port(main))]
+        urls = [listening_url(server.host, bound_port(main))]
         if admin.enabled:
             admin_socket = reserve_port(admin.host, admin.port)
             self._ports.append(admin_socket)
             updates["admin"] = admin.model_copy(update={"port": bound_port(admin_socket)})
-            urls.append(_url(admin.host, bound_port(admin_socket)))
+            urls.append(listening_url(admin.host, bound_port(admin_socket)))
         self._worker_settings = self._settings.model_copy(update=updates)
         return urls
 
@@ -285,27 +286,20 @@ def _exit_reason(code: int) -> str:
     return f"exit code {code}"
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 async def supervise(settings: Settings) -> None:
     """Serve with workers until SIGTERM or SIGINT; the same lines as one process prints."""
     supervisor = Supervisor(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    urls = await supervisor.start()
+    waiting = asyncio.ensure_future(wait_for_termination())
+    await asyncio.sleep(0)  # its signal handlers are in place before any worker starts
     try:
-        print(f"idempotency gateway listening on {urls[0]}", flush=True)
-        if len(urls) > 1:
-            print(f"idempotency gateway admin listening on {urls[1]}", flush=True)
+        urls = await supervisor.start()
+        announce(urls)
         log.info(
             "serving with %d workers",
             len(supervisor.worker_pids),
             extra={"event": "workers_started", "pids": supervisor.worker_pids},
         )
-        await stop.wait()
+        await waiting
     finally:
-        await supervisor.stop()
+        waiting.cancel()
+        await supervisor.stop()  # a no-op when a failed start has stopped it already
