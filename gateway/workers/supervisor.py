@@ -184,13 +184,14 @@ class Supervisor:
 
     async def _start_worker(self, slot: _Slot, *, first: bool = False) -> None:
         supervisor_end, worker_end = pair()
+        lock_descriptor = None if self._lock is None else self._lock.fileno()
         slot.owner = f"{socket.gethostname()}:{os.getpid()}:w{slot.index}:{uuid.uuid4().hex[:8]}"
         role = WorkerRole(
             index=slot.index,
             owner=slot.owner,
             supervisor_pid=os.getpid(),
             channel_descriptor=worker_end.fileno(),
-            lock_descriptor=None if self._lock is None else self._lock.fileno(),
+            lock_descriptor=lock_descriptor,
             first=first,
             metrics_directory=self._metrics_directory,
             dead_owners=tuple(slot.dead_owners),
@@ -202,7 +203,7 @@ class Supervisor:
             settings = settings.model_copy(
                 update={"testing": settings.testing.model_copy(update={"fault": None})}
             )
-        inherited = [worker_end.fileno(), *([] if self._lock is None else [self._lock.fileno()])]
+        inherited = [worker_end.fileno(), *([] if lock_descriptor is None else [lock_descriptor])]
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -247,9 +248,7 @@ class Supervisor:
         forget_dead_worker(process.pid, self._metrics_directory)
         lived = time.monotonic() - slot.started_at
         slot.failures = 0 if lived >= STABLE_SECONDS else slot.failures + 1
-        delay = (
-            0.0 if slot.failures <= 1 else min(0.1 * 2 ** (slot.failures - 1), MAX_RESTART_DELAY)
-        )
+        delay = 0.0 if slot.failures <= 1 else _restart_delay(slot.failures)
         log.warning(
             "worker %d (pid %d) died (%s); its calls in flight turn unknown; restarting%s",
             slot.index,
@@ -271,13 +270,18 @@ class Supervisor:
                 return
             except (WorkersFailed, OSError) as exc:  # OSError: it could not even be spawned
                 slot.failures += 1
-                delay = min(0.1 * 2 ** (slot.failures - 1), MAX_RESTART_DELAY)
+                delay = _restart_delay(slot.failures)
                 log.error("restarting worker %d failed: %s; again in %.1fs", slot.index, exc, delay)
 
     def _relay(self, source: SupervisorEnd, datagram: bytes) -> None:
         for slot in self._slots:
             if slot.channel is not None and slot.channel is not source:
                 slot.channel.send(datagram)
+
+
+def _restart_delay(failures: int) -> float:
+    """0.1 s after the first failure in a row, doubling up to `MAX_RESTART_DELAY`."""
+    return min(0.1 * 2.0 ** (failures - 1), MAX_RESTART_DELAY)
 
 
 def _exit_reason(code: int) -> str:
