@@ -415,53 +415,55 @@ async def test_a_cancellation_reaching_another_worker_is_still_held_back(
                     "_meta": {"idempotencyKey": "cancelled-elsewhere"},
                 },
             }
-            answer = asyncio.create_task(session.post(url, json=call, headers=headers))
+            # The call goes on a connection whose worker is known: the one that sends it.
+            path = urlsplit(url).path
+            reader, writer, sender = await _connection(workers, port)
+            await _send_post(writer, path, call, headers)
             await server.wait_for_count(1, seconds=10)
-            mcp_port = port_of(server.url)
-            (sender,) = [pid for pid in workers if connections(pid, remote_port=mcp_port)]
             other = next(pid for pid in workers if pid != sender)
             cancel = {
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",
                 "params": {"requestId": 7, "reason": "the client gave up"},
             }
-            status = await _post_through(other, workers, url, port, cancel, headers)
-            assert status == 202
-            response = await answer
-            body = await response.text()
-        assert response.status == 200, body
-        assert '"isError":false' in body.replace(" ", "") or '"isError": false' in body
+            cancel_reader, cancel_writer, _ = await _connection(workers, port, on=other)
+            await _send_post(cancel_writer, path, cancel, headers)
+            assert (await cancel_reader.readline()).split()[1] == b"202"
+            cancel_writer.close()
+            async with asyncio.timeout(10):
+                answer = await reader.read()  # to the end: the request said Connection: close
+            writer.close()
+        status_line, _, body = answer.partition(b"\r\n")
+        assert status_line.split()[1] == b"200", answer
+        assert b'"isError":false' in body.replace(b" ", b"")
         methods = [e.json.get("method") for e in server.requests if isinstance(e.json, dict)]
         assert "notifications/cancelled" not in methods
         assert server.count == 1
 
 
-async def _post_through(
-    worker: int,
-    workers: list[int],
-    url: str,
-    port: int,
-    document: dict[str, Any],
-    headers: dict[str, str],
-) -> int:
-    """POST `document` on a new connection that `worker` accepted (SO_REUSEPORT decides:
-    connections are opened until one lands there); the answer's status."""
-    path = urlsplit(url).path
-    body = json.dumps(document).encode()
+async def _connection(
+    workers: list[int], port: int, *, on: int | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+    """A new connection to the gateway and the worker that accepted it; with `on`,
+    connections are opened until that worker accepts one (SO_REUSEPORT decides)."""
     for _ in range(64):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         source_port = writer.get_extra_info("sockname")[1]
         await asyncio.sleep(0.02)  # accepted by then
-        if holder(workers, local_port=port, remote_port=source_port) != worker:
-            writer.close()
-            await writer.wait_closed()
-            continue
-        lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        writer.write(("\r\n".join([*lines, "Connection: close", "", ""])).encode() + body)
-        await writer.drain()
-        status_line = await reader.readline()
+        accepted_by = holder(workers, local_port=port, remote_port=source_port)
+        if accepted_by is not None and on in (None, accepted_by):
+            return reader, writer, accepted_by
         writer.close()
         await writer.wait_closed()
-        return int(status_line.split()[1])
-    raise AssertionError(f"no connection of 64 landed on worker {worker}")
+    raise AssertionError(f"no connection of 64 landed on worker {on}")
+
+
+async def _send_post(
+    writer: asyncio.StreamWriter, path: str, document: dict[str, Any], headers: dict[str, str]
+) -> None:
+    """POST `document` as the only request on the connection (`Connection: close`)."""
+    body = json.dumps(document).encode()
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    writer.write("\r\n".join([*lines, "Connection: close", "", ""]).encode() + body)
+    await writer.drain()
