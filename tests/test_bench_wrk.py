@@ -6,8 +6,9 @@ measure the wrong path and still print a plausible table. So each mode runs
 for about a second against the tool API and a gateway on loopback, started as
 `make bench` starts them, and what the servers saw is checked against what
 wrk reported: new keys each made one operation and one ticket, replays made
-none, mix10 made fewer tickets than requests. wrk is optional (CI has none),
-so these tests skip without it; the aiohttp path is covered by
+none, mix10 made fewer tickets than requests. wrk is optional for
+`make bench`, so these tests skip where it is missing; `.ci/run` installs it
+(Debian package wrk), so CI runs them. The aiohttp path is covered by
 tests/test_bench_smoke.py.
 """
 
