@@ -26,6 +26,7 @@ from pathlib import Path
 from gateway.engine.fingerprint import fingerprint_request
 from gateway.engine.ids import new_operation_id
 from gateway.store.sqlite_schema import STORED_COLUMNS, migrate
+from gateway.store.sqlite_statements import load_or_create_secret
 
 __all__ = ["FILL_SCOPE", "FillReport", "bytes_per_operation", "fill_key", "prefill"]
 
@@ -76,6 +77,9 @@ def prefill(path: Path, rows: int) -> FillReport:
         connection.execute("PRAGMA cache_size=-262144")  # 256 MiB: random key inserts stay in RAM
         connection.execute("BEGIN")
         migrate(connection)
+        # As the gateway's first start makes it: a store holding operations but no
+        # secret refuses to start.
+        load_or_create_secret(connection)
         connection.execute("COMMIT")
         placeholders = ", ".join("?" for _ in STORED_COLUMNS)
         insert = f"INSERT INTO operations ({', '.join(STORED_COLUMNS)}) VALUES ({placeholders})"

@@ -69,6 +69,7 @@ from gateway.store.rows import (
     encode_cursor,
     is_forgotten,
     row_to_operation,
+    scope_secret_lost,
     seal_receipt,
 )
 
@@ -115,15 +116,23 @@ class PostgresStore(PostgresConnection):
         return row_to_operation(row, self._cipher)
 
     async def _load_or_create_secret(self) -> bytes:
+        """The scope secret; made on first start only (see `scope_secret_lost`).
+
+        Insert-if-absent, then read back: replicas starting together all use the
+        one row that won. Never inserted beside existing operations.
+        """
         await self._fetchval(
             "secret",
-            "INSERT INTO gateway_meta (name, value) VALUES ('scope_secret', $1) "
+            "INSERT INTO gateway_meta (name, value) SELECT 'scope_secret', $1 "
+            "WHERE NOT EXISTS (SELECT 1 FROM operations) "
             "ON CONFLICT (name) DO NOTHING",
             secrets.token_bytes(32),
         )
         value = await self._fetchval(
             "secret", "SELECT value FROM gateway_meta WHERE name = 'scope_secret'"
         )
+        if value is None:
+            raise scope_secret_lost()
         return bytes(value)
 
     async def watch(self, operation_id: str) -> None:

@@ -128,6 +128,21 @@ def is_forgotten(operation: Operation) -> bool:
     )
 
 
+def scope_secret_lost() -> StoreUnavailable:
+    """Why a store that holds operations but no scope secret refuses to start.
+
+    A new secret would put every caller in a new scope: keys already used (in
+    flight, unknown, completed) would be met as new keys and sent again, the one
+    thing the gateway exists to prevent. Both stores refuse the same way.
+    """
+    return StoreUnavailable(
+        "the store holds operations but no scope secret (gateway_meta 'scope_secret'): "
+        "a new secret would move every caller to a new scope, and keys already used "
+        "would be sent again as new operations; restore the secret from a backup of "
+        "this store, or start on an empty store"
+    )
+
+
 def claim_changes(current: Operation, fingerprint: str) -> bool:
     """Whether a claim of `current`'s key changes its record, rather than report it.
 

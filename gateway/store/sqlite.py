@@ -68,7 +68,7 @@ from gateway.store.sqlite_statements import (
     _SELECT,
     KEY_IN_ANY_SCOPE,
     _claim,
-    _load_or_create_secret,
+    load_or_create_secret,
 )
 
 T = TypeVar("T")
@@ -126,7 +126,7 @@ class SqliteStore(SqliteConnection):
         try:
             await self._writer.start()
             await self._writer.run(migrate, off_loop=True)
-            self._secret = await self._writer.run(_load_or_create_secret)
+            self._secret = await self._writer.run(load_or_create_secret)
             if self._shared is None or self._shared.first:
                 # This gateway holds the file: whatever is in flight, nobody sends.
                 self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)

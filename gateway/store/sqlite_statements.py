@@ -26,7 +26,7 @@ from gateway.engine.models import (
     Operation,
     State,
 )
-from gateway.store.rows import claim_changes, is_forgotten
+from gateway.store.rows import claim_changes, is_forgotten, scope_secret_lost
 from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION
 
 Decode = Callable[[Any], Operation]
@@ -145,10 +145,13 @@ def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> O
     return operation
 
 
-def _load_or_create_secret(c: sqlite3.Connection) -> bytes:
+def load_or_create_secret(c: sqlite3.Connection) -> bytes:
+    """The scope secret; made on first start only (see `scope_secret_lost`)."""
     row = c.execute("SELECT value FROM gateway_meta WHERE name = 'scope_secret'").fetchone()
     if row is not None:
         return bytes(row[0])
+    if c.execute("SELECT 1 FROM operations LIMIT 1").fetchone() is not None:
+        raise scope_secret_lost()
     secret = secrets.token_bytes(32)
     c.execute("INSERT INTO gateway_meta (name, value) VALUES ('scope_secret', ?)", (secret,))
     return secret
