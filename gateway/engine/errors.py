@@ -97,6 +97,18 @@ class GatewayError(Exception):
         self.safe_to_retry = state != "unknown"
         return self
 
+    def concerning(self, key: str | None) -> Self:
+        """Name the caller's key on a refusal that came before any record of it (a body
+        too large or too slow, a quota, a saturated route, a store that is down).
+
+        The answer then carries the key (`Idempotency-Key`, the problem's `key` and
+        lookup URL) like every answer about a key; with no record there is no state.
+        An error already tied to an operation keeps what `about` said.
+        """
+        if self.key is None:
+            self.key = key
+        return self
+
     @property
     def type_uri(self) -> str:
         return PROBLEM_BASE_URI + self.problem_type

@@ -197,7 +197,9 @@ async def _tool_call(
         trace.outcome, trace.state = outcome_of(error), error.state
         metrics.request(route.name, trace.outcome)
         request_id = log_internal(request, error)
-        problem = problem_document(error, instance=request.path, request_id=request_id)
+        problem = problem_document(
+            error.concerning(key), instance=request.path, request_id=request_id
+        )
         refused = _key_headers(key, error.state, replayed=False)
         if error.retry_after is not None:
             # The hint goes both ways: in the result for the model's code, and as the

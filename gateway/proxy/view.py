@@ -116,9 +116,13 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
         raise MissingKey(
             f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
         )
-    body = await read_in_time(
-        request, lambda: read_body(request, route.max_body), app[SETTINGS].server.client_timeout
-    )
+    try:
+        body = await read_in_time(
+            request, lambda: read_body(request, route.max_body), app[SETTINGS].server.client_timeout
+        )
+    except GatewayError as error:
+        error.concerning(key)
+        raise
     engine = app[ENGINE]
     metrics = app[METRICS]
 
@@ -165,6 +169,7 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
     except GatewayError as error:
         trace.outcome, trace.state = outcome_of(error), error.state
         metrics.request(route.name, trace.outcome)
+        error.concerning(key)
         raise
     trace.outcome = outcome_of_reply(reply)
     trace.state = reply.state.value if reply.state is not None else None
