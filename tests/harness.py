@@ -16,7 +16,7 @@ import select
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -398,3 +398,13 @@ def skewed_clock(seconds: float) -> dict[str, str]:
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "FAKETIME_NO_CACHE": "1",
     }
+
+
+def assert_names_the_key(headers: Mapping[str, str], document: dict[str, Any], key: str) -> None:
+    """A refusal before any record still names the caller's key: the `Idempotency-Key`
+    header, and the problem's `key` and lookup URL; no record, so no state."""
+    assert headers["Idempotency-Key"] == key
+    assert "Idempotency-Status" not in headers
+    assert document["key"] == key
+    assert document["operation"] == "/operations/" + quote(key, safe="")
+    assert "state" not in document

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from conftest import GatewayFactory
-from harness import RunningGateway
+from harness import RunningGateway, assert_names_the_key
 from upstream import CountingUpstream
 
 PROBLEM = "application/problem+json"
@@ -99,11 +100,14 @@ async def test_structured_field_and_bare_key_are_the_same_key(
 async def test_body_over_the_limit_is_413(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """A body larger than the route's max_body is refused before anything is recorded."""
+    """A body larger than the route's max_body is refused before anything is recorded;
+    the answer still names the key."""
     gateway = await gateway_factory(upstream.url, route={"max_body": "1KiB"})
     response = await gateway.post("/tickets/v1/issues", key="big", data=b"x" * 1025)
     assert response.status == 413
-    assert problem_type(await problem_of(response)) == "payload-too-large"
+    document = await problem_of(response)
+    assert problem_type(document) == "payload-too-large"
+    assert_names_the_key(response.headers, document, "big")
     assert (await gateway.get("/operations/big")).status == 404
     assert upstream.count == 0
 
@@ -299,7 +303,8 @@ async def test_store_unavailable_is_503_and_never_forwarded(
 async def test_route_at_its_concurrency_limit_is_503_and_records_nothing(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """Past max_concurrency a request is refused with route-saturated and no record."""
+    """Past max_concurrency a request is refused with route-saturated and no record; the
+    answer still names the key."""
     gateway = await gateway_factory(upstream.url, route={"max_concurrency": 1})
     slow = asyncio.create_task(gateway.post("/tickets/v1/issues?delay=0.5", key="a", json_body={}))
     await upstream.wait_for_count(1)
@@ -309,10 +314,32 @@ async def test_route_at_its_concurrency_limit_is_503_and_records_nothing(
     assert problem_type(document) == "route-saturated"
     assert document["safe_to_retry"] is True
     assert int(refused.headers["Retry-After"]) >= 1
+    assert_names_the_key(refused.headers, document, "b")
     assert (await gateway.get("/operations/b")).status == 404
     assert (await slow).status == 201
     assert (await gateway.post("/tickets/v1/issues", key="b", json_body={})).status == 201
     assert upstream.count == 2
+
+
+async def test_a_store_that_cannot_record_the_claim_is_503_naming_the_key(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, tmp_path: Path
+) -> None:
+    """Another process holds the database's write lock past `busy_timeout` (an operator's
+    shell, a backup): 503 store-unavailable, naming the key; nothing is sent."""
+    gateway = await gateway_factory(upstream.url, store={"busy_timeout": "200ms"})
+    with closing(sqlite3.connect(tmp_path / "gateway.db", isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            refused = await gateway.post("/tickets/v1/issues", key="down", json_body={})
+        finally:
+            holder.execute("ROLLBACK")
+    assert refused.status == 503
+    document = await problem_of(refused)
+    assert problem_type(document) == "store-unavailable"
+    assert document["safe_to_retry"] is True
+    assert refused.headers["Idempotency-Key"] == "down"
+    assert (document["key"], document["operation"]) == ("down", "/operations/down")
+    assert upstream.count == 0
 
 
 async def test_a_saturated_route_still_replays_completed_keys(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
 from conftest import GatewayFactory
-from harness import ADMIN_TOKEN
+from harness import ADMIN_TOKEN, assert_names_the_key
 from upstream import CountingUpstream
 
 PROBLEM = "application/problem+json"
@@ -21,7 +22,8 @@ def kind(document: dict[str, Any]) -> str:
 async def test_new_keys_per_minute_is_enforced_per_scope(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """Past its new-key rate a scope gets 429 quota-exceeded; replays and other scopes pass."""
+    """Past its new-key rate a scope gets 429 quota-exceeded (naming the key); replays and
+    other scopes pass."""
     gateway = await gateway_factory(upstream.url, quotas={"new_keys_per_minute": 3})
     alice = {"Authorization": "Bearer alice"}
     for n in range(3):
@@ -35,6 +37,7 @@ async def test_new_keys_per_minute_is_enforced_per_scope(
     assert kind(document) == "quota-exceeded"
     assert document["safe_to_retry"] is True
     assert int(refused.headers["Retry-After"]) >= 1
+    assert_names_the_key(refused.headers, document, "q3")
     assert (await gateway.get("/operations/q3", headers=alice)).status == 404
     replay = await gateway.post("/tickets/v1/issues", key="q0", json_body={}, headers=alice)
     assert replay.headers["Idempotent-Replayed"] == "true"
@@ -76,7 +79,8 @@ async def test_max_in_flight_refuses_a_scopes_extra_concurrent_request(
 async def test_a_body_that_never_finishes_is_408_and_never_forwarded(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """A caller that stalls mid-body gets 408 request-timeout; nothing is recorded or sent."""
+    """A caller that stalls mid-body gets 408 request-timeout, naming the key; nothing is
+    recorded or sent."""
     gateway = await gateway_factory(upstream.url, server={"client_timeout": "300ms"})
     host, port = gateway.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -86,8 +90,12 @@ async def test_a_body_that_never_finishes_is_408_and_never_forwarded(
     )
     await writer.drain()
     status_line = await asyncio.wait_for(reader.readline(), 5)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    headers = dict(line.split(": ", 1) for line in head.decode().strip().split("\r\n"))
+    body = await asyncio.wait_for(reader.readexactly(int(headers["Content-Length"])), 5)
     writer.close()
     assert b" 408 " in status_line
+    assert_names_the_key(headers, json.loads(body), "slow")
     assert (await gateway.get("/operations/slow")).status == 404
     assert upstream.count == 0
 
