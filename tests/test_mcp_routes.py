@@ -508,7 +508,8 @@ async def test_a_saturated_route_refuses_with_its_retry_hint(
     gateway_factory: GatewayFactory, server: CountingMcpServer
 ) -> None:
     """At max_concurrency the next call is refused before anything is recorded: a tool
-    result marked safe to retry, with the Retry-After hint in _meta and in the header."""
+    result marked safe to retry, with the Retry-After hint in _meta and in the header,
+    naming the call's key and its lookup URL."""
     gateway = await gateway_for(gateway_factory, server, max_concurrency=1)
     url = gateway.url + PREFIX
     async with asyncio.timeout(TIMEOUT), mcp_client(url) as client:
@@ -525,6 +526,8 @@ async def test_a_saturated_route_refuses_with_its_retry_hint(
         True,
         1,
     )
+    assert (state["key"], state["operation"]) == ("busy-2", "/operations/busy-2")
+    assert "state" not in state
     assert server.count == 1
     missing = await gateway.get("/operations/busy-2")
     assert missing.status == 404  # nothing was recorded
