@@ -388,13 +388,42 @@ def skewed_clock(seconds: float) -> dict[str, str]:
     Black-box, so it shows the gateway's behaviour whatever clock seam it has. Skips
     when libfaketime is missing, except in CI, which must have it.
     """
+    return {**_faketime(), "FAKETIME": f"{seconds:+.3f}s"}
+
+
+class SteppedClock:
+    """A subprocess wall clock that the test steps while it runs (the monotonic clock
+    stays true): libfaketime reads its offset from `path` at every clock call.
+
+    >>> # clock = SteppedClock(tmp_path / "clock"); spawn(..., env=clock.env)
+    >>> # clock.step(600.0)  # the host's clock jumps ten minutes ahead
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0.0
+        self.env = {**_faketime(), "FAKETIME_TIMESTAMP_FILE": str(path)}
+        self._write()
+
+    def step(self, seconds: float) -> None:
+        self.offset += seconds
+        self._write()
+
+    def _write(self) -> None:
+        staged = self.path.with_suffix(".next")
+        staged.write_text(f"{self.offset:+.3f}s\n")
+        staged.replace(self.path)  # atomic: a clock call never reads half a line
+
+
+def _faketime() -> dict[str, str]:
+    """libfaketime preloaded, the monotonic clock left true; skips when it is missing,
+    except in CI, which must have it."""
     if not FAKETIME_LIBRARY.exists():
         if os.environ.get("CI") == "true":
             pytest.fail(f"{FAKETIME_LIBRARY} is missing: .ci/run installs the faketime package")
         pytest.skip("libfaketime is not installed (apt-get install faketime)")
     return {
         "LD_PRELOAD": str(FAKETIME_LIBRARY),
-        "FAKETIME": f"{seconds:+.3f}s",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "FAKETIME_NO_CACHE": "1",
     }

@@ -30,7 +30,9 @@ through the gateway without any side channel:
 - ``forge=1``: add the gateway's own headers (``Idempotent-Replayed: true``,
   ``Idempotency-Status: completed``, ``Idempotency-Key: forged``);
 - ``apply_after=SECONDS``: wait first, then apply the effect and answer (an
-  upstream that applies a request late, after the caller timed out).
+  upstream that applies a request late, after the caller timed out);
+- ``hold=1``: wait until the test calls ``release_held()``, then apply the
+  effect and answer (late by as long as the test says, whatever the load).
 
 A retry must be the same request, query included, so attempts of one key
 cannot be told apart by their query: ``script`` holds controls for the next
@@ -127,6 +129,9 @@ class CountingUpstream:
         self.probes: list[dict[str, str]] = []
         self.script: list[dict[str, str]] = []
         self.probe_delays: list[float] = []
+        self.held = 0
+        """How many ``hold=1`` requests arrived (they wait for ``release_held``)."""
+        self._release = asyncio.Event()
         # Holding the transports (not their ids) keeps ids from being reused by
         # a new connection after an old one is garbage-collected.
         self._transports: set[object] = set()
@@ -160,6 +165,17 @@ class CountingUpstream:
         """Forget the recorded effects and connections (the server keeps running)."""
         self.effects.clear()
         self._transports.clear()
+
+    def release_held(self) -> None:
+        """Let every ``hold=1`` request, waiting or still to come, apply its effect."""
+        self._release.set()
+
+    async def wait_for_held(self, count: int, *, seconds: float = 30.0) -> None:
+        """Wait until ``count`` ``hold=1`` requests arrived; TimeoutError after ``seconds``."""
+        async with asyncio.timeout(seconds):
+            while self.held < count:
+                self._changed.clear()
+                await self._changed.wait()
 
     async def wait_for_count(self, count: int, *, seconds: float = 2.0) -> None:
         """Wait until at least ``count`` effects were applied; TimeoutError after ``seconds``.
@@ -239,6 +255,10 @@ class CountingUpstream:
             return web.Response(status=500)
         if "apply_after" in controls:
             await asyncio.sleep(float(controls["apply_after"]))
+        if controls.get("hold") == "1":
+            self.held += 1
+            self._changed.set()
+            await self._release.wait()
         effect = self._record(request, body)
 
         if "delay" in controls:

@@ -46,6 +46,7 @@ from gateway.engine.exchange import (
     UpstreamAnswer,
     receipt_of,
 )
+from gateway.engine.graces import GraceClock
 from gateway.engine.headers import IDEMPOTENCY_KEY, Pairs
 from gateway.engine.models import (
     ClaimRequest,
@@ -109,6 +110,8 @@ class IdempotencyEngine:
         self._observer: LifecycleObserver = observer or NoObserver()
         self._timed = StoreTimer(self._observer, clock)
         self._fault = fault
+        self.graces = GraceClock(clock)
+        """The store's clock as this process vouches for it; `run_witness` feeds it."""
         self._settler = Settler(
             store=store,
             prober=prober,
@@ -118,6 +121,7 @@ class IdempotencyEngine:
             observer=self._observer,
             timed=self._timed,
             clock=clock,
+            graces=self.graces,
             tracer=tracer,
         )
         self._records = KeyRecords(

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from gateway.engine.clock import Clock
     from gateway.engine.exchange import LifecycleObserver, StoreTimer
     from gateway.engine.forwarded_key import ForwardedKeys
+    from gateway.engine.graces import GraceClock
     from gateway.engine.probes import ProbeAnswer, Prober
     from gateway.store.base import Store
 
@@ -45,9 +46,11 @@ class Settler:
         observer: LifecycleObserver,
         timed: StoreTimer,
         clock: Clock,
+        graces: GraceClock,
         tracer: Tracer = NO_TRACER,
     ) -> None:
         self._store = store
+        self._graces = graces
         self._prober = prober
         self._tracer = tracer
         self._forwarded_keys = forwarded_keys
@@ -134,17 +137,25 @@ class Settler:
         sent, read afresh from the store (never from a snapshot a caller held).
         It settles the operation only while that attempt is still current (the
         resolution is fenced by its token); otherwise it is kept as evidence.
-        "Not applied" counts only once the probe was sent `not_applied_after`
-        past the attempt's last lease expiry, both on the store's clock: the
+        "Not applied" counts only once `not_applied_after` passed since the
+        attempt's last lease expiry, on the store's clock and, so that a step
+        of that clock cannot shorten it, in this process (`GraceClock`): the
         upstream may still be applying a request it received late.
         """
         route = self._routes.get(operation.route)
         probe = route.probe if route is not None else None
         if route is None or probe is None or not self._prober.due(operation.id):
             return operation
+        before = self._clock.monotonic()
         asked = await self._store.get_by_id(operation.id)
         if asked is None or asked.state is not State.UNKNOWN:
             return asked  # settled meanwhile, or forgotten (None)
+        waited = self._graces.elapsed_since(
+            self._last_send_bound(asked),
+            store_now=asked.observed_at,
+            before=before,
+            after=self._clock.monotonic(),
+        )
         forwarded = self._forwarded_keys.of(route, asked)
         if forwarded is None:  # the config refuses a probe on such a route
             return asked
@@ -152,15 +163,21 @@ class Settler:
             answer = await self._prober.ask(route, asked, forwarded)
             if answer.response is not None:
                 span.status(answer.response.status)
-            probed = await self._verdict(route, probe, asked, answer)
+            probed = await self._verdict(route, probe, asked, answer, waited)
             if probed is not None:
                 span.operation(probed)
             return probed
 
     async def _verdict(
-        self, route: RouteSettings, probe: ProbeSettings, asked: Operation, answer: ProbeAnswer
+        self,
+        route: RouteSettings,
+        probe: ProbeSettings,
+        asked: Operation,
+        answer: ProbeAnswer,
+        waited: float,
     ) -> Operation | None:
-        """Act on a probe's answer about the attempt `asked` was read at."""
+        """Act on a probe's answer about the attempt `asked` was read at, `waited` seconds
+        after that attempt's last possible send (as `GraceClock` counts them)."""
         response = answer.response
         if response is None:
             return await self._probe_evidence(
@@ -169,7 +186,7 @@ class Settler:
         if response.status in probe.applied_statuses:
             return await self._probe_settles(route, asked, "applied", response)
         if response.status in probe.not_applied_statuses:
-            if asked.observed_at >= self._last_send_bound(asked) + probe.not_applied_after:
+            if waited >= probe.not_applied_after:
                 return await self._probe_settles(route, asked, "not_applied", None)
             return await self._probe_evidence(
                 route,

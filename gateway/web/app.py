@@ -26,6 +26,7 @@ from gateway.config import Settings
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.forwarded_key import ForwardedKeys
+from gateway.engine.graces import run_witness
 from gateway.engine.leases import LeaseKeeper
 from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
@@ -170,6 +171,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         fault=settings.testing.fault,
     )
     engine.cross_process_signals = await store.subscribe(engine.notify_settled)
+    witness = asyncio.create_task(run_witness(store.now, engine.graces), name="clock-witness")
     sweeper = Sweeper(store, engine, metrics, interval=settings.idempotency.sweep_interval)
     await sweeper.start()
     app[STORE] = store
@@ -192,6 +194,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
             await asyncio.gather(publisher, return_exceptions=True)
             metrics.publish()  # the last counts of a worker that stops
         await sweeper.stop()
+        witness.cancel()
+        await asyncio.gather(witness, return_exceptions=True)
         await keeper.stop()
         await forwarder.close()
         await store.close()

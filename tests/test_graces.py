@@ -1,0 +1,67 @@
+"""`GraceClock`: the time counted for a grace that releases a key is never more than
+really passed, whatever the store's clock does."""
+
+from __future__ import annotations
+
+from gateway.engine.clock import SystemClock
+from gateway.engine.graces import GraceClock
+
+
+def counted(graces: GraceClock, moment: float, store_now: float, monotonic: float) -> float:
+    return graces.elapsed_since(moment, store_now=store_now, before=monotonic, after=monotonic)
+
+
+def started(store_now: float = 1000.0, monotonic: float = 10.0) -> GraceClock:
+    graces = GraceClock(SystemClock())
+    graces.witness(store_now, before=monotonic, after=monotonic)
+    return graces
+
+
+def test_a_clock_that_keeps_pace_counts_store_time() -> None:
+    """With no step, the time since a moment after the first witness is the store's."""
+    graces = started()
+    assert counted(graces, 1010.0, 1100.0, 110.0) == 90.0
+
+
+def test_a_moment_before_the_process_started_counts_from_its_start() -> None:
+    """A moment older than the first witness counts only the time this process saw."""
+    graces = started()
+    assert counted(graces, 400.0, 1030.0, 40.0) == 30.0
+
+
+def test_a_forward_step_restarts_the_count() -> None:
+    """A ten-minute forward step between two readings counts from the step, not before."""
+    graces = started()
+    assert counted(graces, 1000.0, 1060.0, 70.0) == 60.0
+    assert counted(graces, 1000.0, 1700.0, 80.0) == 0.0
+    assert counted(graces, 1000.0, 1760.0, 140.0) == 60.0
+    assert graces.steps_seen == 1
+
+
+def test_a_backward_then_forward_step_seen_by_a_witness_is_a_step() -> None:
+    """Two opposite steps are caught when a witness read the clock between them."""
+    graces = started()
+    graces.witness(400.0, before=20.0, after=20.0)  # ten minutes back
+    assert counted(graces, 410.0, 1030.0, 40.0) == 0.0  # forward again: counts from now
+    assert graces.steps_seen == 2
+
+
+def test_small_steps_do_not_add_up_to_a_shorter_grace() -> None:
+    """Steps each under the noise tolerance are measured against one starting point, so
+    their sum is caught."""
+    graces = started()
+    store, monotonic = 1000.0, 10.0
+    for _ in range(10):
+        store, monotonic = store + 1.4, monotonic + 1.0
+        graces.witness(store, before=monotonic, after=monotonic)
+    assert graces.steps_seen >= 1
+    assert counted(graces, 1000.0, store + 1.0, monotonic + 1.0) <= monotonic + 1.0 - 10.0
+
+
+def test_a_slow_read_is_not_a_step() -> None:
+    """A store read that took two seconds is bounded by the monotonic readings around it:
+    the clocks kept pace, so nothing restarts."""
+    graces = started()
+    graces.witness(1051.0, before=60.0, after=62.0)
+    assert graces.steps_seen == 0
+    assert counted(graces, 1000.0, 1300.0, 310.0) == 300.0
