@@ -145,6 +145,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         await _expire_dead_workers_claims(store, worker.role.dead_owners, metrics)
         metrics.share(WorkerSnapshots(Path(worker.role.metrics_directory)))
         app[MCP_CALLS_IN_FLIGHT].share(worker.channel)
+        worker.channel.follow_workers()
         publisher = asyncio.create_task(_publish_metrics(metrics), name="metrics-snapshots")
     tracer = open_tracer()
     forwarder = Forwarder(settings.routes, tracer=tracer)
@@ -252,8 +253,20 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """200 `ready` when the store answers. With workers, also how many of them serve, and
+    503 `degraded` once fewer than all have for a while (`DEGRADED_SECONDS`): a gateway
+    left with one worker of many still answers, but a load balancer should know."""
     await _check_ready(request.app)
-    return web.json_response({"status": "ready"})
+    worker = request.app.get(WORKER)
+    report = None if worker is None else worker.channel.workers
+    if report is None:  # one process, or no report from the supervisor yet
+        return web.json_response({"status": "ready"})
+    body = {
+        "status": "degraded" if report.degraded else "ready",
+        "serving_workers": report.serving,
+        "workers": report.workers,
+    }
+    return web.json_response(body, status=503 if report.degraded else 200)
 
 
 async def _check_ready(app: web.Application) -> None:

@@ -4,7 +4,9 @@ Each application gets its own registry, so several gateways can live in one
 test process and nothing leaks through prometheus_client's global default.
 With worker processes, each worker also publishes a snapshot to the
 supervisor's directory and `render()` shows every worker's sum
-(`gateway.web.metrics_processes`).
+(`gateway.web.metrics_processes`). The supervisor serves no scrape, so what
+only it knows (`worker_restarts_total`) it publishes to the same directory as
+a snapshot of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ OUTCOMES: Final = (
     "released",
     "rejected",
 )
+
+
+def worker_restarts_counter(registry: CollectorRegistry) -> Counter:
+    """The one definition of the restart counter, for both sides: the supervisor counts in
+    its registry and publishes it; every worker's registry holds the family at 0, which
+    is what makes a worker's `/metrics` sum the supervisor's snapshot in."""
+    return Counter(
+        PREFIX + "worker_restarts",
+        "Worker processes started to replace one that died ([server] workers above 1).",
+        registry=registry,
+    )
+
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -155,6 +169,7 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.worker_restarts = worker_restarts_counter(r)
         self.build = Info(PREFIX + "build", "Gateway build information.", registry=r)
         self.build.info({"version": version})
         self._snapshots: WorkerSnapshots | None = None

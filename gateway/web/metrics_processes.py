@@ -18,6 +18,10 @@ snapshot and sums everyone's:
   build info: the scraping worker's own, which it has just refreshed.
 
 Another worker's counts are at most `SNAPSHOT_SECONDS` old in a scrape.
+
+The supervisor publishes a snapshot of its own too (`SUPERVISOR`, never
+forgotten), of what only it knows: `worker_restarts_total`, summed in as
+a worker's counters are.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 SNAPSHOT_SECONDS = 1.0
+SUPERVISOR = "supervisor"
+"""The supervisor's snapshot's name in the directory (the workers' are their pids)."""
 SUMMED = frozenset({"counter", "histogram", "summary"})
 LEAST_OVER_WORKERS = frozenset({"idempotency_gateway_ready"})
 """Gauges that read the least live worker's value; other gauges are the scraping worker's."""

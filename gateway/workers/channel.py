@@ -12,6 +12,12 @@ worker:
   sent (`gateway.mcp.in_flight`): a cancellation of it is held back whichever
   worker it reaches.
 
+The supervisor sends one datagram of its own, `W<serving> <workers> <degraded>`
+(`WorkersServing`), to every worker whenever a worker starts serving or dies,
+and again every `REPORT_SECONDS`: how many workers serve, and whether fewer
+than all have for longer than the supervisor's `DEGRADED_SECONDS`. `/readyz`
+answers from the last one received; the repetition heals a dropped datagram.
+
 Datagrams never block: a full socket buffer drops the wake, and the waiter
 still re-reads the store on its polling schedule. Nothing here decides an
 outcome; it only shortens a wait.
@@ -23,14 +29,46 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 
 READY = b"R"
 SETTLED = b"S"
 CALL_STARTED = b"C"
 CALL_ENDED = b"D"
+WORKERS = b"W"
 MAX_DATAGRAM = 4096
 """Longer than any operation id or call name the gateway sends (a call name longer than
 this is not announced: its cancellation is held back only where it is sent)."""
+REPORT_SECONDS = 1.0
+"""How often the supervisor repeats `WorkersServing` (a dropped report is stale this long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersServing:
+    """The supervisor's count of serving workers, as each worker last heard it.
+
+    >>> WorkersServing.decode(WorkersServing(2, 3, degraded=True).encode()[1:])
+    WorkersServing(serving=2, workers=3, degraded=True)
+    """
+
+    serving: int
+    """Workers that listen and have not died since."""
+    workers: int
+    """`[server] workers`."""
+    degraded: bool
+    """Fewer than `workers` have served for longer than the supervisor allows."""
+
+    def encode(self) -> bytes:
+        return WORKERS + f"{self.serving} {self.workers} {int(self.degraded)}".encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> WorkersServing | None:
+        """The report in `body` (after the `W`), or None for one this worker cannot read."""
+        try:
+            serving, workers, degraded = (int(field) for field in body.split())
+        except ValueError:
+            return None
+        return cls(serving, workers, degraded=bool(degraded))
 
 
 class WorkerChannel:
@@ -42,6 +80,8 @@ class WorkerChannel:
         self._listening = False
         self._on_settled: Callable[[str], None] | None = None
         self._on_call: Callable[[str, bool], None] | None = None
+        self.workers: WorkersServing | None = None
+        """The supervisor's last report (None until one arrives)."""
 
     def ready(self) -> None:
         """This worker listens: tell the supervisor."""
@@ -63,6 +103,10 @@ class WorkerChannel:
     def listen_calls(self, on_call: Callable[[str, bool], None]) -> None:
         """`on_call(call, started)` for the other workers' announcements."""
         self._on_call = on_call
+        self._start_listening()
+
+    def follow_workers(self) -> None:
+        """Keep `workers` current from the supervisor's reports."""
         self._start_listening()
 
     def _start_listening(self) -> None:
@@ -88,6 +132,8 @@ class WorkerChannel:
                 self._on_settled(body.decode("ascii", "replace"))
             elif kind in (CALL_STARTED, CALL_ENDED) and self._on_call is not None:
                 self._on_call(body.decode("utf-8", "replace"), kind == CALL_STARTED)
+            elif kind == WORKERS:
+                self.workers = WorkersServing.decode(body) or self.workers
         if closed:  # the supervisor is gone; this worker is being stopped too
             asyncio.get_running_loop().remove_reader(self._socket)
 

@@ -31,13 +31,17 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
+
+from prometheus_client import CollectorRegistry
 
 from gateway.config import Settings
 from gateway.web.app import SHUTDOWN_GRACE
-from gateway.web.metrics_processes import forget_dead_worker
+from gateway.web.metrics import worker_restarts_counter
+from gateway.web.metrics_processes import SUPERVISOR, WorkerSnapshots, forget_dead_worker
 from gateway.web.process import announce, listening_url, wait_for_termination
-from gateway.workers.channel import SupervisorEnd, pair
+from gateway.workers.channel import REPORT_SECONDS, SupervisorEnd, WorkersServing, pair
 from gateway.workers.ports import bound_port, reserve_port
 from gateway.workers.role import WorkerRole
 
@@ -48,6 +52,10 @@ START_SECONDS = 60.0
 MAX_RESTART_DELAY = 5.0
 STABLE_SECONDS = 10.0
 """A worker that lived this long is restarted at once; one that dies sooner backs off."""
+DEGRADED_SECONDS = 10.0
+"""Fewer workers than configured serve for longer than this: `/readyz` says degraded.
+A restart takes a second or two, so a load balancer that reads `/readyz` does not
+take the gateway out for each one, only for a slot that stays empty."""
 
 
 class WorkersFailed(Exception):
@@ -62,6 +70,8 @@ class _Slot:
     owner: str = ""
     started_at: float = 0.0
     failures: int = 0
+    serving: bool = False
+    """It listens (it said so on its channel) and has not died since."""
     dead_owners: list[str] = field(default_factory=list)
 
 
@@ -81,6 +91,13 @@ class Supervisor:
         self._worker_settings = settings
         self._stopping = False
         self._watchers: set[asyncio.Task[None]] = set()
+        self._short_since: float | None = None
+        """Since when fewer than all workers serve (None: all do, or none has served yet:
+        the clock starts when the first worker listens)."""
+        self._degraded = False
+        self._reporter: asyncio.Task[None] | None = None
+        self._counts = CollectorRegistry(auto_describe=True)
+        self._restarts = worker_restarts_counter(self._counts)
 
     async def start(self) -> list[str]:
         """Hold the file and the ports, start every worker; the URLs, main first."""
@@ -88,6 +105,7 @@ class Supervisor:
             self._hold_store()
             urls = self._hold_ports()
             self._metrics_directory = tempfile.mkdtemp(prefix="idempotency-gateway-metrics-")
+            self._reporter = asyncio.create_task(self._report_workers(), name="workers-report")
             await self._start_worker(self._slots[0], first=True)
             await asyncio.gather(*(self._start_worker(slot) for slot in self._slots[1:]))
         except BaseException:
@@ -118,6 +136,8 @@ class Supervisor:
                     await process.wait()
         for task in self._watchers:
             task.cancel()
+        if self._reporter is not None:
+            self._reporter.cancel()
         for slot in self._slots:
             if slot.channel is not None:
                 slot.channel.close()
@@ -217,6 +237,7 @@ class Supervisor:
         slot.process = process
         slot.started_at = time.monotonic()
         slot.channel = SupervisorEnd(supervisor_end, self._relay)
+        slot.channel.send(self._report().encode())  # what it reads first, once it follows
         assert process.stdin is not None
         process.stdin.write(pickle.dumps((settings, role)))
         await process.stdin.drain()
@@ -233,6 +254,8 @@ class Supervisor:
                 f"worker {slot.index} did not start (exit code {process.returncode})"
             )
         slot.dead_owners.clear()
+        slot.serving = True
+        self._workers_changed()
         watcher = asyncio.create_task(
             self._watch(slot, process, exited), name=f"worker-{slot.index}"
         )
@@ -243,8 +266,10 @@ class Supervisor:
         self, slot: _Slot, process: asyncio.subprocess.Process, exited: asyncio.Future[int]
     ) -> None:
         code = await exited
+        slot.serving = False
         if self._stopping:
             return
+        self._workers_changed()
         forget_dead_worker(process.pid, self._metrics_directory)
         lived = time.monotonic() - slot.started_at
         slot.failures = 0 if lived >= STABLE_SECONDS else slot.failures + 1
@@ -266,12 +291,63 @@ class Supervisor:
             if self._stopping:
                 return
             try:
+                self._count_restart()
                 await self._start_worker(slot)
                 return
             except (WorkersFailed, OSError) as exc:  # OSError: it could not even be spawned
                 slot.failures += 1
                 delay = _restart_delay(slot.failures)
                 log.error("restarting worker %d failed: %s; again in %.1fs", slot.index, exc, delay)
+
+    # -- what the workers and the scrapes learn from the supervisor -----------------
+
+    def _workers_changed(self) -> None:
+        """A worker started serving or died: tell every worker how many serve now."""
+        serving = sum(slot.serving for slot in self._slots)
+        if serving < len(self._slots):
+            if self._short_since is None:
+                self._short_since = time.monotonic()
+        else:
+            self._short_since = None
+        self._broadcast()
+
+    def _report(self) -> WorkersServing:
+        serving = sum(slot.serving for slot in self._slots)
+        short_for = 0.0 if self._short_since is None else time.monotonic() - self._short_since
+        degraded = self._short_since is not None and short_for >= DEGRADED_SECONDS
+        if degraded != self._degraded:
+            self._degraded = degraded
+            if degraded:
+                log.warning(
+                    "%d of %d workers serve, fewer than all for %.0fs: /readyz answers degraded",
+                    serving,
+                    len(self._slots),
+                    short_for,
+                    extra={"event": "workers_degraded", "serving": serving},
+                )
+            else:
+                log.info("all %d workers serve again", len(self._slots))
+        return WorkersServing(serving, len(self._slots), degraded=degraded)
+
+    def _broadcast(self) -> None:
+        datagram = self._report().encode()
+        for slot in self._slots:
+            if slot.channel is not None:
+                slot.channel.send(datagram)
+
+    async def _report_workers(self) -> None:
+        """Repeat the report: it turns degraded with time alone, and a datagram may drop."""
+        while True:
+            await asyncio.sleep(REPORT_SECONDS)
+            self._broadcast()
+
+    def _count_restart(self) -> None:
+        """One more replacement worker: `worker_restarts_total` in every worker's scrape."""
+        self._restarts.inc()
+        try:
+            WorkerSnapshots(Path(self._metrics_directory), SUPERVISOR).publish(self._counts)
+        except OSError as exc:  # a full disk must not stop the restarts
+            log.warning("cannot publish the restart count: %s", exc)
 
     def _relay(self, source: SupervisorEnd, datagram: bytes) -> None:
         for slot in self._slots:
