@@ -57,8 +57,22 @@ def holder(pids: list[int], *, local_port: int, remote_port: int) -> int | None:
     return None
 
 
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports process `pid` listens on ([] once it is gone): a worker serves once
+    it has one, before its supervisor announces the gateway."""
+    try:
+        return sorted({local for local, _ in _sockets(pid, state="0A")})  # 0A: LISTEN
+    except OSError:  # it died while being read
+        return []
+
+
 def _established(pid: int) -> Iterator[tuple[int, int]]:
     """(local port, remote port) of each established TCP connection process `pid` holds."""
+    return _sockets(pid, state="01")  # 01: ESTABLISHED
+
+
+def _sockets(pid: int, *, state: str) -> Iterator[tuple[int, int]]:
+    """(local port, remote port) of each TCP socket in `state` that process `pid` holds."""
     inodes = _socket_inodes(pid)
     for table in ("tcp", "tcp6"):
         path = Path(f"/proc/{pid}/net/{table}")
@@ -66,8 +80,8 @@ def _established(pid: int) -> Iterator[tuple[int, int]]:
             continue
         for line in path.read_text().splitlines()[1:]:
             fields = line.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            if state == "01" and inode in inodes:  # 01: ESTABLISHED
+            local, remote, found, inode = fields[1], fields[2], fields[3], fields[9]
+            if found == state and inode in inodes:
                 yield int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)
 
 
