@@ -75,6 +75,10 @@ class Replica:
             routes=(route,),
             clock=self.clock,
         )
+        # As a gateway does when it starts (`run_witness`): its first reading of the store's
+        # clock, from which its graces may count.
+        started = self.clock.monotonic()
+        self.engine.graces.witness(world.now, before=started, after=started)
         self.alive = True
         self.tasks: list[asyncio.Task[Any]] = []
 
