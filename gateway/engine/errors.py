@@ -38,7 +38,8 @@ they occur.
     └── UpstreamError
         ├── UpstreamUnreachable      502 upstream-unreachable
         ├── UpstreamTimeout          504 upstream-timeout
-        └── UpstreamConnectionLost   502 upstream-connection-lost
+        ├── UpstreamConnectionLost   502 upstream-connection-lost
+        └── UpstreamCancelled        409 outcome-unknown (an OutcomeUnknown too)
 """
 
 from __future__ import annotations
@@ -323,4 +324,20 @@ class UpstreamTimeout(UpstreamError):
 class UpstreamConnectionLost(UpstreamError):
     problem_type = "upstream-connection-lost"
     title = "The upstream connection was lost before a complete answer; the outcome is unknown"
+    safe_to_retry = False
+
+
+class UpstreamCancelled(UpstreamError, OutcomeUnknown):
+    """The upstream answered that it cancelled the call (MCP's `-32800`).
+
+    The answer is complete but says nothing of the effect, which the tool may
+    have applied before the cancellation: the key becomes `unknown`, as for
+    any upstream failure after sending (hence an `UpstreamError`, which the
+    engine records so). It was neither a timeout nor a lost connection, so
+    the problem is the one that names what it leaves: `outcome-unknown`.
+    """
+
+    status = 409
+    problem_type = OutcomeUnknown.problem_type
+    title = OutcomeUnknown.title
     safe_to_retry = False

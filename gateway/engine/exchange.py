@@ -121,8 +121,9 @@ class Dialect(Protocol):
     receipt is one response inside a stream).
 
     `outcome` raises `UpstreamError` (`UpstreamTimeout`,
-    `UpstreamConnectionLost`) when the answer cannot tell whether the call
-    took effect: the engine then marks the operation `unknown`.
+    `UpstreamConnectionLost`, `UpstreamCancelled`) when the answer cannot
+    tell whether the call took effect: the engine then marks the operation
+    `unknown`, with the error's detail as evidence.
     """
 
     send_method: str

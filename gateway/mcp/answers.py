@@ -11,7 +11,8 @@ the answer means:
   response to this call, is `unknown`: the tool may have run;
 - the response to this call is the receipt, kept as the exact bytes
   received, unless it is MCP's "request cancelled" (`-32800`): the tool may
-  have applied its effect before the cancellation, so that is `unknown` too;
+  have applied its effect before the cancellation, so that is `unknown` too
+  (`outcome-unknown`: the server cancelled, nothing timed out or broke);
 - a result with `resultType: "input_required"` (2026-07-28 multi-round
   calls) is not an answer yet: the server asks the client for input and will
   run the call when the client sends it again with that input (same tool,
@@ -35,7 +36,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.engine.errors import UpstreamConnectionLost, UpstreamError
+from gateway.engine.errors import UpstreamCancelled, UpstreamConnectionLost, UpstreamError
 from gateway.engine.exchange import AnswerOutcome, Receipt, Released
 from gateway.engine.models import StoredResponse
 from gateway.mcp.calls import KEY_META, ToolCall
@@ -175,23 +176,26 @@ class McpCall:
         self, answer: UpstreamAnswer, last_id: str | None = None
     ) -> AnswerOutcome:
         """Read events until the response to this call; `_StreamEnded` (with the last
-        event id seen) when the stream ends or breaks first."""
+        event id seen) when the stream ends or breaks first. Only the reading is guarded:
+        what an event says (a server's `-32800`) is an answer, not a broken stream."""
         decoder = SseDecoder()
         limit = self._route.max_stored_response
-        chunks = answer.rest()
-        try:
-            async for chunk in chunks:
-                for event in decoder.feed(chunk):
-                    last_id = event.id if event.id is not None else last_id
-                    data = event.data.encode()
-                    receipt = self._receipt_of(data) if len(data) <= limit else None
-                    if receipt is not None:
-                        await _finish_quietly(chunks)
-                        return receipt
-                    await self._forward(encode_event(event.data, event=_named(event.event)))
-        except UpstreamError as exc:
-            raise _StreamEnded(last_id, exc) from exc
-        raise _StreamEnded(last_id, None)
+        chunks = aiter(answer.rest())
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                raise _StreamEnded(last_id, None) from None
+            except UpstreamError as exc:
+                raise _StreamEnded(last_id, exc) from exc
+            for event in decoder.feed(chunk):
+                last_id = event.id if event.id is not None else last_id
+                data = event.data.encode()
+                receipt = self._receipt_of(data) if len(data) <= limit else None
+                if receipt is not None:
+                    await _finish_quietly(chunks)
+                    return receipt
+                await self._forward(encode_event(event.data, event=_named(event.event)))
 
     def _receipt_of(self, data: bytes) -> Receipt | Released | None:
         """The receipt, when `data` is the response to this call; None otherwise."""
@@ -203,9 +207,9 @@ class McpCall:
             return None
         error = message.document.get("error")
         if isinstance(error, dict) and error.get("code") == REQUEST_CANCELLED:
-            raise UpstreamConnectionLost(
-                "the MCP server answered 'request cancelled' (-32800): the tool may have "
-                "applied its effect before the cancellation"
+            raise UpstreamCancelled(
+                "the MCP server cancelled the call (-32800, request cancelled): the tool may "
+                "have applied its effect before the cancellation"
             )
         result = message.document.get("result")
         if isinstance(result, dict) and result.get("resultType") == "input_required":

@@ -40,8 +40,8 @@ OWNED_META = (REPLAYED_META, STATE_META)
 
 _SENTENCES = {
     "outcome-unknown": (
-        "The gateway cannot tell whether this tool call took effect: its earlier attempt "
-        "was sent and no complete answer came back. Do not call it again, not even under a "
+        "The gateway cannot tell whether this tool call took effect: it was sent, and no "
+        "answer came back that says whether it ran. Do not call it again, not even under a "
         "new id: ask the user or look the operation up; an operator must settle it."
     ),
     "in-progress": (
