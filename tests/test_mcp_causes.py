@@ -164,7 +164,7 @@ async def call(url: str, key: str) -> dict[str, Any]:
     return dict(next(m for m in reversed(messages) if m.get("id") == CALL_ID))
 
 
-@pytest.mark.parametrize("failure", [CANCELLED])
+@pytest.mark.parametrize("failure", [CANCELLED, SILENT, CUT])
 @pytest.mark.parametrize("form", [JSON, STREAM, RESUMED])
 async def test_the_recorded_cause_is_the_real_one(
     gateway_factory: GatewayFactory, scripted: ScriptedServer, form: str, failure: str

@@ -27,6 +27,13 @@ A stream that ends (or breaks) before the response, after the server gave
 its events ids, is resumed as Streamable HTTP allows: a GET with
 `Last-Event-ID`, within the route's `timeout`. Only when that fails too is
 the call `unknown`.
+
+The cause recorded is the real one, for a JSON answer and a stream alike:
+silence past the route's `timeout` is `upstream-timeout`, a stream that broke
+or ended is `upstream-connection-lost`. A resume that fails by its own
+silence or break is typed by that; one refused, or out of reach, proves
+nothing new and keeps the first stream's cause. The detail, which is also the
+operation's evidence, says the same in words.
 """
 
 from __future__ import annotations
@@ -36,7 +43,13 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.engine.errors import UpstreamCancelled, UpstreamConnectionLost, UpstreamError
+from gateway.engine.errors import (
+    UpstreamCancelled,
+    UpstreamConnectionLost,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from gateway.engine.exchange import AnswerOutcome, Receipt, Released
 from gateway.engine.models import StoredResponse
 from gateway.mcp.calls import KEY_META, ToolCall
@@ -114,7 +127,12 @@ class McpCall:
         content_type = _header(answer.headers, "content-type") or ""
         if content_type.split(";", 1)[0].strip().lower() == "text/event-stream":
             return await self._from_stream(answer)
-        whole = await answer.read(self._route.max_stored_response)
+        try:
+            whole = await answer.read(self._route.max_stored_response)
+        except UpstreamError as exc:
+            raise _typed(
+                exc, f"the MCP server's JSON answer {self._how(exc)} before it was complete"
+            ) from exc
         if whole is None:
             raise UpstreamConnectionLost(
                 "the MCP server's answer was larger than max_stored_response"
@@ -125,51 +143,55 @@ class McpCall:
         return receipt
 
     async def _from_stream(self, answer: UpstreamAnswer) -> AnswerOutcome:
-        last_id: str | None = None
         try:
             return await self._read_events(answer)
         except _StreamEnded as ended:
-            last_id, cause = ended.last_id, ended.cause
-        if last_id is None or self._resume is None:
-            raise UpstreamConnectionLost(
-                "the MCP server's stream ended without the tool's answer"
-            ) from cause
-        return await self._resumed(last_id)
+            first = ended
+        stopped = f"the MCP server's stream {self._how(first.cause)} before the tool's answer"
+        if first.last_id is None or self._resume is None:
+            raise _typed(first.cause, stopped) from first.cause
+        return await self._resumed(first.last_id, first.cause, stopped)
 
-    async def _resumed(self, last_id: str) -> AnswerOutcome:
+    async def _resumed(
+        self, last_id: str, cause: UpstreamError | None, stopped: str
+    ) -> AnswerOutcome:
         """Open the stream again after `last_id` until the response comes, within the
-        route's `timeout`; a server that cannot resume leaves the call `unknown`."""
+        route's `timeout`; a server that cannot resume leaves the call `unknown`.
+
+        The call is `unknown` for the resume's own cause when it has one (silence is
+        a timeout, a broken stream a lost connection), else for the first stream's:
+        a resume refused or out of reach proves nothing new."""
         assert self._resume is not None
         try:
             async with asyncio.timeout(self._route.timeout):
                 while True:
                     try:
                         answer = await self._resume(last_id)
-                    except UpstreamError as exc:  # never "unreachable": the call went out
-                        raise UpstreamConnectionLost(
-                            "the MCP server's stream ended without the tool's answer, and "
-                            "it could not be reached to resume it"
-                        ) from exc
+                    except UpstreamUnreachable as exc:  # proves nothing new: the call went out
+                        unreached = f"{stopped}, and the server could not be reached to resume it"
+                        raise _typed(cause, unreached) from exc
+                    except UpstreamError as exc:
+                        raise _typed(exc, f"{stopped}, and resuming it {self._how(exc)}") from exc
                     try:
                         content_type = _header(answer.headers, "content-type") or ""
                         if answer.status != 200 or not content_type.startswith(EVENT_STREAM):
-                            raise UpstreamConnectionLost(
-                                "the MCP server's stream ended without the tool's answer, "
-                                f"and resuming it was answered HTTP {answer.status}"
+                            raise _typed(
+                                cause,
+                                f"{stopped}, and resuming it was answered HTTP {answer.status}",
                             )
                         return await self._read_events(answer, last_id)
                     except _StreamEnded as ended:
                         if ended.last_id == last_id:  # no progress: do not loop
-                            raise UpstreamConnectionLost(
-                                "the MCP server's resumed stream ended without the answer"
-                            ) from ended.cause
+                            how = self._how(ended.cause)
+                            resumed = f"{stopped}, and the resumed stream {how} before it too"
+                            raise _typed(ended.cause, resumed) from ended.cause
                         last_id = ended.last_id or last_id
                     finally:
                         answer.close()
         except TimeoutError as exc:
-            raise UpstreamConnectionLost(
-                "the MCP server's stream ended without the tool's answer and could not be "
-                "resumed in time"
+            raise UpstreamTimeout(
+                f"{stopped}, and resuming it brought no answer within the route's timeout "
+                f"({self._route.timeout:g}s)"
             ) from exc
 
     async def _read_events(
@@ -196,6 +218,12 @@ class McpCall:
                     await _finish_quietly(chunks)
                     return receipt
                 await self._forward(encode_event(event.data, event=_named(event.event)))
+
+    def _how(self, cause: UpstreamError | None) -> str:
+        """How an answer stopped short, in words that name the cause."""
+        if isinstance(cause, UpstreamTimeout):
+            return f"fell silent for the route's timeout ({self._route.timeout:g}s)"
+        return "ended" if cause is None else "broke"
 
     def _receipt_of(self, data: bytes) -> Receipt | Released | None:
         """The receipt, when `data` is the response to this call; None otherwise."""
@@ -229,10 +257,10 @@ class McpCall:
 
 
 class _StreamEnded(Exception):
-    """A stream ended (or broke: `cause`) before the response; `last_id` is the id of
-    the last event it carried, where it could be resumed."""
+    """A stream ended (or broke, or fell silent: `cause`) before the response; `last_id`
+    is the id of the last event it carried, where it could be resumed."""
 
-    def __init__(self, last_id: str | None, cause: BaseException | None) -> None:
+    def __init__(self, last_id: str | None, cause: UpstreamError | None) -> None:
         super().__init__(last_id)
         self.last_id = last_id
         self.cause = cause
@@ -247,6 +275,15 @@ async def _finish_quietly(chunks: AsyncIterator[bytes]) -> None:
         async with asyncio.timeout(STREAM_END_GRACE):
             async for _ in chunks:
                 pass
+
+
+def _typed(cause: UpstreamError | None, detail: str) -> UpstreamError:
+    """The error that makes the call `unknown`, of the cause's type: silence past the
+    route's `timeout` is a timeout; a broken or ended stream is a lost connection."""
+    internal = cause.internal if cause is not None else None
+    if isinstance(cause, UpstreamTimeout):
+        return UpstreamTimeout(detail, internal=internal)
+    return UpstreamConnectionLost(detail, internal=internal)
 
 
 def _named(event: str) -> str | None:
