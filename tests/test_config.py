@@ -377,6 +377,9 @@ REFUSED = [
         ROUTE + PROBE + "\n[routes.probe.headers]\nConnection = 'close'",
         "routes[0].probe.headers.Connection:",
     ),
+    (ROUTE + "kind = 'mcp'\ncancel_hold = 'soon'", "routes[0].cancel_hold: invalid duration"),
+    (ROUTE + "kind = 'mcp'\ncancel_hold = 0", "routes[0].cancel_hold:"),
+    (ROUTE + "cancel_hold = '2s'", "routes[0].cancel_hold: only applies to an MCP route"),
 ]
 
 

@@ -145,6 +145,10 @@ class RouteSettings(BaseModel):
     derive_key: Literal["arguments", False] = False
     derived_key_retention: Duration = Field(default=600.0, gt=0)
     status_tool: ToolName | None = None
+    cancel_hold: Duration = Field(default=1.0, gt=0)
+    """MCP routes: how long a `notifications/cancelled` naming a request id no worker
+    knows yet waits for that id before it is forwarded (with workers, the cancellation
+    may reach a worker before the call it names is announced there)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -282,6 +286,7 @@ _MCP_ONLY = (
     "derived_key_retention",
     "status_tool",
     "max_call",
+    "cancel_hold",
 )
 
 _FORWARDED = {
