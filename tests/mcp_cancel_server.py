@@ -47,9 +47,11 @@ def cancellation(request_id: int) -> dict[str, Any]:
 
 @dataclass
 class Arrival:
-    """When a message reached the server: its place in the order of all arrivals."""
+    """When a message reached the server: its place in the order of all arrivals, and the
+    event loop's time (`loop.time()`, the monotonic clock)."""
 
     order: int
+    at: float
 
 
 @dataclass
@@ -68,6 +70,7 @@ class CancelRecordingServer:
     """Request id (as JSON) named by every `notifications/cancelled` that arrived."""
     _arrivals: itertools.count[int] = field(init=False, default_factory=itertools.count)
     _heard: dict[str, asyncio.Event] = field(init=False, default_factory=dict)
+    _called: dict[str, asyncio.Event] = field(init=False, default_factory=dict)
     _runner: web.AppRunner | None = field(init=False, default=None)
 
     def overtaken(self) -> list[str]:
@@ -81,8 +84,14 @@ class CancelRecordingServer:
     async def cancellation_of(self, request_id: int) -> Arrival:
         """Wait until the cancellation of `request_id` arrives (callers bound the wait)."""
         name = json.dumps(request_id)
-        await self._event(name).wait()
+        await _event(self._heard, name).wait()
         return self.cancellations[name]
+
+    async def call_of(self, request_id: int) -> Arrival:
+        """Wait until the call `request_id` arrives (callers bound the wait)."""
+        name = json.dumps(request_id)
+        await _event(self._called, name).wait()
+        return self.calls[name]
 
     async def __aenter__(self) -> Self:
         app = web.Application()
@@ -98,26 +107,28 @@ class CancelRecordingServer:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    def _event(self, name: str) -> asyncio.Event:
-        return self._heard.setdefault(name, asyncio.Event())
-
     async def _post(self, request: web.Request) -> web.StreamResponse:
         message = await request.json()
-        arrival = Arrival(order=next(self._arrivals))
+        arrival = Arrival(order=next(self._arrivals), at=asyncio.get_running_loop().time())
         if message.get("method") == "notifications/cancelled":
             name = json.dumps(message["params"]["requestId"])
             self.cancellations.setdefault(name, arrival)
-            self._event(name).set()
+            _event(self._heard, name).set()
             return web.Response(status=202)
         if message.get("method") != "tools/call":
             return web.json_response({"jsonrpc": "2.0", "id": message.get("id"), "result": {}})
         name = json.dumps(message["id"])
         self.calls.setdefault(name, arrival)
+        _event(self._called, name).set()
         if message["params"]["name"] == "until_cancelled":
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(30):
-                    await self._event(name).wait()
+                    await _event(self._heard, name).wait()
         else:
             await asyncio.sleep(self.tool_seconds)
         result = {"content": [{"type": "text", "text": "done"}], "isError": False}
         return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+
+def _event(events: dict[str, asyncio.Event], name: str) -> asyncio.Event:
+    return events.setdefault(name, asyncio.Event())

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from conftest import GatewayFactory
 from harness import GatewayProcess, spawn
 from mcp_cancel_server import ACCEPT_JSON, CancelRecordingServer, cancellation, tool_call
 from upstream import CountingUpstream
@@ -111,3 +113,62 @@ async def test_a_protected_call_never_receives_its_cancellation_whichever_worker
         f"({len(server.overtaken())} before their call): {leaked}"
     )
     assert len(server.calls) == TRIALS
+
+
+async def test_a_cancellation_of_an_unprotected_call_is_forwarded_at_once(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Calls without a key, each cancelled on a fresh connection (some on the other worker)
+    while the server runs it: each cancellation reaches the server, which ends the call,
+    long before the route's 60 s hold could have passed."""
+    async with CancelRecordingServer() as server:
+        gateway = spawn(
+            processes,
+            tmp_path,
+            upstream.url,
+            extra_routes=[mcp_route(server, cancel_hold="60s")],
+            server={"workers": 2},
+        )
+        url = gateway.url + PREFIX
+        async with asyncio.timeout(30), fresh_connections() as session:
+            for request_id in range(8):
+                call = asyncio.create_task(
+                    post(session, url, tool_call(request_id, "until_cancelled"))
+                )
+                await server.call_of(request_id)
+                assert await post(session, url, cancellation(request_id)) == 202
+                await server.cancellation_of(request_id)
+                assert await call == 200
+    assert server.overtaken() == []
+
+
+async def test_a_cancellation_of_a_request_never_seen_is_forwarded_after_the_hold(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """A cancellation naming no request the gateway has seen is answered 202 at once and
+    reaches the server once the route's hold (300 ms) has passed, not before."""
+    async with CancelRecordingServer() as server:
+        gateway = await gateway_factory(server.url, route=mcp_route(server, cancel_hold="300ms"))
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(20), fresh_connections() as session:
+            sent = loop.time()
+            assert await post(session, gateway.url + PREFIX, cancellation(999)) == 202
+            arrival = await server.cancellation_of(999)
+    assert arrival.at - sent >= 0.3
+
+
+async def test_a_late_cancellation_of_a_finished_protected_call_is_dropped(
+    gateway_factory: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancellation that arrives after its protected call was answered is still matched
+    (names are kept a while) and dropped at once, not held and forwarded."""
+    async with CancelRecordingServer(tool_seconds=0) as server:
+        gateway = await gateway_factory(server.url, route=mcp_route(server))
+        url = gateway.url + PREFIX
+        async with asyncio.timeout(20), fresh_connections() as session:
+            assert await post(session, url, tool_call(5, "create_ticket", key="late")) == 200
+            with caplog.at_level(logging.INFO, logger="gateway.mcp"):
+                assert await post(session, url, cancellation(5)) == 202
+    events = [str(getattr(record, "event", "")) for record in caplog.records]
+    assert [event for event in events if event.startswith("mcp_cancel")] == ["mcp_cancel"]
+    assert server.cancellations == {}

@@ -8,12 +8,13 @@ the server sends it, not when the stream ends.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.engine.errors import UpstreamError
+from gateway.engine.errors import GatewayError, UpstreamError
 from gateway.mcp.answers import EVENT_STREAM
 from gateway.mcp.hints import ToolListing
 from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from gateway.proxy.routing import RouteMatch
 
 JSON = "application/json"
+
+log = logging.getLogger("gateway.mcp")
 
 
 async def pass_through(
@@ -82,6 +85,31 @@ async def pass_through(
     if listing is not None and (result := listing.result()) is not None:
         app[MCP_HINTS].learn(route.name, result)
     return response
+
+
+async def forward_unanswered(
+    app: web.Application, match: RouteMatch, headers: tuple[tuple[str, str], ...], body: bytes
+) -> None:
+    """Forward a notification whose caller was answered already (a cancellation decided
+    in the background); the server's answer is read and dropped. A failure is logged:
+    nobody is left to tell."""
+    route = match.route
+    app[METRICS].passthrough.labels(route.name).inc()
+    forwarder = app[FORWARDER]
+    try:
+        with forwarder.gate(route):
+            answer = await forwarder.send(route, "POST", match.upstream_url, headers, body)
+            try:
+                async for _ in answer.rest():
+                    pass
+            finally:
+                answer.close()
+    except GatewayError as error:
+        log.info(
+            "a notification was not forwarded: %s",
+            error.detail,
+            extra={"event": "mcp_notification_unsent", "route": route.name},
+        )
 
 
 class OwnedMetaFilter:

@@ -15,8 +15,6 @@ with the problem in `error.data`.
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -35,7 +33,6 @@ from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
 from gateway.mcp.answers import EVENT_STREAM, McpCall
 from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
-from gateway.mcp.in_flight import CallHandle
 from gateway.mcp.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -45,14 +42,17 @@ from gateway.mcp.jsonrpc import (
     error_message,
     parse_message,
 )
+from gateway.mcp.known_calls import call_name
 from gateway.mcp.passthrough import (
     JSON,
+    forward_unanswered,
     json_response,
     pass_through,
     session_is_callers,
     upstream_headers,
 )
 from gateway.mcp.replies import dumps, refusal_result, replay_document
+from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import encode_event
 from gateway.mcp.status_view import is_status_call, list_tools_with_status, status_call
 from gateway.proxy.request_body import read_in_time
@@ -65,8 +65,9 @@ from gateway.proxy.view import (
 from gateway.web.appkeys import (
     ENGINE,
     FORWARDER,
-    MCP_CALLS_IN_FLIGHT,
+    MCP_CANCELLATIONS,
     MCP_HINTS,
+    MCP_KNOWN_CALLS,
     METRICS,
     SCOPES,
     SETTINGS,
@@ -78,8 +79,6 @@ if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.scopes import CallerScope
     from gateway.proxy.routing import RouteMatch
-
-log = logging.getLogger("gateway.mcp")
 
 
 async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamResponse:
@@ -102,20 +101,21 @@ async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamRespon
             return await pass_through(request, match, caller, body)
         message = parse_message(body)
         message_id = message.id
-        if message.kind == "request" and message.method == "tools/call":
-            if is_status_call(request, route, message):
+        if message.method == "notifications/cancelled" and "requestId" in message.params:
+            return _cancellation(request, match, caller, message, body)
+        if message.kind != "request":
+            return await pass_through(request, match, caller, body)
+        name = call_name_of(request, caller, message.id)
+        if message.method == "tools/call" and not is_status_call(request, route, message):
+            return await _tool_call(request, match, caller, message, body, name)
+        # Known before it is sent on, so that a cancellation of it is forwarded at once.
+        with app[MCP_KNOWN_CALLS].handling(name, protected=False):
+            if message.method == "tools/call":
                 return await status_call(request, route, caller, message)
-            return await _tool_call(request, match, caller, message, body)
-        if message.kind == "request" and message.method == "tools/list" and route.status_tool:
-            return await list_tools_with_status(request, match, caller, message, body)
-        if message.method == "notifications/cancelled" and _cancels_a_protected_call(
-            request, caller, message
-        ):
-            return web.Response(status=202)
-        listed = (
-            message.id if message.kind == "request" and message.method == "tools/list" else None
-        )
-        return await pass_through(request, match, caller, body, tools_listed_by=listed)
+            if message.method == "tools/list" and route.status_tool:
+                return await list_tools_with_status(request, match, caller, message, body)
+            listed = message.id if message.method == "tools/list" else None
+            return await pass_through(request, match, caller, body, tools_listed_by=listed)
     except JsonRpcError as exc:
         trace.outcome = "rejected"
         return json_response(
@@ -135,10 +135,12 @@ async def _tool_call(
     caller: CallerScope,
     message: Message,
     body: bytes,
+    name: str,
 ) -> web.StreamResponse:
     app = request.app
     route = match.route
     trace = request[TRACE]
+    known = app[MCP_KNOWN_CALLS]
     call = tool_call_of(
         message,
         header_keys=request.headers.getall(IDEMPOTENCY_KEY, []),
@@ -148,7 +150,8 @@ async def _tool_call(
     key, retention = call.key, None
     if key is None:
         if not _needs_a_key(app, route, call):
-            return await pass_through(request, match, caller, body, tool_call=True)
+            with known.handling(name, protected=False):
+                return await pass_through(request, match, caller, body, tool_call=True)
         if route.derive_key == "arguments":
             key, retention = derived_key(route.name, call), route.derived_key_retention
         else:
@@ -182,17 +185,14 @@ async def _tool_call(
         forward_operation_id=retention is not None,
     )
     engine, metrics = app[ENGINE], app[METRICS]
-    in_flight = app[MCP_CALLS_IN_FLIGHT]
-    handle = call_handle(request, caller, call.id)
     try:
-        reply = engine.answer_from_receipt(proxy_request)
-        if reply is None:
-            headers = upstream_headers(request, caller)
-            in_flight.started(handle)
-            try:
+        # Known as protected before it is sent (and while a replay or a refusal is
+        # answered): its cancellation, on whichever worker, is never forwarded.
+        with known.handling(name, protected=True):
+            reply = engine.answer_from_receipt(proxy_request)
+            if reply is None:
+                headers = upstream_headers(request, caller)
                 reply = await execute_detached(app, proxy_request._replace(headers=headers))
-            finally:
-                in_flight.ended(handle)
     except GatewayError as error:
         trace.outcome, trace.state = outcome_of(error), error.state
         metrics.request(route.name, trace.outcome)
@@ -213,25 +213,29 @@ async def _tool_call(
     return await _answer_reply(request, live, call, key, reply)
 
 
-def call_handle(request: web.Request, caller: CallerScope, request_id: object) -> CallHandle:
-    session = request.headers.get("Mcp-Session-Id", "")
-    return caller.scope, session, json.dumps(request_id)
+def call_name_of(request: web.Request, caller: CallerScope, request_id: object) -> str:
+    """The name a request and its cancellation share: the caller's scope, the session
+    id as the caller sent it (none without one) and the request id."""
+    return call_name(caller.scope, request.headers.get(SESSION_HEADER), request_id)
 
 
-def _cancels_a_protected_call(request: web.Request, caller: CallerScope, message: Message) -> bool:
-    """A client's `notifications/cancelled` for a protected call still in flight is
-    acknowledged and logged, never forwarded: a cancellation proves nothing about the
-    effect, and a server that stops the tool would turn one protocol generation's
-    timeout into a receipt (`-32800`) and the other's into a lost stream. The call runs
-    on; its outcome is recorded for the retry."""
-    handle = call_handle(request, caller, message.params.get("requestId"))
-    if handle not in request.app[MCP_CALLS_IN_FLIGHT]:
-        return False
-    log.info(
-        "cancellation of a protected call held back",
-        extra={"event": "mcp_cancel", "route": request[TRACE].route},
-    )
-    return True
+def _cancellation(
+    request: web.Request, match: RouteMatch, caller: CallerScope, message: Message, body: bytes
+) -> web.Response:
+    """A client's `notifications/cancelled`, answered 202 at once: dropped when it names
+    a protected call, else forwarded once the request it names is known, or after the
+    route's `cancel_hold` (see `gateway.mcp.cancellations`)."""
+    app, route = request.app, match.route
+    name = call_name_of(request, caller, message.params["requestId"])
+    cancellations = app[MCP_CANCELLATIONS]
+    if not cancellations.dropped_at_once(name, route=route.name):
+        headers = upstream_headers(request, caller)
+
+        async def forward() -> None:
+            await forward_unanswered(app, match, headers, body)
+
+        cancellations.decide(name, hold=route.cancel_hold, forward=forward, route=route.name)
+    return web.Response(status=202)
 
 
 def _resumer(

@@ -32,8 +32,9 @@ from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
 from gateway.engine.scopes import ScopeResolver
 from gateway.engine.sweeper import Sweeper
+from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.hints import ReadOnlyHints
-from gateway.mcp.in_flight import CallsInFlight
+from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
@@ -53,8 +54,9 @@ from gateway.web.appkeys import (
     BACKGROUND,
     ENGINE,
     FORWARDER,
-    MCP_CALLS_IN_FLIGHT,
+    MCP_CANCELLATIONS,
     MCP_HINTS,
+    MCP_KNOWN_CALLS,
     MCP_SESSIONS,
     METRICS,
     ROUTES,
@@ -109,7 +111,8 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app[METRICS] = GatewayMetrics(version=__version__)
     app[ROUTES] = RouteTable(settings.routes)
     app[MCP_HINTS] = ReadOnlyHints()
-    app[MCP_CALLS_IN_FLIGHT] = CallsInFlight()
+    app[MCP_KNOWN_CALLS] = KnownCalls()
+    app[MCP_CANCELLATIONS] = Cancellations(app[MCP_KNOWN_CALLS])
     app[BACKGROUND] = set()
     if worker is not None:
         app[WORKER] = worker
@@ -144,7 +147,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     if worker is not None:
         await _expire_dead_workers_claims(store, worker.role.dead_owners, metrics)
         metrics.share(WorkerSnapshots(Path(worker.role.metrics_directory)))
-        app[MCP_CALLS_IN_FLIGHT].share(worker.channel)
+        app[MCP_KNOWN_CALLS].share(worker.channel)
         worker.channel.follow_workers()
         publisher = asyncio.create_task(_publish_metrics(metrics), name="metrics-snapshots")
     tracer = open_tracer()
@@ -189,6 +192,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await app[MCP_CANCELLATIONS].close()  # held cancellations are dropped, never sent late
         await _drain(app[BACKGROUND])
         if publisher is not None:
             publisher.cancel()

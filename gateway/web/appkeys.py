@@ -11,8 +11,9 @@ from gateway.config import Settings
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.exchange import RequestTrace
 from gateway.engine.scopes import ScopeResolver
+from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.hints import ReadOnlyHints
-from gateway.mcp.in_flight import CallsInFlight
+from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
@@ -34,9 +35,11 @@ MCP_HINTS = web.AppKey("mcp_hints", ReadOnlyHints)
 """What each MCP route's server says is read-only, learned from its `tools/list` answers."""
 MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)
 """Binds MCP session ids to the scope that opened them (with `[[clients]]`)."""
-MCP_CALLS_IN_FLIGHT = web.AppKey("mcp_calls_in_flight", CallsInFlight)
-"""Protected MCP calls being sent (with workers, on any worker): cancellations of these
-are held back."""
+MCP_KNOWN_CALLS = web.AppKey("mcp_known_calls", KnownCalls)
+"""MCP requests being handled or just handled (with workers, on any worker): what a
+client's cancellation is matched against."""
+MCP_CANCELLATIONS = web.AppKey("mcp_cancellations", Cancellations)
+"""Cancellations waiting in the background for the request they name to be known."""
 
 TRACE = web.RequestKey("trace", RequestTrace)
 """What one request's log line reports; set by the request-log middleware."""

@@ -8,9 +8,10 @@ worker:
   some worker waits on (`Prefer: wait`): the others wake its waiters.
   Measured on this machine, a relayed wake arrives in about 0.25 ms, against
   25 ms on average for the polling it replaces;
-- `C<call>` and `D<call>` when a protected MCP call starts and ends being
-  sent (`gateway.mcp.in_flight`): a cancellation of it is held back whichever
-  worker it reaches.
+- `C<call>` and `D<call>` when an MCP request starts and ends being handled
+  (`gateway.mcp.known_calls`; `<call>` is a digest, never a scope): a
+  cancellation of it waits for that announcement, whichever worker it
+  reaches.
 
 The supervisor sends one datagram of its own, `W<serving> <workers> <degraded>`
 (`WorkersServing`), to every worker whenever a worker starts serving or dies,
@@ -37,8 +38,7 @@ CALL_STARTED = b"C"
 CALL_ENDED = b"D"
 WORKERS = b"W"
 MAX_DATAGRAM = 4096
-"""Longer than any operation id or call name the gateway sends (a call name longer than
-this is not announced: its cancellation is held back only where it is sent)."""
+"""Longer than any operation id or call name the gateway sends."""
 REPORT_SECONDS = 1.0
 """How often the supervisor repeats `WorkersServing` (a dropped report is stale this long)."""
 
@@ -95,7 +95,7 @@ class WorkerChannel:
         self._start_listening()
 
     def announce_call(self, call: str, *, started: bool) -> None:
-        """A protected MCP call (named by `call`) starts or ends being sent here."""
+        """An MCP request (named by `call`) starts or ends being handled here."""
         datagram = (CALL_STARTED if started else CALL_ENDED) + call.encode()
         if len(datagram) <= MAX_DATAGRAM:  # a longer one would arrive cut, naming another call
             self._send(datagram)

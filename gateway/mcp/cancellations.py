@@ -1,0 +1,112 @@
+"""A client's `notifications/cancelled`: dropped for a protected call, forwarded
+otherwise, and never before the call it names is known.
+
+A cancellation proves nothing about the effect, and a server that stops the
+tool would turn one protocol generation's timeout into a receipt (`-32800`)
+and the other's into a lost stream: so the cancellation of a protected call
+is acknowledged and logged, never forwarded, and the call runs on so that its
+outcome is recorded for the retry. Any other cancellation is the server's
+business and is forwarded.
+
+With workers, a cancellation may reach a worker before the call it names has
+been announced there (`gateway.mcp.known_calls`), and may even reach the
+server first. So the client is answered 202 at once, and the cancellation is
+decided in the background: as soon as its name is known, or once the route's
+`cancel_hold` has passed (then it names nothing the gateway has seen, and is
+forwarded). The last check and the start of the forward happen in one step of
+the event loop, so no request of this worker can slip between them.
+
+Held cancellations are bounded (`MAX_HELD` per worker): past that a new one
+is dropped, which is always safe (MCP cancellations are advisory) where
+forwarding it might not be. They are cancelled, i.e. dropped, when the worker
+stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from gateway.mcp.known_calls import Known, KnownCalls
+
+MAX_HELD = 4096
+"""Cancellations a worker decides in the background at once, at most."""
+
+log = logging.getLogger("gateway.mcp")
+
+Forward = Callable[[], Awaitable[None]]
+
+
+class Cancellations:
+    """The background tasks deciding this worker's cancellations.
+
+    >>> # cancellations = Cancellations(known_calls)
+    >>> # if not cancellations.dropped_at_once(name, route="tools"):
+    >>> #     cancellations.decide(name, hold=1.0, forward=send_it, route="tools")
+    >>> # ... and at shutdown: await cancellations.close()
+    """
+
+    def __init__(self, calls: KnownCalls, *, limit: int = MAX_HELD) -> None:
+        self._calls = calls
+        self._limit = limit
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def dropped_at_once(self, name: str, *, route: str) -> bool:
+        """Drop the cancellation now if it names a known protected call (no task needed)."""
+        if self._calls.known(name) is not Known.PROTECTED:
+            return False
+        _dropped(route)
+        return True
+
+    def decide(self, name: str, *, hold: float, forward: Forward, route: str) -> None:
+        """Drop or forward the cancellation of `name` in the background: once the name is
+        known, or after `hold` seconds."""
+        if len(self._tasks) >= self._limit:
+            log.warning(
+                "cancellation dropped: %d already wait for their call",
+                self._limit,
+                extra={"event": "mcp_cancel_shed", "route": route},
+            )
+            return
+        task = asyncio.create_task(self._decide(name, hold, forward, route))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Drop every cancellation still waiting (the worker stops)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _decide(self, name: str, hold: float, forward: Forward, route: str) -> None:
+        await self._calls.until_known(name, hold)
+        known = self._calls.known(name)
+        if known is Known.PROTECTED:
+            _dropped(route)
+            return
+        if known is None:
+            log.info(
+                "cancellation of a request no worker knows forwarded after %gs",
+                hold,
+                extra={"event": "mcp_cancel_unmatched", "route": route},
+            )
+        try:
+            await forward()  # no await between the check above and the send's start
+        except Exception:
+            log.warning(
+                "forwarding a cancellation failed",
+                exc_info=True,
+                extra={"event": "mcp_cancel_unsent", "route": route},
+            )
+
+
+def _dropped(route: str) -> None:
+    log.info(
+        "cancellation of a protected call held back",
+        extra={"event": "mcp_cancel", "route": route},
+    )
