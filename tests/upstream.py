@@ -32,7 +32,10 @@ through the gateway without any side channel:
 - ``apply_after=SECONDS``: wait first, then apply the effect and answer (an
   upstream that applies a request late, after the caller timed out);
 - ``hold=1``: wait until the test calls ``release_held()``, then apply the
-  effect and answer (late by as long as the test says, whatever the load).
+  effect and answer (late by as long as the test says, whatever the load);
+- ``hold_answer=1``: apply the effect, then answer only once the test calls
+  ``release_answers()`` (or stops the upstream): a slow API whose answer no
+  load can bring in before the test is ready for it.
 
 A retry must be the same request, query included, so attempts of one key
 cannot be told apart by their query: ``script`` holds controls for the next
@@ -132,6 +135,7 @@ class CountingUpstream:
         self.held = 0
         """How many ``hold=1`` requests arrived (they wait for ``release_held``)."""
         self._release = asyncio.Event()
+        self._answer = asyncio.Event()
         # Holding the transports (not their ids) keeps ids from being reused by
         # a new connection after an old one is garbage-collected.
         self._transports: set[object] = set()
@@ -170,6 +174,10 @@ class CountingUpstream:
         """Let every ``hold=1`` request, waiting or still to come, apply its effect."""
         self._release.set()
 
+    def release_answers(self) -> None:
+        """Let every ``hold_answer=1`` request, waiting or still to come, send its answer."""
+        self._answer.set()
+
     async def wait_for_held(self, count: int, *, seconds: float = 30.0) -> None:
         """Wait until ``count`` ``hold=1`` requests arrived; TimeoutError after ``seconds``."""
         async with asyncio.timeout(seconds):
@@ -177,8 +185,9 @@ class CountingUpstream:
                 self._changed.clear()
                 await self._changed.wait()
 
-    async def wait_for_count(self, count: int, *, seconds: float = 2.0) -> None:
-        """Wait until at least ``count`` effects were applied; TimeoutError after ``seconds``.
+    async def wait_for_count(self, count: int, *, seconds: float = 30.0) -> None:
+        """Wait until at least ``count`` effects were applied; TimeoutError after ``seconds``
+        (a bound on a hang only: an effect that comes is waited for as long as it takes).
 
         For tests where the effect happens behind the client's back, e.g. after
         the caller disconnected from the gateway.
@@ -213,6 +222,7 @@ class CountingUpstream:
 
     async def stop(self) -> None:
         """Stop listening and close every connection; safe to call twice."""
+        self._answer.set()  # the held answers' callers are gone or done: let the handlers end
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -263,6 +273,8 @@ class CountingUpstream:
 
         if "delay" in controls:
             await asyncio.sleep(float(controls["delay"]))
+        if controls.get("hold_answer") == "1":  # applied; answered once the test says so
+            await self._answer.wait()
 
         drop = controls.get("drop")
         if drop == "after_effect":
