@@ -59,8 +59,9 @@ HOP_BY_HOP = frozenset(
 
 _PR_SET_PDEATHSIG = 1
 """prctl(2): the signal this process gets when its parent dies (linux/prctl.h)."""
-_START_TIMEOUT = 30.0
-"""Seconds every child has to print its "listening on" line."""
+_START_TIMEOUT = 90.0
+"""Seconds every child has to print its "listening on" line (less than `bench.processes`' 120:
+only a hung start takes this long, but a busy machine can take tens of seconds to start Python)."""
 _STOP_GRACE = 15.0
 """Seconds the children get to drain after SIGTERM (less than `bench.processes`' 20)."""
 _SUPERVISOR_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGCHLD})

@@ -24,6 +24,9 @@ __all__ = ["ROOT", "ServerProcess", "gateway", "mcp_server", "plain_proxy", "too
 ROOT = Path(__file__).resolve().parent.parent
 _STOP_GRACE = 20.0
 """Seconds a server gets to drain after SIGTERM before it is killed."""
+_START_TIMEOUT = 120.0
+"""Seconds a server may take to print its "listening on" line: only a hung start takes this
+long, but a machine busy with other work can take tens of seconds to start Python."""
 
 
 class ServerProcess:
@@ -34,7 +37,7 @@ class ServerProcess:
     """
 
     def __init__(
-        self, name: str, argv: list[str], *, log_path: Path, start_timeout: float = 30.0
+        self, name: str, argv: list[str], *, log_path: Path, start_timeout: float = _START_TIMEOUT
     ) -> None:
         self.name = name
         self.argv = argv
