@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
     from upstream import UpstreamFactory
 
+# The session fails (and kills them) if processes the tests started are still running at its end.
+pytest_plugins = ("process_leaks",)
+
 
 @pytest_asyncio.fixture
 async def upstream() -> AsyncIterator[CountingUpstream]:
