@@ -27,7 +27,9 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-WAIT_SECONDS = 10
+WAIT_SECONDS = 60
+"""How long a step waits for the page to show what it expects: only a broken page takes this
+long, but on a loaded machine the console's answers and re-renders can take seconds."""
 
 T = TypeVar("T")
 
@@ -145,7 +147,11 @@ class ConsolePage:
 
     async def choose_state(self, state: str, *, wait: bool = True) -> None:
         def step() -> None:
-            self.driver.find_element(By.CSS_SELECTOR, f'#states a[data-state="{state}"]').click()
+            # The tabs are drawn when the counts arrive: wait for them, never assume they are.
+            tab = self._wait().until(
+                ec.element_to_be_clickable((By.CSS_SELECTOR, f'#states a[data-state="{state}"]'))
+            )
+            tab.click()
             if not wait:
                 return
             self._wait().until(
@@ -158,7 +164,7 @@ class ConsolePage:
 
     async def filter(self, *, route: str = "", older_than: str = "") -> None:
         def step() -> None:
-            Select(self.driver.find_element(By.ID, "route")).select_by_value(route)
+            Select(self._visible("route")).select_by_value(route)
             age = self.driver.find_element(By.ID, "older-than")
             age.clear()
             age.send_keys(older_than)

@@ -163,8 +163,12 @@ class GatewayProcess:
     """An admin token is configured: the admin listener's line follows the main one."""
     log_path: Path | None = None
 
-    def start(self, wait_seconds: float = 15.0) -> None:
-        """Start the process and wait for its "listening on" line (blocking: it is quick)."""
+    def start(self, wait_seconds: float = 120.0) -> None:
+        """Start the process and wait for its "listening on" line (blocking: it is quick).
+
+        `wait_seconds` bounds only a start that hangs: on a machine busy with other work,
+        starting Python and the gateway can take tens of seconds.
+        """
         env = {**os.environ, **self.env}
         self.log_path = self.config_path.with_suffix(".log")
         with open(self.log_path, "a") as log:
@@ -292,12 +296,12 @@ async def run_agent(
     *args: str,
     pause_at: str | None = None,
     env: dict[str, str] | None = None,
-    seconds: float = 20.0,
+    seconds: float = 120.0,
     program: str = sys.executable,
 ) -> Finished:
     """Run `python *args` (an agent script; `program="node"` for a Node one); with
     `pause_at`, kill -9 it as soon as it prints `PAUSED <pause_at>` (the step boundary
-    it stopped at)."""
+    it stopped at). `seconds` bounds only a hung agent: killed then, as it is on any error."""
     process = await asyncio.create_subprocess_exec(
         program,
         *args,
@@ -342,7 +346,7 @@ def journal_agent_args(gateway_url: str, tmp_path: Path) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def paused_agent(
-    *args: str, pause_at: str, program: str = sys.executable, seconds: float = 20.0
+    *args: str, pause_at: str, program: str = sys.executable, seconds: float = 120.0
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """An agent process (`program *args`) stopped at the step boundary `pause_at`, holding
     its run; killed and reaped when the block ends."""
@@ -368,7 +372,7 @@ def is_stopped(process: GatewayProcess) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
-async def wait_until_stopped(process: GatewayProcess, *, seconds: float = 5.0) -> None:
+async def wait_until_stopped(process: GatewayProcess, *, seconds: float = 60.0) -> None:
     """Wait until the process has stopped itself with SIGSTOP (a `pause_*` fault)."""
     async with asyncio.timeout(seconds):
         while True:
