@@ -106,7 +106,7 @@ describe("one worker per run", () => {
     const exited = new Promise((resolve) => holder.once("close", resolve));
     try {
       await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error("the holder never paused")), 20_000);
+        const timer = setTimeout(() => reject(new Error("the holder never paused")), 180_000);
         createInterface({ input: holder.stdout }).on("line", (line) => {
           if (line.startsWith("PAUSED")) {
             clearTimeout(timer);

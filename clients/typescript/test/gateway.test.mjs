@@ -1,6 +1,7 @@
 // GatewayClient against the real gateway (from the project's .venv) in front of the
-// example ticket API and a slow upstream: replay, mismatch, unknown, lookup, resolve,
-// in-progress with Retry-After and Prefer: wait, and transport failures.
+// example ticket API and an upstream that holds requests until the test releases them:
+// replay, mismatch, unknown, lookup, resolve, in-progress with Retry-After and Prefer: wait,
+// and transport failures.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
@@ -16,21 +17,21 @@ import {
   bodyJson,
   deriveKey,
 } from "../dist/index.js";
-import { startGateway, startSlowUpstream, startToolApi } from "./support/servers.mjs";
+import { startGateway, startHeldUpstream, startToolApi } from "./support/servers.mjs";
 
 let tools;
-let slow;
+let held;
 let gateway;
 let client;
 
 before(async () => {
-  [tools, slow] = await Promise.all([startToolApi(), startSlowUpstream()]);
-  gateway = await startGateway({ upstream: tools.url, slowUpstream: slow.url });
+  [tools, held] = await Promise.all([startToolApi(), startHeldUpstream()]);
+  gateway = await startGateway({ upstream: tools.url, heldUpstream: held.url });
   client = new GatewayClient(gateway.url);
 });
 
 after(async () => {
-  await Promise.all([gateway?.stop(), tools?.stop(), slow?.stop()]);
+  await Promise.all([gateway?.stop(), tools?.stop(), held?.stop()]);
 });
 
 const unique = (name) => `${name}-${process.hrtime.bigint()}`;
@@ -89,18 +90,19 @@ describe("a call through the gateway", () => {
 describe("an effect whose outcome nobody knows", () => {
   test("a timeout is OutcomeUnknown; a retry is refused and sends nothing; resolve settles it", async () => {
     const key = deriveKey(unique("unknown"), 0, "c1");
-    const before = slow.effects();
-    await assert.rejects(client.post("/slow/wait-1500", { key, json: { amount: 5 } }), (error) => {
+    const slowPath = `/slow/hold/${unique("never")}`; // never released: the 300 ms timeout fires
+    const before = held.effects();
+    await assert.rejects(client.post(slowPath, { key, json: { amount: 5 } }), (error) => {
       assert.ok(error instanceof UpstreamTimeout && error instanceof OutcomeUnknown);
       assert.deepEqual([error.status, error.state, error.safeToRetry], [504, "unknown", false]);
       return true;
     });
-    await assert.rejects(client.post("/slow/wait-1500", { key, json: { amount: 5 } }), (error) => {
+    await assert.rejects(client.post(slowPath, { key, json: { amount: 5 } }), (error) => {
       assert.ok(error instanceof OutcomeUnknown);
       assert.deepEqual([error.status, error.kind, error.state], [409, "outcome-unknown", "unknown"]);
       return true;
     });
-    assert.equal(slow.effects(), before + 1, "the retry was never forwarded");
+    assert.equal(held.effects(), before + 1, "the retry was never forwarded");
 
     const unknown = await client.lookup(key);
     assert.deepEqual([unknown.state, unknown.safe_to_retry, unknown.response], ["unknown", false, null]);
@@ -113,44 +115,74 @@ describe("an effect whose outcome nobody knows", () => {
     const resolved = await client.resolve(key, "applied", { response: receipt, note: "seen in the ledger", ifMatch: unknown.etag });
     assert.deepEqual([resolved.state, resolved.resolution.by, resolved.resolution.note], ["completed", "owner", "seen in the ledger"]);
 
-    const replay = await client.post("/slow/wait-1500", { key, json: { amount: 5 } });
+    const replay = await client.post(slowPath, { key, json: { amount: 5 } });
     assert.deepEqual([replay.status, replay.replayed, replay.json()], [201, true, { id: "S-found" }]);
-    assert.equal(slow.effects(), before + 1);
+    assert.equal(held.effects(), before + 1);
     await assert.rejects(client.resolve(key, "not_applied"), NotResolvable);
   });
 
   test("resolved not_applied releases the key: the same request with the same key is sent again", async () => {
     const key = deriveKey(unique("not-applied"), 0, "c1");
-    await assert.rejects(client.post("/slow/wait-1500", { key, json: {} }), OutcomeUnknown);
-    const sentBefore = slow.effects();
+    const slowPath = `/slow/hold/${unique("never")}`; // never released: the 300 ms timeout fires
+    await assert.rejects(client.post(slowPath, { key, json: {} }), OutcomeUnknown);
+    const sentBefore = held.effects();
     const released = await client.resolve(key, "not_applied", { note: "no such payment" });
     assert.deepEqual([released.state, released.resolution.by], ["released", "owner"]);
-    await assert.rejects(client.post("/slow/wait-1500", { key, json: {} }), UpstreamTimeout);
-    assert.equal(slow.effects(), sentBefore + 1, "a released key is forwarded again");
+    await assert.rejects(client.post(slowPath, { key, json: {} }), UpstreamTimeout);
+    assert.equal(held.effects(), sentBefore + 1, "a released key is forwarded again");
   });
 });
 
 describe("waiting for an attempt in flight", () => {
   test("in-progress is waited out with Retry-After, then the receipt replays", async () => {
     const key = deriveKey(unique("in-progress"), 0, "c1");
-    const before = slow.effects();
-    const first = client.post("/slow/wait-250", { key, json: { n: 1 } });
-    await new Promise((resolve) => setTimeout(resolve, 80));
-    const second = await client.post("/slow/wait-250", { key, json: { n: 1 } });
+    const name = unique("in-progress");
+    const before = held.effects();
+    const first = client.post(`/held/hold/${name}`, { key, json: { n: 1 } });
+    await held.arrived(name); // claimed and forwarded: the key is in flight until released
+    let sawInProgress;
+    const inProgress = new Promise((resolve) => (sawInProgress = resolve));
+    const watching = new GatewayClient(gateway.url, {
+      fetch: async (...args) => {
+        const answer = await fetch(...args);
+        if (answer.status === 409) {
+          sawInProgress(answer.headers.get("retry-after"));
+        }
+        return answer;
+      },
+    });
+    const second = watching.post(`/held/hold/${name}`, { key, json: { n: 1 } });
+    assert.match(await inProgress, /^\d+$/, "the 409 in-progress carried Retry-After");
+    held.release(name);
     assert.equal((await first).replayed, false);
-    assert.equal(second.replayed, true);
-    assert.equal(slow.effects(), before + 1);
+    assert.equal((await second).replayed, true);
+    assert.equal(held.effects(), before + 1);
   });
 
   test("Prefer: wait holds the answer at the gateway until the first attempt completes", async () => {
     const key = deriveKey(unique("prefer-wait"), 0, "c1");
-    const first = client.post("/slow/wait-250", { key, json: { n: 2 } });
-    await new Promise((resolve) => setTimeout(resolve, 80));
-    const started = performance.now();
-    const second = await client.post("/slow/wait-250", { key, json: { n: 2 }, wait: 5, backoff: Backoff.none() });
-    assert.equal(second.replayed, true);
-    assert.ok(performance.now() - started < 900, "answered when the first completed, not after a Retry-After");
-    await first;
+    const name = unique("prefer-wait");
+    const first = client.post(`/held/hold/${name}`, { key, json: { n: 2 } });
+    await held.arrived(name); // claimed and forwarded: the key is in flight until released
+    let sent;
+    const sending = new Promise((resolve) => (sent = resolve));
+    const waiting = new GatewayClient(gateway.url, {
+      fetch: (...args) => {
+        sent();
+        return fetch(...args);
+      },
+    });
+    // Without a retry of its own (Backoff.none()), the second call can only end in the replay
+    // if the gateway held its answer: a 409 in-progress would be thrown.
+    const second = waiting.post(`/held/hold/${name}`, { key, json: { n: 2 }, wait: 30, backoff: Backoff.none() });
+    await sending;
+    // Released once the second request is on its way. The gateway shows no sign of a held
+    // answer to wait for; if load delays the second past the release, it is answered from the
+    // receipt and still passes: no delay can make this test fail.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    held.release(name);
+    assert.equal((await second).replayed, true);
+    assert.equal((await first).replayed, false);
   });
 });
 

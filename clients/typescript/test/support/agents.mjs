@@ -10,9 +10,10 @@ export const PYTHON_AGENT = `${ROOT}tests/agent_script.py`;
 /**
  * Run `command args`; with `pauseAt`, SIGKILL it as soon as it prints `PAUSED <pauseAt>`.
  * Resolves once the process is reaped (a zombie's pid would still look alive to the
- * next worker) with its exit code, signal, stdout and stderr. Bounded by `seconds`.
+ * next worker) with its exit code, signal, stdout and stderr. Bounded by `seconds`, which
+ * only ends a hung agent: generous, since a loaded machine may take many seconds to start one.
  */
-export function runAgent(command, args, { pauseAt, seconds = 30, env = process.env } = {}) {
+export function runAgent(command, args, { pauseAt, seconds = 180, env = process.env } = {}) {
   const child = spawn(command, [...args, ...(pauseAt ? ["--pause-at", pauseAt] : [])], {
     cwd: ROOT,
     env,

@@ -27,9 +27,16 @@ export function temporaryDirectory(prefix = "igw-") {
   return directory;
 }
 
-/** Start `command`, resolve with its first stdout line matching `ready` (bounded by `seconds`). */
-export function startProcess(command, args, { ready, seconds = 20, env = {}, cwd = ROOT } = {}) {
+/**
+ * Start `command`, resolve with its first stdout line matching `ready`. `seconds` only bounds
+ * a start that hangs: generous, since a loaded machine may take many seconds to start Python.
+ */
+export function startProcess(command, args, { ready, seconds = 120, env = {}, cwd = ROOT } = {}) {
   const child = spawn(command, args, { cwd, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  // Whatever ends this test file (a failed before(), an uncaught error), its servers end too.
+  const orphaned = () => child.kill("SIGKILL");
+  process.once("exit", orphaned);
+  child.once("exit", () => process.off("exit", orphaned));
   let stderr = "";
   child.stderr.on("data", (chunk) => (stderr += chunk));
   const lines = createInterface({ input: child.stdout });
@@ -84,18 +91,38 @@ export async function startToolApi() {
   };
 }
 
-/** An upstream that answers `POST /wait-<ms>` after that many ms, and counts the effects it applied. */
-export async function startSlowUpstream() {
+/**
+ * An upstream that holds every `POST /hold/<name>` until the test calls `release(name)` (or
+ * stops it), and counts the effects it applied. How long a request takes is an event the
+ * test controls, never a delay that load can stretch past a route's timeout or shrink below
+ * it. `arrived(name)` resolves once the gateway has forwarded a request for `name`.
+ */
+export async function startHeldUpstream() {
   let effects = 0;
+  const holds = new Map();
+  const hold = (name) => {
+    if (!holds.has(name)) {
+      const entry = {};
+      entry.arrived = new Promise((resolve) => (entry.arrive = resolve));
+      entry.released = new Promise((resolve) => (entry.release = resolve));
+      holds.set(name, entry);
+    }
+    return holds.get(name);
+  };
   const server = createServer((request, response) => {
-    const delayMs = Number(/\/wait-(\d+)/.exec(request.url ?? "")?.[1] ?? 0);
+    const name = /\/hold\/([^/?]+)/.exec(request.url ?? "")?.[1] ?? "";
     request.resume();
     request.on("end", () => {
       effects += 1;
-      setTimeout(() => {
-        response.writeHead(201, { "Content-Type": "application/json" });
-        response.end(JSON.stringify({ id: `S-${effects}` }));
-      }, delayMs);
+      const id = `S-${effects}`;
+      const entry = hold(name);
+      entry.arrive();
+      entry.released.then(() => {
+        if (!response.destroyed) {
+          response.writeHead(201, { "Content-Type": "application/json" });
+          response.end(JSON.stringify({ id }));
+        }
+      });
     });
   });
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
@@ -103,23 +130,34 @@ export async function startSlowUpstream() {
   return {
     url: `http://127.0.0.1:${port}`,
     effects: () => effects,
-    stop: () => new Promise((resolve) => server.close(resolve)).then(() => server.closeAllConnections?.()),
+    arrived: (name) => hold(name).arrived,
+    release: (name) => hold(name).release(),
+    stop: () =>
+      new Promise((resolve) => {
+        server.close(resolve);
+        server.closeAllConnections();
+      }),
   };
 }
 
 const toml = (value) => JSON.stringify(value);
 
 /**
- * The gateway, as production runs it, with route /tickets in front of `upstream`
- * (and route /slow in front of `slowUpstream` with a short timeout, when given).
+ * The gateway, as production runs it, with route /tickets in front of `upstream`. With a
+ * `heldUpstream` (`startHeldUpstream`), two routes in front of it: /slow with a short timeout
+ * (its requests are never released: each times out) and /held with a timeout no test reaches
+ * (its requests answer when the test releases them).
  */
-export async function startGateway({ upstream, slowUpstream, directory = temporaryDirectory(), extraRoutes = [] }) {
+export async function startGateway({ upstream, heldUpstream, directory = temporaryDirectory(), extraRoutes = [] }) {
   const config = join(directory, "gateway.toml");
+  // The route timeouts are not what these tests are about (but /slow's): generous, so load
+  // never turns a slow answer into a 504.
   const routes = [
-    `[[routes]]\nname = "tickets"\nprefix = "/tickets"\nupstream = ${toml(upstream)}\ntimeout = "5s"\n`,
+    `[[routes]]\nname = "tickets"\nprefix = "/tickets"\nupstream = ${toml(upstream)}\ntimeout = "60s"\n`,
   ];
-  if (slowUpstream) {
-    routes.push(`[[routes]]\nname = "slow"\nprefix = "/slow"\nupstream = ${toml(slowUpstream)}\ntimeout = "300ms"\n`);
+  if (heldUpstream) {
+    routes.push(`[[routes]]\nname = "slow"\nprefix = "/slow"\nupstream = ${toml(heldUpstream)}\ntimeout = "300ms"\n`);
+    routes.push(`[[routes]]\nname = "held"\nprefix = "/held"\nupstream = ${toml(heldUpstream)}\ntimeout = "10m"\n`);
   }
   routes.push(...extraRoutes);
   writeFileSync(
@@ -149,5 +187,5 @@ export async function startMcpServer() {
 
 /** The gateway's MCP route `/mcp` in front of an MCP server's endpoint (as config/gateway.toml has it). */
 export function mcpRoute(endpoint) {
-  return `[[routes]]\nname = "mcp-tools"\nkind = "mcp"\nprefix = "/mcp"\nupstream = ${toml(endpoint)}\ntimeout = "5s"\n`;
+  return `[[routes]]\nname = "mcp-tools"\nkind = "mcp"\nprefix = "/mcp"\nupstream = ${toml(endpoint)}\ntimeout = "60s"\n`;
 }
