@@ -1,15 +1,17 @@
-"""The registry cancellations are matched against, and the background decision on each
-cancellation."""
+"""The registry cancellations are matched against, the background decision on each
+cancellation, and the supervisor channel that shares the registry between workers."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 
 import pytest
 
 from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.known_calls import Known, KnownCalls, call_name
+from gateway.workers.channel import Outbox
 
 
 class FakeClock:
@@ -243,3 +245,26 @@ async def test_held_cancellations_are_bounded_and_dropped_at_shutdown(
     await cancellations.close()
     assert len(cancellations) == 0
     assert forwards.count == 0
+
+
+async def test_the_outbox_keeps_what_a_full_socket_buffer_refuses() -> None:
+    """Announcements sent faster than the peer reads are queued and all arrive, in order."""
+    sender, receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with sender, receiver:
+        sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sender.setblocking(False)
+        receiver.setblocking(False)
+        outbox = Outbox(sender)
+        sent = [f"C{n:05d}".encode() for n in range(2000)]
+        for datagram in sent:
+            outbox.send(datagram)
+        assert outbox._waiting  # the buffer filled: some are queued
+        received: list[bytes] = []
+        async with asyncio.timeout(10):
+            while len(received) < len(sent):
+                try:
+                    received.append(receiver.recv(64))
+                except BlockingIOError:
+                    await asyncio.sleep(0.001)
+        assert received == sent
+        outbox.close()

@@ -19,9 +19,12 @@ and again every `REPORT_SECONDS`: how many workers serve, and whether fewer
 than all have for longer than the supervisor's `DEGRADED_SECONDS`. `/readyz`
 answers from the last one received; the repetition heals a dropped datagram.
 
-Datagrams never block: a full socket buffer drops the wake, and the waiter
-still re-reads the store on its polling schedule. Nothing here decides an
-outcome; it only shortens a wait.
+Datagrams never block the event loop. What a full socket buffer refuses (the
+peer is slow to read, e.g. in a burst) waits in an `Outbox`, in order, and is
+sent once the buffer drains: a lost call announcement would let a
+cancellation overtake its call once its hold runs out. Only past `MAX_QUEUED`
+are datagrams dropped; a dropped wake costs its waiter the store's polling
+delay, nothing more. Nothing here decides an outcome.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +43,8 @@ CALL_ENDED = b"D"
 WORKERS = b"W"
 MAX_DATAGRAM = 4096
 """Longer than any operation id or call name the gateway sends."""
+MAX_QUEUED = 65536
+"""Datagrams waiting for a full socket buffer to drain, at most (a few MiB)."""
 REPORT_SECONDS = 1.0
 """How often the supervisor repeats `WorkersServing` (a dropped report is stale this long)."""
 
@@ -77,6 +83,7 @@ class WorkerChannel:
     def __init__(self, descriptor: int) -> None:
         self._socket = socket.socket(fileno=descriptor)
         self._socket.setblocking(False)
+        self._outbox = Outbox(self._socket)
         self._listening = False
         self._on_settled: Callable[[str], None] | None = None
         self._on_call: Callable[[str, bool], None] | None = None
@@ -118,11 +125,11 @@ class WorkerChannel:
         if self._listening:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(self._socket)
+        self._outbox.close()
         self._socket.close()
 
     def _send(self, datagram: bytes) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):  # see the module's docstring
-            self._socket.send(datagram)
+        self._outbox.send(datagram)  # see the module's docstring
 
     def _receive(self) -> None:
         datagrams, closed = _drain(self._socket)
@@ -144,17 +151,18 @@ class SupervisorEnd:
     def __init__(self, sock: socket.socket, relay: Callable[[SupervisorEnd, bytes], None]) -> None:
         self._socket = sock
         self._socket.setblocking(False)
+        self._outbox = Outbox(sock)
         self._relay = relay
         self.ready = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().add_reader(self._socket, self._receive)
 
     def send(self, datagram: bytes) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            self._socket.send(datagram)
+        self._outbox.send(datagram)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_reader(self._socket)
+        self._outbox.close()
         self._socket.close()
         if not self.ready.done():
             self.ready.cancel()
@@ -169,6 +177,53 @@ class SupervisorEnd:
                 self._relay(self, datagram)
         if closed:  # the worker is gone; the supervisor learns it from its exit
             asyncio.get_running_loop().remove_reader(self._socket)
+
+
+class Outbox:
+    """Sends datagrams on a non-blocking socket in order: what a full buffer refuses
+    waits (up to `MAX_QUEUED`) and goes out when the socket is writable again."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._socket = sock
+        self._waiting: deque[bytes] = deque()
+
+    def send(self, datagram: bytes) -> None:
+        if not self._waiting:
+            try:
+                self._socket.send(datagram)
+                return
+            except (BlockingIOError, InterruptedError):
+                if not self._watch():
+                    return
+            except OSError:
+                return  # the other end is gone: nobody left to tell
+        if len(self._waiting) < MAX_QUEUED:
+            self._waiting.append(datagram)
+
+    def close(self) -> None:
+        if self._waiting:
+            self._waiting.clear()
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_writer(self._socket)
+
+    def _watch(self) -> bool:
+        try:
+            asyncio.get_running_loop().add_writer(self._socket, self._flush)
+        except RuntimeError:
+            return False  # no event loop to wait in: the datagram is dropped
+        return True
+
+    def _flush(self) -> None:
+        while self._waiting:
+            try:
+                self._socket.send(self._waiting[0])
+            except (BlockingIOError, InterruptedError):
+                return  # still full: called again once it is writable
+            except OSError:
+                self._waiting.clear()
+                break
+            self._waiting.popleft()
+        asyncio.get_running_loop().remove_writer(self._socket)
 
 
 def pair() -> tuple[socket.socket, socket.socket]:
