@@ -100,6 +100,7 @@ async def test_a_host_clock_stepped_back_never_replays_a_swept_body(
         assert_receipt_expired(*await post_keyed(session, stepped, "receipt-2"))
         operation = await lookup(session, stepped, "receipt-2")
         assert operation["response"] is None
+        assert operation["body_retained"] is False
         assert operation["safe_to_retry"] is False
     assert upstream.count == 1
 

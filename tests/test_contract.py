@@ -246,10 +246,13 @@ async def test_release_status_passes_the_refusal_through_and_releases(
 async def test_expired_receipt_is_409_and_never_forwarded(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """After `retention` the key stays used: a retry gets receipt-expired, not a second effect."""
+    """After `retention` the key stays used: a retry gets receipt-expired, not a second effect,
+    and the lookup says the body is no longer kept (`body_retained` false), swept or not."""
     gateway = await gateway_factory(upstream.url, idempotency={"retention": "300ms"})
     assert (await gateway.post("/tickets/v1/issues", key="e1", json_body={})).status == 201
-    await asyncio.sleep(0.4)
+    kept = await (await gateway.get("/operations/e1")).json()
+    assert (kept["body_retained"], kept["response"]["status"]) == (True, 201)
+    await asyncio.sleep(0.4)  # past retention (at least): the sweep has not run yet
     retry = await gateway.post("/tickets/v1/issues", key="e1", json_body={})
     assert retry.status == 409
     document = await problem_of(retry)
@@ -257,6 +260,8 @@ async def test_expired_receipt_is_409_and_never_forwarded(
     assert document["safe_to_retry"] is False
     lookup = await (await gateway.get("/operations/e1")).json()
     assert lookup["response"] is None
+    assert lookup["body_retained"] is False
+    assert lookup["response_status"] == 201
     assert lookup["safe_to_retry"] is False
     assert upstream.count == 1
 

@@ -76,7 +76,14 @@ def _operation_schema() -> dict[str, Any]:
             "forgotten_at": nullable(_timestamp("When the whole record is dropped.")),
             "response": nullable(ref("StoredResponse")),
             "response_status": nullable({"type": "integer"}),
-            "body_retained": nullable({"type": "boolean"}),
+            "body_retained": nullable(
+                {
+                    "type": "boolean",
+                    "description": "For a completed operation: whether its body is held now "
+                    "and can be replayed (false once retention dropped it, for a response "
+                    "too large to keep, after a redaction); null in other states.",
+                }
+            ),
             "resolution": nullable(
                 {
                     "type": "object",

@@ -72,7 +72,11 @@ def operation_json(
         "forgotten_at": iso(operation.forgotten_at),
         "response": response,
         "response_status": operation.response.status if operation.response else None,
-        "body_retained": operation.body_retained if operation.state is State.COMPLETED else None,
+        # Whether the body is held now: false once retention dropped it, as well as for a
+        # body too large to keep or erased by a redaction (`response_status` stays).
+        "body_retained": operation.receipt_available()
+        if operation.state is State.COMPLETED
+        else None,
         "resolution": (
             {"by": resolution.by, "at": iso(resolution.at), "note": resolution.note}
             if resolution
