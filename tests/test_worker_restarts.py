@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
@@ -34,6 +35,8 @@ from harness import ROOT, GatewayProcess, settings_for, spawn, write_config
 from prometheus_client.parser import text_string_to_metric_families
 from upstream import CountingUpstream
 from worker_processes import is_running, listening_ports, worker_pids
+
+from gateway.workers.supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
 
@@ -320,4 +323,42 @@ async def test_a_first_worker_that_exits_with_its_own_error_stops_the_gateway(
     assert lines[-2].startswith("idempotency-gateway: cannot start: the store holds operations")
     assert len(lines) == 2, lines
     assert not is_running(pid_of(gateway))
+    assert upstream.count == 1
+
+
+async def test_a_failed_spawn_or_a_worker_dead_before_its_settings_is_restarted(
+    tmp_path: Path, upstream: CountingUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first worker listens, a worker that cannot be spawned, and one that dies
+    before its settings reach it (a broken pipe), are deaths like any other: `start()`
+    returns, the slot is started again, and both restarts are counted."""
+    spawn_process = asyncio.create_subprocess_exec
+    spawned = 0
+
+    async def flaky(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        nonlocal spawned
+        spawned += 1
+        if spawned == 2:  # worker 1's first start
+            raise OSError(errno.EAGAIN, "no process for worker 1 (the test says so)")
+        process = await spawn_process(*args, **kwargs)
+        if spawned == 3:  # its first replacement dies before it reads its settings
+            process.kill()
+            await process.wait()
+        return process
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", flaky)
+    supervisor = Supervisor(settings_for(tmp_path, upstream.url, server={"workers": 2}))
+    try:
+        url, *_ = await supervisor.start()
+        async with asyncio.timeout(60):
+            while True:
+                if supervisor.serving_workers == 2:
+                    break
+                await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as session:
+            assert await restarts_counted(session, url) == 2
+            assert (await post(session, url, "spawned"))[0] == 201
+    finally:
+        await supervisor.stop()
+    assert spawned == 4
     assert upstream.count == 1
