@@ -7,19 +7,32 @@ to (`gateway.web.metrics_processes`), and one channel per worker
 (`gateway.workers.channel`). It runs no request and opens no store.
 
 The first worker starts alone: it migrates the schema and turns what an
-earlier gateway left in flight `unknown`; the others start once it listens. A
-worker that dies is restarted in its slot, and the replacement turns the dead
-one's claims `unknown` before it serves (never released: the dead worker may
-have sent them). Restarts of a worker that keeps dying back off up to
-`MAX_RESTART_DELAY`. On SIGTERM or SIGINT every worker gets SIGTERM and drains
-as a single-process gateway does (its calls in flight finish and their
-receipts are recorded); the supervisor exits once all have.
+earlier gateway left in flight `unknown`; the others start once it listens.
+Only that first start can stop the gateway, and only for what no restart
+mends: the worker exits with an error of its own (a configuration or a store
+it refuses; it has printed why) or does not listen within `START_SECONDS`. A
+first worker killed by a signal before it listens (the OOM killer during a
+long migration, an operator's mistake) is started again, `FIRST_START_TRIES`
+times at most.
+
+Once the first worker has listened, the gateway has served, and no worker
+death ends it: a worker killed while it serves, while it starts, before its
+settings reach it, or one that cannot even be spawned, is a death like any
+other. Each slot has a keeper task that logs the death and starts the slot
+again, backing off up to `MAX_RESTART_DELAY` while its workers keep dying; the
+replacement turns the dead one's claims `unknown` before it serves (never
+released: the dead worker may have sent them). The supervisor tells every
+worker how many serve (`/readyz`) and counts the restarts (`/metrics`). On
+SIGTERM or SIGINT every worker gets SIGTERM and drains as a single-process
+gateway does (its calls in flight finish and their receipts are recorded);
+the supervisor exits once all have.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import pickle
@@ -56,10 +69,22 @@ DEGRADED_SECONDS = 10.0
 """Fewer workers than configured serve for longer than this: `/readyz` says degraded.
 A restart takes a second or two, so a load balancer that reads `/readyz` does not
 take the gateway out for each one, only for a slot that stays empty."""
+FIRST_START_TRIES = 5
+"""Starts of a first worker killed by a signal each time before it listens, before the
+gateway gives up (about 1.5 s of backoff in all): nothing has served yet, and a
+process manager should learn that this gateway cannot start rather than wait."""
 
 
 class WorkersFailed(Exception):
-    """A worker could not start; the gateway does not serve."""
+    """The first worker could not start; the gateway does not serve."""
+
+
+class _Start(enum.Enum):
+    """How a worker's start ended."""
+
+    LISTENING = "listening"
+    EXITED = "exited"
+    TIMED_OUT = "timed out"
 
 
 @dataclass
@@ -69,9 +94,16 @@ class _Slot:
     channel: SupervisorEnd | None = None
     owner: str = ""
     started_at: float = 0.0
+    starts: int = 0
+    """Workers spawned in this slot so far: any after the first is a restart."""
     failures: int = 0
+    """Deaths in a row of workers that lived less than `STABLE_SECONDS`."""
+    delay: float = 0.0
+    """How long the keeper waits before the next start."""
     serving: bool = False
     """It listens (it said so on its channel) and has not died since."""
+    first_try_over: asyncio.Event = field(default_factory=asyncio.Event)
+    """Its first worker listens or has died starting: `start()` waits for this."""
     dead_owners: list[str] = field(default_factory=list)
 
 
@@ -90,7 +122,7 @@ class Supervisor:
         self._metrics_directory = ""
         self._worker_settings = settings
         self._stopping = False
-        self._watchers: set[asyncio.Task[None]] = set()
+        self._keepers: list[asyncio.Task[None]] = []
         self._short_since: float | None = None
         """Since when fewer than all workers serve (None: all do, or none has served yet:
         the clock starts when the first worker listens)."""
@@ -100,22 +132,39 @@ class Supervisor:
         self._restarts = worker_restarts_counter(self._counts)
 
     async def start(self) -> list[str]:
-        """Hold the file and the ports, start every worker; the URLs, main first."""
+        """Hold the file and the ports, start the first worker, then the others; the URLs,
+        main first. Raises only for the first worker (`WorkersFailed`) or what the
+        supervisor holds (OSError); returns once every other worker listens or has died
+        starting, which its keeper mends like any later death."""
         try:
             self._hold_store()
             urls = self._hold_ports()
             self._metrics_directory = tempfile.mkdtemp(prefix="idempotency-gateway-metrics-")
             self._reporter = asyncio.create_task(self._report_workers(), name="workers-report")
-            await self._start_worker(self._slots[0], first=True)
-            await asyncio.gather(*(self._start_worker(slot) for slot in self._slots[1:]))
+            first = await self._start_first()
+            self._keepers = [
+                asyncio.create_task(
+                    self._keep(slot, first if slot.index == 0 else None),
+                    name=f"worker-{slot.index}",
+                )
+                for slot in self._slots
+            ]
+            await asyncio.gather(*(slot.first_try_over.wait() for slot in self._slots[1:]))
         except BaseException:
             await self.stop()
             raise
         return urls
 
     async def stop(self) -> None:
-        """SIGTERM every worker and wait for each to drain (SIGKILL after the grace)."""
+        """Stop restarting, SIGTERM every worker (starting ones too) and wait for each to
+        drain (SIGKILL after the grace). Idempotent: a failed start has called it already."""
         self._stopping = True
+        tasks = [*self._keepers, *([self._reporter] if self._reporter is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._keepers.clear()
+        self._reporter = None
         running = [
             slot.process
             for slot in self._slots
@@ -134,10 +183,6 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()
                     await process.wait()
-        for task in self._watchers:
-            task.cancel()
-        if self._reporter is not None:
-            self._reporter.cancel()
         for slot in self._slots:
             if slot.channel is not None:
                 slot.channel.close()
@@ -147,6 +192,7 @@ class Supervisor:
         self._ports.clear()
         if self._metrics_directory:
             shutil.rmtree(self._metrics_directory, ignore_errors=True)
+            self._metrics_directory = ""
         self._release_store()
 
     @property
@@ -157,8 +203,11 @@ class Supervisor:
             if slot.process is not None and slot.process.returncode is None
         ]
 
-    # -- what makes the workers one gateway -------------------------------------
+    @property
+    def serving_workers(self) -> int:
+        return sum(slot.serving for slot in self._slots)
 
+    # -- what makes the workers one gateway -------------------------------------
     def _hold_store(self) -> None:
         path = self._settings.store.sqlite_path
         if path is None:
@@ -202,7 +251,136 @@ class Supervisor:
 
     # -- one worker ---------------------------------------------------------------
 
-    async def _start_worker(self, slot: _Slot, *, first: bool = False) -> None:
+    async def _start_first(self) -> asyncio.subprocess.Process:
+        """Start worker 0 alone; the gateway stops only here (see the module's docstring)."""
+        slot = self._slots[0]
+        for tries in range(1, FIRST_START_TRIES + 1):
+            try:
+                process = await self._launch(slot, first=True)
+            except OSError as exc:
+                raise WorkersFailed(f"worker 0 could not be started: {exc}") from exc
+            outcome = await self._until_listening(slot, process)
+            if outcome is _Start.LISTENING:
+                return process
+            self._bury(slot, process)
+            code = process.returncode
+            assert code is not None  # reaped by `_until_listening`
+            if outcome is _Start.TIMED_OUT:
+                raise WorkersFailed(f"worker 0 did not listen within {START_SECONDS:g}s")
+            if code >= 0:  # its own verdict: it printed why
+                raise WorkersFailed(f"worker 0 did not start (exit code {code})")
+            if tries == FIRST_START_TRIES:
+                raise WorkersFailed(
+                    f"worker 0 was {_exit_reason(code)} {tries} times before it listened"
+                )
+            delay = _restart_delay(tries)
+            log.warning(
+                "worker 0 (pid %d) was %s before it listened; starting it again in %.1fs "
+                "(try %d of %d)",
+                process.pid,
+                _exit_reason(code),
+                delay,
+                tries + 1,
+                FIRST_START_TRIES,
+                extra={"event": "worker_died", "worker": 0, "pid": process.pid},
+            )
+            await asyncio.sleep(delay)
+            self._count_restart()
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    async def _keep(self, slot: _Slot, process: asyncio.subprocess.Process | None) -> None:
+        """Keep `slot` served until `stop()` cancels this task: whatever ends a worker
+        here (killed serving or starting, an exit of its own, a failed spawn, even a bug
+        in this loop) is a death, logged, and the slot is started again after its
+        backoff. Nothing leaves this loop: the gateway has served."""
+        try:
+            while not self._stopping:
+                try:
+                    if process is None:
+                        process = await self._restart(slot)
+                        slot.first_try_over.set()
+                    if process is not None:
+                        await self._serve(slot, process)
+                        process = None
+                except Exception:  # not CancelledError: that is `stop()`
+                    log.exception("worker %d: supervising it failed; starting it again", slot.index)
+                    process = None
+                    with contextlib.suppress(Exception):
+                        await self._reap(slot)
+                    slot.failures += 1
+                    slot.delay = _restart_delay(slot.failures)
+                    slot.first_try_over.set()
+        finally:
+            slot.first_try_over.set()
+
+    async def _restart(self, slot: _Slot) -> asyncio.subprocess.Process | None:
+        """Start a worker in `slot`, after the slot's backoff when it replaces a dead one:
+        the process once it listens, or None when it died starting (logged; the next
+        try backs off further)."""
+        verb = "restarting" if slot.starts else "starting"
+        await asyncio.sleep(slot.delay)  # 0 for a slot's first start
+        if self._stopping:
+            return None
+        if slot.starts:
+            self._count_restart()
+        try:
+            process = await self._launch(slot, first=False)
+        except OSError as exc:  # it could not even be spawned
+            slot.failures += 1
+            slot.delay = _restart_delay(slot.failures)
+            log.error("%s worker %d failed: %s; again in %.1fs", verb, slot.index, exc, slot.delay)
+            return None
+        outcome = await self._until_listening(slot, process)
+        if outcome is _Start.LISTENING:
+            return process
+        self._bury(slot, process)
+        self._back_off(slot)
+        code = process.returncode
+        assert code is not None  # reaped by `_until_listening`
+        why = (
+            f"did not listen within {START_SECONDS:g}s"
+            if outcome is _Start.TIMED_OUT
+            else f"did not start ({_exit_reason(code)})"
+        )
+        log.error(
+            "%s worker %d failed: worker %d (pid %d) %s; again in %.1fs",
+            verb,
+            slot.index,
+            slot.index,
+            process.pid,
+            why,
+            slot.delay,
+            extra={"event": "worker_died", "worker": slot.index, "pid": process.pid},
+        )
+        return None
+
+    async def _serve(self, slot: _Slot, process: asyncio.subprocess.Process) -> None:
+        """`process` listens in `slot`: count it as serving until it dies, then log the death
+        (its replacement is the keeper's next step)."""
+        slot.dead_owners.clear()  # it turned them `unknown` before it listened
+        slot.serving = True
+        self._workers_changed()
+        try:
+            code = await process.wait()
+        finally:
+            slot.serving = False
+        if self._stopping:
+            return
+        self._workers_changed()
+        self._bury(slot, process)
+        self._back_off(slot)
+        log.warning(
+            "worker %d (pid %d) died (%s); its calls in flight turn unknown; restarting%s",
+            slot.index,
+            process.pid,
+            _exit_reason(code),
+            f" in {slot.delay:.1f}s" if slot.delay else "",
+            extra={"event": "worker_died", "worker": slot.index, "pid": process.pid},
+        )
+
+    async def _launch(self, slot: _Slot, *, first: bool) -> asyncio.subprocess.Process:
+        """Spawn a worker in `slot` and hand it its settings and role (OSError: no process
+        was made). A worker that dies meanwhile is not an error here: its exit says how."""
         supervisor_end, worker_end = pair()
         lock_descriptor = None if self._lock is None else self._lock.fileno()
         slot.owner = f"{socket.gethostname()}:{os.getpid()}:w{slot.index}:{uuid.uuid4().hex[:8]}"
@@ -217,13 +395,14 @@ class Supervisor:
             dead_owners=tuple(slot.dead_owners),
         )
         settings = self._worker_settings
-        if slot.started_at:
+        if slot.starts:
             # A test-only fault fires in the workers that start with the gateway, never
             # again in a replacement: a crash test's restarted worker must serve.
             settings = settings.model_copy(
                 update={"testing": settings.testing.model_copy(update={"fault": None})}
             )
         inherited = [worker_end.fileno(), *([] if lock_descriptor is None else [lock_descriptor])]
+        slot.starts += 1
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -232,6 +411,9 @@ class Supervisor:
                 stdin=asyncio.subprocess.PIPE,
                 pass_fds=inherited,
             )
+        except BaseException:
+            supervisor_end.close()
+            raise
         finally:
             worker_end.close()
         slot.process = process
@@ -239,65 +421,64 @@ class Supervisor:
         slot.channel = SupervisorEnd(supervisor_end, self._relay)
         slot.channel.send(self._report().encode())  # what it reads first, once it follows
         assert process.stdin is not None
-        process.stdin.write(pickle.dumps((settings, role)))
-        await process.stdin.drain()
-        process.stdin.close()
-        exited = asyncio.ensure_future(process.wait())
-        done, _ = await asyncio.wait(
-            [slot.channel.ready, exited], timeout=START_SECONDS, return_when="FIRST_COMPLETED"
-        )
-        if slot.channel.ready not in done:
-            if not exited.done():
-                process.kill()
-                await process.wait()
-            raise WorkersFailed(
-                f"worker {slot.index} did not start (exit code {process.returncode})"
-            )
-        slot.dead_owners.clear()
-        slot.serving = True
-        self._workers_changed()
-        watcher = asyncio.create_task(
-            self._watch(slot, process, exited), name=f"worker-{slot.index}"
-        )
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
+        try:
+            process.stdin.write(pickle.dumps((settings, role)))
+            await process.stdin.drain()
+        except OSError:  # BrokenPipeError, ConnectionResetError: it is dead already
+            pass
+        finally:
+            process.stdin.close()
+        return process
 
-    async def _watch(
-        self, slot: _Slot, process: asyncio.subprocess.Process, exited: asyncio.Future[int]
-    ) -> None:
-        code = await exited
-        slot.serving = False
-        if self._stopping:
-            return
-        self._workers_changed()
-        forget_dead_worker(process.pid, self._metrics_directory)
-        lived = time.monotonic() - slot.started_at
-        slot.failures = 0 if lived >= STABLE_SECONDS else slot.failures + 1
-        delay = 0.0 if slot.failures <= 1 else _restart_delay(slot.failures)
-        log.warning(
-            "worker %d (pid %d) died (%s); its calls in flight turn unknown; restarting%s",
-            slot.index,
-            process.pid,
-            _exit_reason(code),
-            f" in {delay:.1f}s" if delay else "",
-            extra={"event": "worker_died", "worker": slot.index, "pid": process.pid},
-        )
+    async def _until_listening(self, slot: _Slot, process: asyncio.subprocess.Process) -> _Start:
+        """Wait until the worker says it listens, exits, or `START_SECONDS` pass (then it is
+        killed). Unless it listens, it has been reaped when this returns."""
+        assert slot.channel is not None
+        ready = slot.channel.ready
+        exited = asyncio.ensure_future(process.wait())
+        try:
+            await asyncio.wait(
+                [ready, exited], timeout=START_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            exited.cancel()
+        if ready.done() and not ready.cancelled():
+            return _Start.LISTENING
+        if process.returncode is not None:
+            return _Start.EXITED
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        return _Start.TIMED_OUT
+
+    def _bury(self, slot: _Slot, process: asyncio.subprocess.Process) -> None:
+        """What a reaped worker leaves behind: its channel, its gauges in the metrics, and
+        its claims, which its replacement turns `unknown`."""
+        with contextlib.suppress(OSError):
+            forget_dead_worker(process.pid, self._metrics_directory)
         if slot.channel is not None:
             slot.channel.close()
             slot.channel = None
+        slot.process = None
         slot.dead_owners.append(slot.owner)
-        while not self._stopping:
-            await asyncio.sleep(delay)
-            if self._stopping:
-                return
-            try:
-                self._count_restart()
-                await self._start_worker(slot)
-                return
-            except (WorkersFailed, OSError) as exc:  # OSError: it could not even be spawned
-                slot.failures += 1
-                delay = _restart_delay(slot.failures)
-                log.error("restarting worker %d failed: %s; again in %.1fs", slot.index, exc, delay)
+
+    async def _reap(self, slot: _Slot) -> None:
+        """After an unexpected error: make sure the slot's worker is gone and buried."""
+        process = slot.process
+        if process is None:
+            return
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        self._bury(slot, process)
+
+    def _back_off(self, slot: _Slot) -> None:
+        """A worker that lived `STABLE_SECONDS` is restarted at once; deaths in a row of
+        shorter-lived ones wait longer and longer (none after the first)."""
+        lived = time.monotonic() - slot.started_at
+        slot.failures = 0 if lived >= STABLE_SECONDS else slot.failures + 1
+        slot.delay = 0.0 if slot.failures <= 1 else _restart_delay(slot.failures)
 
     # -- what the workers and the scrapes learn from the supervisor -----------------
 
@@ -362,7 +543,10 @@ def _restart_delay(failures: int) -> float:
 
 def _exit_reason(code: int) -> str:
     if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:  # a signal without a name (a real-time one)
+            return f"killed by signal {-code}"
     return f"exit code {code}"
 
 
@@ -374,11 +558,17 @@ async def supervise(settings: Settings) -> None:
     try:
         urls = await supervisor.start()
         announce(urls)
-        log.info(
-            "serving with %d workers",
-            len(supervisor.worker_pids),
-            extra={"event": "workers_started", "pids": supervisor.worker_pids},
-        )
+        started = {"event": "workers_started", "pids": supervisor.worker_pids}
+        serving, workers = supervisor.serving_workers, settings.server.workers
+        if serving == workers:
+            log.info("serving with %d workers", serving, extra=started)
+        else:
+            log.info(
+                "serving with %d of %d workers; the others died starting and are restarting",
+                serving,
+                workers,
+                extra=started,
+            )
         await waiting
     finally:
         waiting.cancel()
