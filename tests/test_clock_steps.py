@@ -131,3 +131,26 @@ async def test_a_forward_step_of_the_database_clock_does_not_release_a_late_effe
         await send_late_then_step(gateway, upstream, step)
     finally:
         await connection.close()
+
+
+async def test_a_restart_does_not_start_the_grace_again(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A gateway restarted after a probe's grace passed releases the key at its first probe:
+    it carries on from its predecessor's clock witnesses (same host, same boot) instead of
+    waiting a whole grace of its own."""
+    settings = {
+        "route": {"timeout": "1s", "probe": effects_probe(not_applied_after="3s")},
+        "idempotency": {"lease": "1s", "sweep_interval": "1h"},
+    }
+    first = spawn(processes, tmp_path, upstream.url, **settings)
+    async with aiohttp.ClientSession() as session:
+        status, _, body = await post_keyed(session, first, "restarted-1", query="?hold=1")
+        assert status == 504, body
+        await asyncio.sleep(4.0)  # the grace passes while the first gateway runs (never less)
+        first.stop()
+
+        second = spawn(processes, tmp_path, upstream.url, name="second", **settings)
+        operation = await lookup(session, second, "restarted-1")
+        assert operation["state"] == "released", operation
+    assert upstream.count == 0

@@ -65,3 +65,37 @@ def test_a_slow_read_is_not_a_step() -> None:
     graces.witness(1051.0, before=60.0, after=62.0)
     assert graces.steps_seen == 0
     assert counted(graces, 1000.0, 1300.0, 310.0) == 300.0
+
+
+def test_a_new_process_carries_on_from_a_recent_trail() -> None:
+    """A process of the same boot that starts within the trail gap, its first reading in
+    step with the trail's latest witness, counts from the trail's trusted start."""
+    before = started(store_now=1000.0, monotonic=10.0)
+    before.witness(1050.0, before=60.0, after=60.0)
+    after = started(store_now=1055.0, monotonic=65.0)  # restarted 5 s later
+    assert after.adopt(before.record())
+    assert counted(after, 1001.0, 1060.0, 70.0) == 59.0
+
+
+def test_a_trail_is_refused_across_a_gap_a_step_or_garbage() -> None:
+    """No trail is adopted after a long gap, across a step between the two processes, after
+    a step this process saw, or from bytes that are not a witness."""
+    before = started(store_now=1000.0, monotonic=10.0)
+    trail = before.record()
+    assert not started(store_now=1100.0, monotonic=110.0).adopt(trail)  # 100 s without one
+    assert not started(store_now=1605.0, monotonic=15.0).adopt(trail)  # stepped +10 min
+    stepped = started(store_now=1005.0, monotonic=15.0)
+    stepped.witness(1700.0, before=16.0, after=16.0)
+    assert not stepped.adopt(trail)
+    assert not started().adopt(b"not json")
+    assert not started().adopt(b'{"latest": 1}')
+
+
+def test_a_sibling_that_wrote_after_this_process_started_is_a_trail_too() -> None:
+    """A live sibling worker's witness, written after this process's first reading, is
+    adopted when the two agree."""
+    sibling = started(store_now=1000.0, monotonic=10.0)
+    sibling.witness(1030.0, before=40.0, after=40.0)
+    here = started(store_now=1025.0, monotonic=35.0)
+    assert here.adopt(sibling.record())
+    assert counted(here, 1000.0, 1040.0, 50.0) == 40.0

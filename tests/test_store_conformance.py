@@ -1043,6 +1043,21 @@ async def test_scope_secret_is_long_and_survives_a_restart(store: Store, reopen:
     assert await reopened.scope_secret() == secret
 
 
+async def test_clock_witnesses_are_kept_per_host_across_a_restart(
+    store: Store, reopen: Reopen
+) -> None:
+    """A host's clock witness reads back as last written, after a reopen too; hosts apart."""
+    assert await store.read_clock_witness("boot-a") is None
+    await store.write_clock_witness("boot-a", b'{"n": 1}')
+    await store.write_clock_witness("boot-a", b'{"n": 2}')
+    await store.write_clock_witness("boot-b", b'{"n": 3}')
+
+    reopened = await reopen()
+
+    assert await reopened.read_clock_witness("boot-a") == b'{"n": 2}'
+    assert await reopened.read_clock_witness("boot-b") == b'{"n": 3}'
+
+
 async def test_ping_and_clock(store: Store) -> None:
     """ping succeeds on an open store and now() is within a few seconds of the host clock."""
     await store.ping()

@@ -111,7 +111,7 @@ class IdempotencyEngine:
         self._timed = StoreTimer(self._observer, clock)
         self._fault = fault
         self.graces = GraceClock(clock)
-        """The store's clock as this process vouches for it; `run_witness` feeds it."""
+        """The store's clock as this process vouches for it; `start_witness` feeds it."""
         self._settler = Settler(
             store=store,
             prober=prober,

@@ -22,8 +22,13 @@ counted since a record's moment is the smaller of
 If the moment falls inside that stretch, no step happened since, so the
 store-clock time is true; if it falls before, the stretch itself is a
 lower bound. Either way a step can only make a grace longer, never shorter.
-The cost is liveness, not safety: after a restart, or after a step, a
-release waits until a whole grace passed in this process.
+The cost is liveness, not safety: after a step, a release waits until a
+whole grace passed in this process. So that a restart does not cost the
+same, every process also writes its latest witness to the store, one row
+per boot of its host (`/proc/sys/kernel/random/boot_id`): processes of one
+boot share one monotonic clock, so a process that starts within
+`TRAIL_GAP` of a witness that kept pace with its own first reading carries
+on from that witness's trusted stretch instead of starting its own.
 
 >>> class Fake:
 ...     def __init__(self): self.t = 100.0
@@ -40,15 +45,15 @@ release waits until a whole grace passed in this process.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from typing import TYPE_CHECKING, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from gateway.engine.clock import Clock
 
-__all__ = ["WITNESS_INTERVAL", "GraceClock", "run_witness"]
+__all__ = ["HOST_BOOT", "WITNESS_INTERVAL", "GraceClock", "WitnessStore", "start_witness"]
 
 log = logging.getLogger("gateway.clock")
 
@@ -60,6 +65,19 @@ DRIFT_RATE = 1e-3
 WITNESS_INTERVAL = 2.0
 """How often a process reads the store's clock only to watch it; so that two opposite
 steps in a row (back, then forward) are seen as steps, not as no change."""
+TRAIL_GAP = 60.0
+"""The longest time without a witness across which a new process still trusts the trail."""
+
+
+def _host_boot() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:  # not Linux: every process trusts the store's clock from its own start
+        return None
+
+
+HOST_BOOT = _host_boot()
+"""This boot of this host: the processes whose monotonic readings compare."""
 
 
 class _Witness(NamedTuple):
@@ -75,30 +93,55 @@ class GraceClock:
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
+        self._first: _Witness | None = None
+        self._latest: _Witness | None = None
         self._trusted_from: _Witness | None = None
         self.steps_seen = 0
 
     def witness(self, store_now: float, *, before: float, after: float) -> None:
         """Compare one reading of the store's clock with the monotonic time around it."""
         sample = _Witness(store_now, before, after)
+        self._latest = sample
         anchor = self._trusted_from
         if anchor is None:
-            self._trusted_from = sample
+            self._first = self._trusted_from = sample
             return
-        # The real time between the two readings lies within these bounds.
-        shortest, longest = sample.before - anchor.after, sample.after - anchor.before
-        slack = STEP_TOLERANCE + DRIFT_RATE * max(longest, 0.0)
-        passed = sample.store - anchor.store
-        if shortest - slack <= passed <= longest + slack:
+        if _kept_pace(anchor, sample):
             return
         self.steps_seen += 1
         log.warning(
             "the store's clock stepped by about %+.1f s; graces that release a key count "
             "from now on this process's own clock",
-            passed - (shortest + longest) / 2,
-            extra={"event": "clock_step", "store_seconds": passed, "monotonic_seconds": longest},
+            (sample.store - anchor.store) - (sample.before - anchor.after),
+            extra={"event": "clock_step", "store_seconds": sample.store - anchor.store},
         )
         self._trusted_from = sample
+
+    def record(self) -> bytes | None:
+        """This process's latest witness and trusted stretch, for the next process of its boot."""
+        if self._latest is None or self._trusted_from is None:
+            return None
+        return json.dumps({"latest": self._latest, "trusted": self._trusted_from}).encode()
+
+    def adopt(self, trail: bytes | None) -> bool:
+        """Carry on from another process's trusted stretch (same boot), when its latest
+        witness is within `TRAIL_GAP` of this process's first reading and kept pace with
+        it, and no step was seen here since. True when adopted."""
+        first, here = self._first, self._trusted_from
+        if trail is None or first is None or here is None or self.steps_seen:
+            return False
+        try:
+            document = json.loads(trail)
+            latest, trusted = _Witness(*document["latest"]), _Witness(*document["trusted"])
+        except (ValueError, TypeError, KeyError):
+            return False
+        # Another live process (a sibling worker) may have written after this one started.
+        earlier, later = (latest, first) if latest.after <= first.before else (first, latest)
+        if later.before - earlier.after > TRAIL_GAP or not _kept_pace(earlier, later):
+            return False
+        if trusted.after < here.after:
+            self._trusted_from = trusted
+        return True
 
     def elapsed_since(
         self, moment: float, *, store_now: float, before: float, after: float
@@ -118,16 +161,56 @@ class GraceClock:
         return self._clock.monotonic()
 
 
-async def run_witness(
-    now: Callable[[], Awaitable[float]], graces: GraceClock, *, interval: float = WITNESS_INTERVAL
+class WitnessStore(Protocol):
+    """What `start_witness` needs of a store (`gateway.store.base.Store` has it)."""
+
+    async def now(self) -> float: ...
+
+    async def read_clock_witness(self, host: str) -> bytes | None: ...
+
+    async def write_clock_witness(self, host: str, witness: bytes) -> None: ...
+
+
+async def start_witness(
+    store: WitnessStore,
+    graces: GraceClock,
+    *,
+    host: str | None = HOST_BOOT,
+    interval: float = WITNESS_INTERVAL,
+) -> asyncio.Task[None]:
+    """Take this process's first witness (joining the trail an earlier process of its
+    boot left, if it can) before it serves, then keep witnessing every `interval`
+    seconds in a task the caller cancels at shutdown."""
+    await _witness(store, graces, host, join=True)
+
+    async def keep_witnessing() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await _witness(store, graces, host, join=False)
+
+    return asyncio.create_task(keep_witnessing(), name="clock-witness")
+
+
+async def _witness(
+    store: WitnessStore, graces: GraceClock, host: str | None, *, join: bool
 ) -> None:
-    """Read the store's clock every `interval` seconds for `graces`, until cancelled."""
-    while True:
+    try:
         before = graces.monotonic()
-        try:
-            store_now = await now()
-        except Exception as exc:  # a store outage is reported by the requests that meet it
-            log.debug("clock witness skipped: %s", exc)
-        else:
-            graces.witness(store_now, before=before, after=graces.monotonic())
-        await asyncio.sleep(interval)
+        store_now = await store.now()
+        graces.witness(store_now, before=before, after=graces.monotonic())
+        if host is None:
+            return
+        if join and graces.adopt(await store.read_clock_witness(host)):
+            log.info("the store's clock is trusted from before this process started")
+        record = graces.record()
+        if record is not None:
+            await store.write_clock_witness(host, record)
+    except Exception as exc:  # a store outage is reported by the requests that meet it
+        log.debug("clock witness skipped: %s", exc)
+
+
+def _kept_pace(earlier: _Witness, later: _Witness) -> bool:
+    """True when the store's clock moved between two readings as the monotonic one did."""
+    shortest, longest = later.before - earlier.after, later.after - earlier.before
+    slack = STEP_TOLERANCE + DRIFT_RATE * max(longest, 0.0)
+    return shortest - slack <= later.store - earlier.store <= longest + slack

@@ -126,6 +126,12 @@ class Store(Protocol):
     async def scope_secret(self) -> bytes:
         """The HMAC key for header-derived scopes, created once and shared by replicas."""
 
+    async def read_clock_witness(self, host: str) -> bytes | None:
+        """The latest clock witness a process on `host` (a boot of one machine) wrote."""
+
+    async def write_clock_witness(self, host: str, witness: bytes) -> None:
+        """Replace `host`'s clock witness (`gateway.engine.graces`); one small row a host."""
+
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """Bind the key to the request and lease it, or report the operation holding it.
 

@@ -63,6 +63,7 @@ from gateway.store.postgres_statements import (
     _Receipt,
 )
 from gateway.store.rows import (
+    WITNESS_PREFIX,
     as_stored,
     claim_changes,
     decode_cursor,
@@ -155,6 +156,21 @@ class PostgresStore(PostgresConnection):
         if self._secret is None:
             raise StoreUnavailable("the PostgreSQL store is not open")
         return self._secret
+
+    async def read_clock_witness(self, host: str) -> bytes | None:
+        value = await self._fetchval(
+            "witness", "SELECT value FROM gateway_meta WHERE name = $1", WITNESS_PREFIX + host
+        )
+        return None if value is None else bytes(value)
+
+    async def write_clock_witness(self, host: str, witness: bytes) -> None:
+        await self._fetchval(
+            "witness",
+            "INSERT INTO gateway_meta (name, value) VALUES ($1, $2) "
+            "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            WITNESS_PREFIX + host,
+            witness,
+        )
 
     # -- the state machine's verbs ----------------------------------------------
 

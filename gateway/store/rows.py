@@ -128,6 +128,10 @@ def is_forgotten(operation: Operation) -> bool:
     )
 
 
+WITNESS_PREFIX = "clock_witness:"
+"""`gateway_meta` names of the clock witnesses, one per host boot (`Store.write_clock_witness`)."""
+
+
 def scope_secret_lost() -> StoreUnavailable:
     """Why a store that holds operations but no scope secret refuses to start.
 

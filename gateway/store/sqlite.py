@@ -51,6 +51,7 @@ from gateway.engine.models import (
 from gateway.store.base import OperationFilter, Page, SweepReport
 from gateway.store.crypto import BodyCipher, CipherError
 from gateway.store.rows import (
+    WITNESS_PREFIX,
     as_stored,
     decode_cursor,
     encode_cursor,
@@ -174,6 +175,23 @@ class SqliteStore(SqliteConnection):
         if self._secret is None:
             raise StoreUnavailable("the SQLite store is not open")
         return self._secret
+
+    async def read_clock_witness(self, host: str) -> bytes | None:
+        row = await self._writer.run(
+            lambda c: c.execute(
+                "SELECT value FROM gateway_meta WHERE name = ?", (WITNESS_PREFIX + host,)
+            ).fetchone()
+        )
+        return None if row is None else bytes(row[0])
+
+    async def write_clock_witness(self, host: str, witness: bytes) -> None:
+        await self._writer.run(
+            lambda c: c.execute(
+                "INSERT INTO gateway_meta (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (WITNESS_PREFIX + host, witness),
+            )
+        )
 
     # -- the state machine's verbs ------------------------------------------
 

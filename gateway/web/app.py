@@ -26,7 +26,7 @@ from gateway.config import Settings
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.forwarded_key import ForwardedKeys
-from gateway.engine.graces import run_witness
+from gateway.engine.graces import start_witness
 from gateway.engine.leases import LeaseKeeper
 from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
@@ -175,7 +175,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         fault=settings.testing.fault,
     )
     engine.cross_process_signals = await store.subscribe(engine.notify_settled)
-    witness = asyncio.create_task(run_witness(store.now, engine.graces), name="clock-witness")
+    witness = await start_witness(store, engine.graces)
     sweeper = Sweeper(store, engine, metrics, interval=settings.idempotency.sweep_interval)
     await sweeper.start()
     app[STORE] = store

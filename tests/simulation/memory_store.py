@@ -84,6 +84,7 @@ class MemoryDatabase:
         self.by_key: dict[tuple[str, str], str] = {}
         self.seq: dict[str, int] = {}
         self.history: list[Transition] = []
+        self.witnesses: dict[str, bytes] = {}
         self.annotate: Callable[[], dict[str, Any]] | None = None
         self._next_seq = 0
         self._next_id = 0
@@ -182,6 +183,14 @@ class MemoryStore:
     async def scope_secret(self) -> bytes:
         self._check_open()
         return self.db.secret
+
+    async def read_clock_witness(self, host: str) -> bytes | None:
+        self._check_open()
+        return self.db.witnesses.get(host)
+
+    async def write_clock_witness(self, host: str, witness: bytes) -> None:
+        self._check_open()
+        self.db.witnesses[host] = witness
 
     def _check_open(self) -> None:
         if not self._open:

@@ -75,7 +75,7 @@ class Replica:
             routes=(route,),
             clock=self.clock,
         )
-        # As a gateway does when it starts (`run_witness`): its first reading of the store's
+        # As a gateway does when it starts (`start_witness`): its first reading of the store's
         # clock, from which its graces may count.
         started = self.clock.monotonic()
         self.engine.graces.witness(world.now, before=started, after=started)
