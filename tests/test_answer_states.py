@@ -46,23 +46,24 @@ async def test_a_late_refusal_after_a_resolution_carries_the_records_state(
         processes,
         tmp_path,
         upstream.url,
-        route={"timeout": "10s"},
+        route={"timeout": "10m"},  # the 429 comes when the test releases it
         idempotency={"lease": "1s", "sweep_interval": "200ms"},
     )
     async with aiohttp.ClientSession() as session:
         first = asyncio.create_task(
-            post_keyed(session, gateway, "late-429", query="?status=429&delay=4")
+            post_keyed(session, gateway, "late-429", query="?status=429&hold_answer=1")
         )
-        await upstream.wait_for_count(1, seconds=5.0)
+        await upstream.wait_for_count(1, seconds=60)
         gateway.kill(signal.SIGSTOP)
         await asyncio.sleep(1.5)  # past the 1 s lease: the sweeper turns it unknown on resume
         gateway.kill(signal.SIGCONT)
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(60):
             while True:  # the sweeper turns the lapsed lease unknown
                 if await state_of(session, gateway, "late-429") == "unknown":
                     break
                 await asyncio.sleep(0.1)
         await resolve(session, gateway, "late-429", "applied")
+        upstream.release_answers()  # the 429 arrives after the resolution, never before
 
         status, headers, _ = await first
         assert status == 429  # the upstream's refusal, passed on as it came

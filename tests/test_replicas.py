@@ -192,18 +192,19 @@ async def test_keys_of_a_killed_replica_become_unknown_and_are_never_forwarded_a
     a = start("a", lease="1s")
     b = start("b", lease="1s", sweep_interval="300ms")
     keys = [f"orphan-{n}" for n in range(10)]
-    in_flight = [asyncio.create_task(post(session, a, key, query="?delay=5")) for key in keys]
-    await upstream.wait_for_count(10, seconds=5)
+    # Applied, their answers held: A dies with all ten on the wire, however slow the test is.
+    in_flight = [asyncio.create_task(post(session, a, key, query="?hold_answer=1")) for key in keys]
+    await upstream.wait_for_count(10, seconds=60)
     a.kill(signal.SIGKILL)
     outcomes = await asyncio.gather(*in_flight, return_exceptions=True)
     assert all(isinstance(outcome, aiohttp.ClientError) for outcome in outcomes), outcomes
 
     for key in keys:
-        operation = await wait_for_state(session, b, key, "unknown", seconds=5)
+        operation = await wait_for_state(session, b, key, "unknown", seconds=60)
         assert operation["safe_to_retry"] is False
         assert any(item["source"] == "lease" for item in operation["evidence"]), operation
     for key in keys:
-        retry = await post(session, b, key, query="?delay=5")
+        retry = await post(session, b, key, query="?hold_answer=1")
         assert (retry.status, retry.problem) == (409, "outcome-unknown"), retry
         assert retry.headers["Idempotency-Status"] == "unknown"
     assert upstream.count == 10
@@ -222,26 +223,28 @@ async def test_a_replica_paused_past_its_lease_still_records_the_answer_it_recei
     a = start("a", lease="1s")
     b = start("b", lease="1s", sweep_interval="200ms")
     key = "paused-1"
-    first = asyncio.create_task(post(session, a, key, query="?delay=3"))
-    await upstream.wait_for_count(1, seconds=5)
+    # The answer is held until A is frozen and B has seen the lease run out.
+    first = asyncio.create_task(post(session, a, key, query="?hold_answer=1"))
+    await upstream.wait_for_count(1, seconds=60)
     a.kill(signal.SIGSTOP)
     try:
-        meanwhile = await wait_for_state(session, b, key, "unknown", seconds=4)
-        retry = await post(session, b, key, query="?delay=3")
+        meanwhile = await wait_for_state(session, b, key, "unknown", seconds=60)
+        retry = await post(session, b, key, query="?hold_answer=1")
         assert (retry.status, retry.problem) == (409, "outcome-unknown"), retry
     finally:
+        upstream.release_answers()  # it reaches A while A is still frozen
         a.kill(signal.SIGCONT)
     late = await first
     assert late.status == 201, late  # the caller gets the upstream's answer
     assert late.headers["Idempotency-Status"] == "completed"
 
-    operation = await wait_for_state(session, b, key, "completed", seconds=5)
+    operation = await wait_for_state(session, b, key, "completed", seconds=60)
     assert operation["response"]["status"] == 201
     assert operation["resolution"]["by"] == "upstream"
     assert operation["fencing_token"] == meanwhile["fencing_token"]
     assert any(item["source"] == "lease" for item in operation["evidence"])
     for replica in (a, b):
-        replay = await post(session, replica, key, query="?delay=3")
+        replay = await post(session, replica, key, query="?hold_answer=1")
         assert replay.status == 201, replay
         assert replay.replayed
         assert replay.body == late.body

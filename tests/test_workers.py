@@ -81,6 +81,16 @@ async def settled_state(
             await asyncio.sleep(0.05)
 
 
+async def held_connections(workers: list[int], port: int, *, total: int) -> list[int]:
+    """Each worker's connections on `port`, once they come to `total` (at most 60 s)."""
+    async with asyncio.timeout(60):
+        while True:
+            held = [connections(pid, local_port=port) for pid in workers]
+            if sum(held) >= total:
+                return held
+            await asyncio.sleep(0.05)
+
+
 def fresh_connections() -> aiohttp.ClientSession:
     """A session whose requests each open a connection, so SO_REUSEPORT spreads them."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=0))
@@ -137,8 +147,9 @@ async def test_kill_9_of_a_worker_mid_call_leaves_unknown_and_the_supervisor_res
     supervisor = supervisor_pid(gateway)
     before = worker_pids(supervisor)
     async with aiohttp.ClientSession() as session:
-        call = asyncio.create_task(post(session, gateway.url, "killed", query="?delay=3"))
-        await upstream.wait_for_count(1, seconds=10)
+        # Applied, its answer held: the worker is killed on the wire however slow the test is.
+        call = asyncio.create_task(post(session, gateway.url, "killed", query="?hold_answer=1"))
+        await upstream.wait_for_count(1, seconds=60)
         upstream_port = port_of(upstream.url)
         (sender,) = [pid for pid in before if connections(pid, remote_port=upstream_port)]
         os.kill(sender, signal.SIGKILL)
@@ -156,10 +167,11 @@ async def test_kill_9_of_a_worker_mid_call_leaves_unknown_and_the_supervisor_res
         assert isinstance(evidence, list)
         assert any("is gone" in item["detail"] for item in evidence), evidence
         for _ in range(4):  # whichever worker each retry reaches
-            status, headers, body = await post(session, gateway.url, "killed", query="?delay=3")
+            status, headers, body = await post(
+                session, gateway.url, "killed", query="?hold_answer=1"
+            )
             assert status == 409, body
             assert headers["Idempotency-Status"] == "unknown"
-    await asyncio.sleep(3.2)  # the upstream's call would have ended by now
     assert upstream.count == 1
 
 
@@ -223,14 +235,17 @@ async def test_a_waiting_retry_is_woken_by_the_other_workers_receipt(
     gateway = spawn(processes, tmp_path, upstream.url, **WORKERS)
     workers = worker_pids(supervisor_pid(gateway))
     async with fresh_connections() as session:
-        first = asyncio.create_task(post(session, gateway.url, "waited", query="?delay=1"))
-        await upstream.wait_for_count(1, seconds=10)
+        # The first call's answer is held until every waiter is on a worker, waiting.
+        first = asyncio.create_task(post(session, gateway.url, "waited", query="?hold_answer=1"))
+        await upstream.wait_for_count(1, seconds=60)
         waiters = [
-            asyncio.create_task(post(session, gateway.url, "waited", query="?delay=1", wait=20))
+            asyncio.create_task(
+                post(session, gateway.url, "waited", query="?hold_answer=1", wait=20)
+            )
             for _ in range(12)
         ]
-        await asyncio.sleep(0.3)
-        held = [connections(pid, local_port=port_of(gateway.url)) for pid in workers]
+        held = await held_connections(workers, port_of(gateway.url), total=13)
+        upstream.release_answers()
         answers = await asyncio.gather(first, *waiters)
     assert all(count > 0 for count in held), held  # waiters on both workers
     assert [status for status, _, _ in answers] == [201] * 13
