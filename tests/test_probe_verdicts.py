@@ -4,7 +4,7 @@ A slow probe asked about attempt 1 must not settle attempt 2, which was sent
 after the probe left: its "not applied" says nothing about a request it never
 saw. These tests run the gateway as production does (a subprocess on SQLite)
 in front of a real upstream whose probe answers are decided when they arrive
-and held back, as a slow upstream would.
+and held back until the test releases them, as a slow upstream would.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from upstream import CountingUpstream, effects_probe
 
 KEY = "pay-42"
 PROBE = effects_probe(by="operation_id")
-ROUTE = {"forward_key": "operation_id", "probe": PROBE, "timeout": "5s"}
+# The timeout (probes' too) is not the subject: a held probe waits for the test, not a clock.
+ROUTE = {"forward_key": "operation_id", "probe": PROBE, "timeout": "60s"}
 IDEMPOTENCY = {"lease": "1s", "sweep_interval": "60s"}  # no background probes: the test drives
 
 
@@ -59,8 +60,11 @@ async def test_a_slow_probe_about_attempt_1_does_not_release_attempt_2(
     gateway = spawn(processes, tmp_path, upstream.url, route=ROUTE, idempotency=IDEMPOTENCY)
     async with aiohttp.ClientSession() as session:
         await unknown_first_attempt(session, gateway, upstream)
-        upstream.probe_delays[:] = [3.0]  # P1: decided now (404), answered 3 s later
+        p1 = asyncio.Event()
+        upstream.probe_holds[:] = [p1]  # P1: decided when it arrives (404), answered on p1
+        probed = len(upstream.probes)
         slow_lookup = asyncio.create_task(lookup(session, gateway))
+        await upstream.wait_for_probes(probed + 1)
         await asyncio.sleep(1.2)  # the prober's backoff for this operation (1 s) runs out
 
         # The retry probes again (P2, fast: 404), releases attempt 1, sends attempt 2.
@@ -68,6 +72,7 @@ async def test_a_slow_probe_about_attempt_1_does_not_release_attempt_2(
         assert (status, problem["state"]) == (502, "unknown"), problem
         assert upstream.count == 1
 
+        p1.set()
         await slow_lookup  # P1's "not applied" arrives now, about attempt 1
         operation = await lookup(session, gateway)
         assert operation["attempts"] == 2
@@ -87,9 +92,11 @@ async def test_a_slow_probe_does_not_undo_an_operator_resolution_and_the_next_at
     gateway = spawn(processes, tmp_path, upstream.url, route=ROUTE, idempotency=IDEMPOTENCY)
     async with aiohttp.ClientSession() as session:
         await unknown_first_attempt(session, gateway, upstream)
-        upstream.probe_delays[:] = [3.0]
+        p1 = asyncio.Event()
+        upstream.probe_holds[:] = [p1]  # P1: decided when it arrives (404), answered on p1
+        probed = len(upstream.probes)
         slow_lookup = asyncio.create_task(lookup(session, gateway))
-        await asyncio.sleep(0.3)  # P1 has left
+        await upstream.wait_for_probes(probed + 1)  # P1 has left
 
         async with session.post(
             f"{gateway.url}/operations/{KEY}/resolve",
@@ -99,6 +106,7 @@ async def test_a_slow_probe_does_not_undo_an_operator_resolution_and_the_next_at
         status, problem = await post(session, gateway)  # attempt 2: applied, then dropped
         assert (status, problem["state"]) == (502, "unknown"), problem
 
+        p1.set()
         await slow_lookup
         operation = await lookup(session, gateway)
         assert operation["attempts"] == 2

@@ -43,9 +43,10 @@ requests, one dict per request, taken in order and applied over the query's.
 
 ``GET /effects/<key>`` is the probe endpoint: 200 with the effect's JSON when
 an effect arrived with that ``Idempotency-Key``, else 404. Probes are recorded
-in ``probes``, never counted as effects. ``probe_delays`` holds delays for the
+in ``probes``, never counted as effects. ``probe_holds`` holds events for the
 next probes, in order: the answer is decided when the probe arrives, then held
-(a slow probe that answers about the past).
+until the test sets the event (a slow probe that answers about the past, for
+as long as the test needs, whatever the load).
 
 The default body is JSON describing the effect, and every response carries
 ``X-Effect-Id`` so a test can tell which effect a (replayed) response came from.
@@ -131,7 +132,7 @@ class CountingUpstream:
         self.effects: list[Effect] = []
         self.probes: list[dict[str, str]] = []
         self.script: list[dict[str, str]] = []
-        self.probe_delays: list[float] = []
+        self.probe_holds: list[asyncio.Event] = []
         self.held = 0
         """How many ``hold=1`` requests arrived (they wait for ``release_held``)."""
         self._release = asyncio.Event()
@@ -182,6 +183,13 @@ class CountingUpstream:
         """Wait until ``count`` ``hold=1`` requests arrived; TimeoutError after ``seconds``."""
         async with asyncio.timeout(seconds):
             while self.held < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def wait_for_probes(self, count: int, *, seconds: float = 30.0) -> None:
+        """Wait until ``count`` probes arrived; TimeoutError after ``seconds``."""
+        async with asyncio.timeout(seconds):
+            while len(self.probes) < count:
                 self._changed.clear()
                 await self._changed.wait()
 
@@ -244,11 +252,12 @@ class CountingUpstream:
 
     async def _probe(self, request: web.Request) -> web.Response:
         self.probes.append({name.lower(): value for name, value in request.headers.items()})
+        self._changed.set()
         key = request.match_info["key"]
-        delay = self.probe_delays.pop(0) if self.probe_delays else 0.0
+        hold = self.probe_holds.pop(0) if self.probe_holds else None
         found = next((effect for effect in self.effects if effect.key == key), None)
-        if delay:
-            await asyncio.sleep(delay)
+        if hold is not None:
+            await hold.wait()
         if found is not None:
             return web.Response(
                 status=200,
