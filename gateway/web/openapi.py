@@ -191,6 +191,34 @@ def _simple_get(summary: str, ok: dict[str, Any], errors: tuple[type[GatewayErro
     }
 
 
+_WORKER_COUNTS = {
+    "serving_workers": {"type": "integer", "description": "Workers serving now."},
+    "workers": {"type": "integer", "description": "`[server] workers`."},
+}
+
+
+def _readyz() -> Any:
+    """Ready: the store answers. With workers, both counts, and a JSON 503 `degraded` once
+    fewer than all have served for a while (a store outage is the problem document)."""
+    ready = {"status": {"const": "ready"}, **_WORKER_COUNTS}
+    path = _simple_get(
+        "The store is reachable and migrated (and, with workers, all of them serve)",
+        _ok("Ready.", {"type": "object", "required": ["status"], "properties": ready}),
+        (StoreUnavailable,),
+    )
+    degraded = {
+        "type": "object",
+        "required": ["status", "serving_workers", "workers"],
+        "properties": {"status": {"const": "degraded"}, **_WORKER_COUNTS},
+    }
+    unavailable = path["get"]["responses"]["503"]
+    unavailable["description"] += (
+        "; or, with workers, fewer than all of them have served for 10 s (`degraded`)"
+    )
+    unavailable["content"][JSON] = {"schema": degraded}
+    return path
+
+
 def _paths() -> dict[str, Any]:
     key = {"$ref": "#/components/parameters/Key"}
     op_id = {"$ref": "#/components/parameters/OperationId"}
@@ -204,11 +232,7 @@ def _paths() -> dict[str, Any]:
             _ok("Alive.", {"type": "object", "properties": {"status": {"const": "ok"}}}),
             (),
         ),
-        "/readyz": _simple_get(
-            "The store is reachable and migrated",
-            _ok("Ready.", {"type": "object", "properties": {"status": {"const": "ready"}}}),
-            (StoreUnavailable,),
-        ),
+        "/readyz": _readyz(),
         "/metrics": _simple_get(
             "Prometheus metrics",
             {
