@@ -550,7 +550,7 @@ async def test_lease_lost_from_a_gateway_paused_before_sending(
     assert process.process is not None
     client = make_client(process.url)
     request = asyncio.create_task(client.request("POST", ISSUES, key="paused", json={}))
-    async with asyncio.timeout(5):  # the fault stops the process itself after the claim
+    async with asyncio.timeout(60):  # the fault stops the process itself after the claim
         while True:
             if is_stopped(process.process.pid):
                 break

@@ -137,6 +137,6 @@ async def test_a_replica_ahead_of_the_database_does_not_release_by_probe_too_soo
         assert status == 409, body
         assert json.loads(body)["type"].endswith("/outcome-unknown")
 
-        await upstream.wait_for_count(1, seconds=5.0)
+        await upstream.wait_for_count(1, seconds=60)
         await asyncio.sleep(0.5)
     assert upstream.count == 1, [effect.number for effect in upstream.effects]

@@ -75,7 +75,7 @@ async def test_a_tenants_probe_never_adopts_another_tenants_effect(
     assert lost.headers["Idempotency-Status"] == "unknown"
 
     seen: list[dict[str, Any]] = []
-    async with asyncio.timeout(8):
+    async with asyncio.timeout(60):  # bounds a hang only: the release is awaited
         while not seen or seen[-1]["state"] == "unknown":
             await asyncio.sleep(0.2)
             seen.append(await lookup(gateway, "order-7", TENANT_B))

@@ -271,7 +271,7 @@ async def test_prefer_wait_on_one_replica_is_woken_by_the_outcome_on_another(
         return answer, time.monotonic()
 
     first = asyncio.create_task(first_attempt())
-    await upstream.wait_for_count(1, seconds=5)
+    await upstream.wait_for_count(1, seconds=60)
     waited = await post(session, b, key, query="?delay=1.6", headers={"Prefer": "wait=5"})
     waited_at = time.monotonic()
     original, original_at = await first

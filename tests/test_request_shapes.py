@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from conftest import GatewayFactory
@@ -43,13 +42,13 @@ async def test_an_operator_body_that_never_arrives_is_408(
         [*headers, ("Content-Type", "application/json"), ("Content-Length", "50")],
         content_length=False,
     )
-    started = time.monotonic()
     url = gateway.admin_url if target.startswith("/admin/") else gateway.url
     assert url is not None
-    answer = await exchange(address_of(url), raw, seconds=10)
+    # Within 20 s, less than the default client_timeout (30 s): a body judged by the default
+    # rather than by the configured 1 s fails here, however loaded the machine is.
+    answer = await exchange(address_of(url), raw, seconds=20)
     assert answer.status == 408, (answer.status, answer.body[:200])
     assert json.loads(answer.body)["type"].endswith("/request-timeout")
-    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(

@@ -318,7 +318,7 @@ async def test_mcp_tool_calls_go_through_the_same_steps(
             headers: dict[str, str] = {}
             propagate.inject(headers)
             async with (
-                asyncio.timeout(20),
+                asyncio.timeout(60),
                 mcp_client(f"{gateway.url}/tools", headers=headers) as mcp,
             ):
                 result = await call_with_key(mcp, "create_ticket", {"title": "x"}, "mcp-1:0:c1")
@@ -573,8 +573,8 @@ async def test_a_subprocess_configured_by_otel_variables_exports_otlp(
 async def _spans_until(
     requests: list[ExportTraceServiceRequest], arrived: asyncio.Event, names: set[str]
 ) -> dict[str, Any]:
-    """The spans received so far by name, once all of `names` are among them (10 s at most)."""
-    async with asyncio.timeout(10):
+    """The spans received so far by name, once all of `names` are among them (60 s at most)."""
+    async with asyncio.timeout(60):
         while True:
             spans = {
                 span.name: span
