@@ -16,7 +16,7 @@ worker:
 The supervisor sends one datagram of its own, `W<serving> <workers> <degraded>`
 (`WorkersServing`), to every worker whenever a worker starts serving or dies,
 and again every `REPORT_SECONDS`: how many workers serve, and whether fewer
-than all have for longer than the supervisor's `DEGRADED_SECONDS`. `/readyz`
+than all have for longer than `gateway.workers.health.DEGRADED_SECONDS`. `/readyz`
 answers from the last one received; the repetition heals a dropped datagram.
 
 Datagrams never block the event loop. What a full socket buffer refuses (the

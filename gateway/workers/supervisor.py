@@ -44,17 +44,14 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
-
-from prometheus_client import CollectorRegistry
 
 from gateway.config import Settings
 from gateway.web.app import SHUTDOWN_GRACE
-from gateway.web.metrics import worker_restarts_counter
-from gateway.web.metrics_processes import SUPERVISOR, WorkerSnapshots, forget_dead_worker
+from gateway.web.metrics_processes import forget_dead_worker
 from gateway.web.process import announce, listening_url, wait_for_termination
-from gateway.workers.channel import REPORT_SECONDS, SupervisorEnd, WorkersServing, pair
+from gateway.workers.channel import REPORT_SECONDS, SupervisorEnd, pair
+from gateway.workers.health import WorkersHealth
 from gateway.workers.ports import bound_port, reserve_port
 from gateway.workers.role import WorkerRole
 
@@ -65,10 +62,6 @@ START_SECONDS = 60.0
 MAX_RESTART_DELAY = 5.0
 STABLE_SECONDS = 10.0
 """A worker that lived this long is restarted at once; one that dies sooner backs off."""
-DEGRADED_SECONDS = 10.0
-"""Fewer workers than configured serve for longer than this: `/readyz` says degraded.
-A restart takes a second or two, so a load balancer that reads `/readyz` does not
-take the gateway out for each one, only for a slot that stays empty."""
 FIRST_START_TRIES = 5
 """Starts of a first worker killed by a signal each time before it listens, before the
 gateway gives up (about 1.5 s of backoff in all): nothing has served yet, and a
@@ -123,13 +116,8 @@ class Supervisor:
         self._worker_settings = settings
         self._stopping = False
         self._keepers: list[asyncio.Task[None]] = []
-        self._short_since: float | None = None
-        """Since when fewer than all workers serve (None: all do, or none has served yet:
-        the clock starts when the first worker listens)."""
-        self._degraded = False
+        self._health = WorkersHealth(settings.server.workers)
         self._reporter: asyncio.Task[None] | None = None
-        self._counts = CollectorRegistry(auto_describe=True)
-        self._restarts = worker_restarts_counter(self._counts)
 
     async def start(self) -> list[str]:
         """Hold the file and the ports, start the first worker, then the others; the URLs,
@@ -140,6 +128,7 @@ class Supervisor:
             self._hold_store()
             urls = self._hold_ports()
             self._metrics_directory = tempfile.mkdtemp(prefix="idempotency-gateway-metrics-")
+            self._health.metrics_directory = self._metrics_directory
             self._reporter = asyncio.create_task(self._report_workers(), name="workers-report")
             first = await self._start_first()
             self._keepers = [
@@ -285,7 +274,7 @@ class Supervisor:
                 extra={"event": "worker_died", "worker": 0, "pid": process.pid},
             )
             await asyncio.sleep(delay)
-            self._count_restart()
+            self._health.count_restart()
         raise AssertionError("unreachable: the last try returns or raises")
 
     async def _keep(self, slot: _Slot, process: asyncio.subprocess.Process | None) -> None:
@@ -322,7 +311,7 @@ class Supervisor:
         if self._stopping:
             return None
         if slot.starts:
-            self._count_restart()
+            self._health.count_restart()
         try:
             process = await self._launch(slot, first=False)
         except OSError as exc:  # it could not even be spawned
@@ -419,7 +408,7 @@ class Supervisor:
         slot.process = process
         slot.started_at = time.monotonic()
         slot.channel = SupervisorEnd(supervisor_end, self._relay)
-        slot.channel.send(self._report().encode())  # what it reads first, once it follows
+        slot.channel.send(self._health.report().encode())  # what it reads first, once it follows
         assert process.stdin is not None
         try:
             process.stdin.write(pickle.dumps((settings, role)))
@@ -484,34 +473,11 @@ class Supervisor:
 
     def _workers_changed(self) -> None:
         """A worker started serving or died: tell every worker how many serve now."""
-        serving = sum(slot.serving for slot in self._slots)
-        if serving < len(self._slots):
-            if self._short_since is None:
-                self._short_since = time.monotonic()
-        else:
-            self._short_since = None
+        self._health.serving_changed(self.serving_workers)
         self._broadcast()
 
-    def _report(self) -> WorkersServing:
-        serving = sum(slot.serving for slot in self._slots)
-        short_for = 0.0 if self._short_since is None else time.monotonic() - self._short_since
-        degraded = self._short_since is not None and short_for >= DEGRADED_SECONDS
-        if degraded != self._degraded:
-            self._degraded = degraded
-            if degraded:
-                log.warning(
-                    "%d of %d workers serve, fewer than all for %.0fs: /readyz answers degraded",
-                    serving,
-                    len(self._slots),
-                    short_for,
-                    extra={"event": "workers_degraded", "serving": serving},
-                )
-            else:
-                log.info("all %d workers serve again", len(self._slots))
-        return WorkersServing(serving, len(self._slots), degraded=degraded)
-
     def _broadcast(self) -> None:
-        datagram = self._report().encode()
+        datagram = self._health.report().encode()
         for slot in self._slots:
             if slot.channel is not None:
                 slot.channel.send(datagram)
@@ -521,14 +487,6 @@ class Supervisor:
         while True:
             await asyncio.sleep(REPORT_SECONDS)
             self._broadcast()
-
-    def _count_restart(self) -> None:
-        """One more replacement worker: `worker_restarts_total` in every worker's scrape."""
-        self._restarts.inc()
-        try:
-            WorkerSnapshots(Path(self._metrics_directory), SUPERVISOR).publish(self._counts)
-        except OSError as exc:  # a full disk must not stop the restarts
-            log.warning("cannot publish the restart count: %s", exc)
 
     def _relay(self, source: SupervisorEnd, datagram: bytes) -> None:
         for slot in self._slots:
