@@ -353,16 +353,18 @@ async def test_wire_format_of_an_answer(json_response: bool) -> None:
 async def test_stop_ends_open_sessions_at_once(caplog: pytest.LogCaptureFixture) -> None:
     """stop() with a client still connected (its GET stream open) ends the session and
     its streams rather than waiting out the graceful-shutdown timeout, without errors."""
+    # A shutdown timeout far beyond what a stop takes, even on a loaded machine: a stop that
+    # waited it out is told apart from one at once by a factor of 10, not by a second.
     async with (
-        asyncio.timeout(LIMIT),
-        CountingMcpServer(shutdown_timeout=3) as server,
+        asyncio.timeout(LIMIT + 300),
+        CountingMcpServer(shutdown_timeout=300) as server,
         mcp_client(server.url) as client,
     ):
         await call_with_key(client, "create_ticket", {"title": "t"}, "k-1")
         await server.wait_for_request("GET")
         started = time.monotonic()
         await server.stop()
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 30
     assert [record for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
