@@ -27,6 +27,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from conftest import GatewayFactory
+from upstream import serve_mcp_handlers
 
 from gateway.mcp.sse import SseDecoder
 
@@ -131,17 +132,9 @@ def _event(message: dict[str, Any], event_id: str | None) -> bytes:
 @pytest_asyncio.fixture
 async def scripted() -> AsyncIterator[ScriptedServer]:
     server = ScriptedServer()
-    app = web.Application()
-    app.router.add_post("/mcp", server.post)
-    app.router.add_get("/mcp", server.get)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-    yield server
-    server.released.set()
-    await runner.cleanup()
+    async with serve_mcp_handlers(server.post, server.get) as server.url:
+        yield server
+        server.released.set()
 
 
 async def call(url: str, key: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from conftest import GatewayFactory
+from upstream import serve_mcp_handlers
 
 PREFIX = "/tools"
 ACCEPT = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
@@ -67,16 +68,8 @@ class ResumableServer:
 @pytest_asyncio.fixture
 async def resumable() -> AsyncIterator[ResumableServer]:
     server = ResumableServer()
-    app = web.Application()
-    app.router.add_post("/mcp", server.post)
-    app.router.add_get("/mcp", server.get)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-    yield server
-    await runner.cleanup()
+    async with serve_mcp_handlers(server.post, server.get) as server.url:
+        yield server
 
 
 async def call(url: str, key: str) -> str:

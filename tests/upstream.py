@@ -55,8 +55,10 @@ The default body is JSON describing the effect, and every response carries
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Self
 
@@ -65,7 +67,7 @@ from aiohttp import web
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["CountingUpstream", "Effect", "UpstreamFactory", "effects_probe"]
+__all__ = ["CountingUpstream", "Effect", "UpstreamFactory", "effects_probe", "serve_mcp_handlers"]
 
 HOST = "127.0.0.1"
 
@@ -75,6 +77,26 @@ _PATTERN = b"0123456789abcdefghijklmnopqrstuvwxyz\n"
 
 # Statuses that must not carry a body (RFC 9110); aiohttp refuses to send one.
 _BODYLESS = frozenset({204, 304})
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def serve_mcp_handlers(post: Handler, get: Handler) -> AsyncIterator[str]:
+    """Serve `post` and `get` at ``/mcp`` on 127.0.0.1 (a port the OS chooses): a scripted
+    MCP server's URL, for as long as the block runs."""
+    app = web.Application()
+    app.router.add_post("/mcp", post)
+    app.router.add_get("/mcp", get)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, HOST, 0)
+        await site.start()
+        yield f"http://{HOST}:{runner.addresses[0][1]}/mcp"
+    finally:
+        await runner.cleanup()
 
 
 def effects_probe(*, by: str = "forwarded_key", not_applied_after: str = "1s") -> dict[str, object]:
