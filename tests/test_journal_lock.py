@@ -68,7 +68,6 @@ NONCE = "feedfacecafebeef"  # a nonce no grant of this process has
 
 SHORT = 0.2  # seconds: the timeout of an acquire that must give up
 LONG = 5.0  # seconds: the timeout of an acquire that must not need it
-PROMPT = 1.0  # seconds: succeeding a dead or released holder takes well under this
 WINDOW = 0.3  # seconds: how long a writer that must wait is given to (wrongly) take the lock
 SUBPROCESS_TIMEOUT = 30.0
 INCREMENTS = 40
@@ -221,6 +220,9 @@ class Audit:
     """("link" | "mark" | "unlink", file name, thread name) for generations and markers, in order
     (a link or mark once made, an unlink as it is asked for)."""
     violations: list[str] = field(default_factory=list)
+    polls: list[str] = field(default_factory=list)
+    """Each wait of the lock between two looks at its generations (the thread's name): a
+    holder succeeded "at once" is one succeeded with none, whatever the machine's load."""
     owned: collections.defaultdict[threading.Thread, set[Path]] = field(
         default_factory=lambda: collections.defaultdict(set)
     )
@@ -262,6 +264,7 @@ def audit(monkeypatch: pytest.MonkeyPatch) -> Iterator[Audit]:
     seen = Audit()
     real_link, real_unlink, real_open = os.link, os.unlink, os.open
     real_rename, real_replace = os.rename, os.replace
+    real_sleep = time.sleep
 
     def link(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
         target = Path(os.fsdecode(dst))
@@ -344,6 +347,13 @@ def audit(monkeypatch: pytest.MonkeyPatch) -> Iterator[Audit]:
     monkeypatch.setattr(os, "open", open_)
     monkeypatch.setattr(os, "rename", rename(real_rename))
     monkeypatch.setattr(os, "replace", rename(real_replace))
+
+    def sleep(seconds: float) -> None:
+        if sys._getframe(1).f_globals.get("__name__") == LockFile.__module__:
+            seen.polls.append(threading.current_thread().name)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
     yield seen
     assert not seen.violations, seen.violations
 
@@ -669,9 +679,9 @@ def test_a_dead_holder_at_generation_7_is_succeeded_by_generation_8(
     plant(lock_path, 7, record(pid=dead_pid()))
     lock = LockFile(lock_path, LONG)
     assert lock.generations() == [7]
-    started = time.monotonic()
+    looked = len(audit.polls)
     with lock.held():
-        assert time.monotonic() - started < PROMPT
+        assert len(audit.polls) == looked  # taken at the first look, no wait
         assert lock.generations() == [8]
         assert holder_of(generation(lock_path, 8))["pid"] == os.getpid()
         assert names(directory) == ["run.json.lock.8"]
@@ -685,7 +695,7 @@ def test_a_dead_holder_at_generation_7_is_succeeded_by_generation_8(
 
 @pytest.mark.parametrize("language", ["python", "node"])
 def test_a_writer_killed_in_its_section_is_waited_for_then_succeeded(
-    request: pytest.FixtureRequest, directory: Path, lock_path: Path, language: str
+    request: pytest.FixtureRequest, directory: Path, lock_path: Path, audit: Audit, language: str
 ) -> None:
     """A real holder (either client) blocks while it lives, and its file stays as it is;
     SIGKILLed and reaped, it is succeeded at once by generation 2, which leaves only itself
@@ -703,15 +713,15 @@ def test_a_writer_killed_in_its_section_is_waited_for_then_succeeded(
         assert holder_of(first)["pid"] == holder.pid
         before = snapshot(first)
         waited = refused(lock_path, first, holder.pid, HOST)
-        assert SHORT <= waited < SHORT + 2
+        assert SHORT <= waited < SHORT + 60  # gives up (how soon after is the load's)
         assert snapshot(first) == before
     finally:
         stop(holder)
     assert holder.returncode == -9
     lock = LockFile(lock_path, LONG)
-    started = time.monotonic()
+    looked = len(audit.polls)
     with lock.held():
-        assert time.monotonic() - started < PROMPT
+        assert len(audit.polls) == looked  # taken at the first look, no wait
         assert names(directory) == ["run.json.lock.2"]
     assert names(directory) == left(2)
 
@@ -724,7 +734,7 @@ def test_a_live_holder_of_this_host_is_waited_for(
     held = plant(lock_path, 3, record(pid=live_pid))
     before = snapshot(held)
     waited = refused(lock_path, held, live_pid, HOST)
-    assert SHORT <= waited < SHORT + 2
+    assert SHORT <= waited < SHORT + 60  # gives up (how soon after is the load's)
     assert snapshot(held) == before
     assert names(directory) == [held.name]
 
@@ -740,26 +750,29 @@ def test_a_holder_on_another_host_is_waited_for(directory: Path, lock_path: Path
     assert names(directory) == [held.name]
 
 
-def test_an_orphan_record_of_this_process_is_waited_for(directory: Path, lock_path: Path) -> None:
+def test_an_orphan_record_of_this_process_is_waited_for(
+    directory: Path, lock_path: Path, audit: Audit
+) -> None:
     """A record of this very process that no grant of the caller made (another thread's,
     another copy of the client's, or one never released) is never judged dead: waited for,
     named and left alone. Its marker frees it: the next grant is 5, at once."""
     held = plant(lock_path, 4, record(pid=os.getpid(), nonce="0123456789abcdef"))
     before = snapshot(held)
     assert refused(lock_path, held, os.getpid(), HOST) >= SHORT
+    assert audit.polls, "a holder waited for shows as waits between looks"
     assert snapshot(held) == before
     assert names(directory) == [held.name]
     mark_released(lock_path, 4)
-    started = time.monotonic()
+    looked = len(audit.polls)
     with LockFile(lock_path, SHORT).held():
-        assert time.monotonic() - started < PROMPT
+        assert len(audit.polls) == looked  # taken at the first look, no wait
         assert names(directory) == ["run.json.lock.5"]
     assert names(directory) == left(5)
 
 
 @pytest.mark.parametrize("whose", ["a live process of this host", "this process", "another host"])
 def test_a_released_generation_is_free_whoever_holds_it(
-    directory: Path, lock_path: Path, live_pid: int, whose: str
+    directory: Path, lock_path: Path, audit: Audit, live_pid: int, whose: str
 ) -> None:
     """A top generation with its `.released` marker is free, though its holder would be waited
     for without it: the next grant links 4 at once and removes 3 and its marker."""
@@ -770,9 +783,9 @@ def test_a_released_generation_is_free_whoever_holds_it(
     }[whose]
     plant(lock_path, 3, record(host=host, pid=pid))
     mark_released(lock_path, 3)
-    started = time.monotonic()
+    looked = len(audit.polls)
     with LockFile(lock_path, SHORT).held():
-        assert time.monotonic() - started < PROMPT
+        assert len(audit.polls) == looked  # taken at the first look, no wait
         assert names(directory) == ["run.json.lock.4"]
     assert names(directory) == left(4)
 
@@ -814,7 +827,9 @@ def test_another_grant_of_this_process_is_waited_for(
     assert names(directory) == left(2)
 
 
-def test_files_that_are_not_generations_are_ignored(directory: Path, lock_path: Path) -> None:
+def test_files_that_are_not_generations_are_ignored(
+    directory: Path, lock_path: Path, audit: Audit
+) -> None:
     """The legacy `<journal>.lock` (no generation), even with a live record, another journal's
     lock, `.lock.0` and `.lock.01`, a live writer's staging file: none is the lock, none is
     touched."""
@@ -831,9 +846,9 @@ def test_files_that_are_not_generations_are_ignored(directory: Path, lock_path: 
         before = {path: snapshot(path) for path in others}
         lock = LockFile(lock_path, LONG)
         assert lock.generations() == []
-        started = time.monotonic()
+        looked = len(audit.polls)
         with lock.held():
-            assert time.monotonic() - started < PROMPT
+            assert len(audit.polls) == looked  # taken at the first look, no wait
             assert lock.generations() == [1]
         assert {path: snapshot(path) for path in others} == before
         assert names(directory) == left(1, *(path.name for path in others))
@@ -902,9 +917,9 @@ def test_an_error_after_a_won_link_leaves_that_generation_released(
         pytest.fail("held the lock though acquiring it failed")
     assert audit.links == [("run.json.lock.5", True)]
     assert names(directory) == ["run.json.lock.4", *left(5)]
-    started = time.monotonic()
+    looked = len(audit.polls)
     with LockFile(lock_path, SHORT).held():
-        assert time.monotonic() - started < PROMPT
+        assert len(audit.polls) == looked  # taken at the first look, no wait
         assert names(directory) == ["run.json.lock.6"]
     assert names(directory) == left(6)
 
@@ -1415,8 +1430,8 @@ def test_an_odd_lock_record_is_judged_the_same_by_both_clients(
     if expected == "dead":
         assert python["generations"] == node["generations"] == [PLANTED + 1]
         assert node["generation"] == PLANTED + 1
-        assert python["seconds"] < PROMPT
-        assert node["seconds"] < PROMPT
+        # Taken over, not waited for: with a 0.2 s timeout a wait would have ended in a
+        # JournalError ("waited"), so how many seconds it took says only how loaded we are.
         assert names(directory) == left(PLANTED + 1)
     else:
         holder = json.loads(before[0], parse_int=int)
