@@ -916,8 +916,11 @@ async def test_list_operations_finds_a_key_in_every_scope(store: Store) -> None:
 
 async def test_sweep_drops_bodies_then_tombstones_but_never_unknown(store: Store) -> None:
     """Sweep drops an expired receipt's body, later forgets tombstones, and keeps unknown."""
-    done = await completed(store, "done", retention=0.2, tombstone=0.4)
-    freed = await released(store, "freed", tombstone=0.4)
+    # The first sweep must come between the body's expiry (0.2 s) and the tombstones' (2 s),
+    # on the store's clock, which no test can hold still: a window wide enough for a loaded
+    # machine (0.4 s was not: a sweep 0.4 s late forgot the tombstones too).
+    done = await completed(store, "done", retention=0.2, tombstone=2.0)
+    freed = await released(store, "freed", tombstone=2.0)
     marked = await unknown(store, "marked")
 
     await asyncio.sleep(0.3)
@@ -934,7 +937,7 @@ async def test_sweep_drops_bodies_then_tombstones_but_never_unknown(store: Store
     assert not expired._replace(observed_at=done.observed_at).receipt_available()
     assert await store.get("s1", "freed") is not None
 
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(1.8)  # past the tombstones (2 s)
     report = await store.sweep(batch=100)
     assert (report.receipts_expired, report.forgotten) == (0, 2)
     for gone in (done, freed):
