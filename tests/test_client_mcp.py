@@ -46,7 +46,7 @@ from idempotency_gateway_client import (
 from idempotency_gateway_client._mcp import mcp_receipt
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, RequestParamsMeta
-from mcp_upstream import CountingMcpServer, mcp_client
+from mcp_upstream import LEGACY, MODERN, CountingMcpServer, mcp_client
 
 PREFIX = "/tools"
 TIMEOUT = 20.0
@@ -92,6 +92,7 @@ async def run_to_the_end(
     *,
     tool: Callable[[McpSession], McpTool] = McpTool,
     events: list[RunEvent] | None = None,
+    mode: str = LEGACY,
 ) -> Run:
     """One worker: a fresh gateway client, MCP session and `Run`, stepped until finished.
 
@@ -99,7 +100,10 @@ async def run_to_the_end(
     ExceptionGroup) and raised again outside it, as itself.
     """
     failure: GatewayClientError | None = None
-    async with GatewayClient(gateway.url) as client, mcp_client(gateway.url + PREFIX) as session:
+    async with (
+        GatewayClient(gateway.url) as client,
+        mcp_client(gateway.url + PREFIX, mode=mode) as session,
+    ):
         try:
             async with Run(
                 FileJournal(journal),
@@ -378,14 +382,18 @@ async def test_an_unconfirmed_call_the_gateway_never_saw_is_left_for_the_next_re
     assert server.count == 1
 
 
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
 async def test_a_refusal_becomes_its_typed_exception(
-    gateway: RunningGateway, server: CountingMcpServer, tmp_path: Path
+    gateway: RunningGateway, server: CountingMcpServer, tmp_path: Path, mode: str
 ) -> None:
-    """A reused run id with other arguments: the gateway's key-mismatch, as `KeyMismatch`."""
+    """A reused run id with other arguments: the gateway's key-mismatch, as `KeyMismatch`,
+    in both protocol generations (not the SDK's validation error)."""
     async with asyncio.timeout(TIMEOUT):
-        await run_to_the_end(gateway, tmp_path / "a.json", fixed_plan([ticket("c1", "a")]))
+        first = fixed_plan([ticket("c1", "a")])
+        await run_to_the_end(gateway, tmp_path / "a.json", first, mode=mode)
+        other = fixed_plan([ticket("c1", "b")])
         with pytest.raises(KeyMismatch) as refused:
-            await run_to_the_end(gateway, tmp_path / "b.json", fixed_plan([ticket("c1", "b")]))
+            await run_to_the_end(gateway, tmp_path / "b.json", other, mode=mode)
     assert (refused.value.status, refused.value.key) == (422, "run-1:0:c1")
     assert refused.value.safe_to_retry is False
     assert server.count == 1

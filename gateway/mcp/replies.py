@@ -21,9 +21,12 @@ from typing import Any
 
 from gateway.engine.models import StoredResponse
 from gateway.mcp.jsonrpc import RequestId, parse_object
+from gateway.mcp.sentences import sentence_for
+from gateway.mcp.versions import complete_result
 
 __all__ = [
     "OWNED_META",
+    "PROBE_META",
     "REPLAYED_META",
     "STATE_META",
     "refusal_result",
@@ -36,59 +39,44 @@ TOOL_CALL = "tools/call"
 
 REPLAYED_META = "idempotencyReplayed"
 STATE_META = "idempotency"
-OWNED_META = (REPLAYED_META, STATE_META)
-
-_SENTENCES = {
-    "outcome-unknown": (
-        "The gateway cannot tell whether this tool call took effect: it was sent, and no "
-        "answer came back that says whether it ran. Do not call it again, not even under a "
-        "new id: ask the user or look the operation up; an operator must settle it."
-    ),
-    "in-progress": (
-        "An earlier attempt of this exact call is still running. Wait, then retry the same "
-        "call with the same key."
-    ),
-    "key-mismatch": (
-        "This idempotency key was already used for a different tool call. Use a new key "
-        "for a new call; the earlier call's key cannot be reused for other arguments."
-    ),
-    "receipt-expired": (
-        "This call already took effect earlier, and its stored result has expired; it will "
-        "not be run again. Look it up instead of retrying."
-    ),
-    "receipt-not-retained": (
-        "This call already took effect earlier, and its result was too large to keep; it "
-        "will not be run again."
-    ),
-}
+PROBE_META = "idempotencyProbe"
+"""Marks a receipt that a probe made (the probe tool's answer, not the tool's own)."""
+OWNED_META = (REPLAYED_META, STATE_META, PROBE_META)
+_SET_ON_REPLAY = (REPLAYED_META, STATE_META)
 
 
-def strip_owned_meta(response: dict[str, Any]) -> dict[str, Any]:
+def strip_owned_meta(
+    response: dict[str, Any], owned: tuple[str, ...] = OWNED_META
+) -> dict[str, Any]:
     """A JSON-RPC response without the gateway's own `_meta` keys (an upstream
-    cannot forge "replayed" or a state)."""
+    cannot forge "replayed", a state or a probe's mark)."""
     result = response.get("result")
     if isinstance(result, dict) and isinstance(result.get("_meta"), dict):
-        meta = {k: v for k, v in result["_meta"].items() if k not in OWNED_META}
+        meta = {k: v for k, v in result["_meta"].items() if k not in owned}
         result = {**result, "_meta": meta} if meta else _without(result, "_meta")
         response = {**response, "result": result}
     error = response.get("error")
     if isinstance(error, dict) and isinstance(error.get("data"), dict):
-        data = {k: v for k, v in error["data"].items() if k not in OWNED_META}
+        data = {k: v for k, v in error["data"].items() if k not in owned}
         response = {**response, "error": {**error, "data": data}}
     return response
 
 
-def replay_document(stored: bytes, new_id: RequestId) -> dict[str, Any]:
-    """The stored response, re-addressed to `new_id` and marked replayed.
+def replay_document(stored: bytes, new_id: RequestId, version: str | None = None) -> dict[str, Any]:
+    """The stored response, re-addressed to `new_id`, marked replayed and valid for the
+    protocol `version` the retry speaks (a receipt recorded in one generation may be
+    replayed in the other). A probe's mark on the receipt is kept.
 
     >>> stored = b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'
     >>> replay_document(stored, "a-7")["id"], replay_document(stored, "a-7")["result"]["_meta"]
     ('a-7', {'idempotencyReplayed': True})
+    >>> replay_document(stored, 2, "2026-07-28")["result"]["resultType"]
+    'complete'
     """
-    response = strip_owned_meta(parse_object(stored))
+    response = strip_owned_meta(parse_object(stored), _SET_ON_REPLAY)
     response["id"] = new_id
     if isinstance(response.get("result"), dict):
-        result = response["result"]
+        result = complete_result(response["result"], version)
         result["_meta"] = {**result.get("_meta", {}), REPLAYED_META: True}
     elif isinstance(response.get("error"), dict):
         error = response["error"]
@@ -105,29 +93,28 @@ def replay_document(stored: bytes, new_id: RequestId) -> dict[str, Any]:
 
 
 def refusal_result(
-    message_id: RequestId, problem: dict[str, Any], *, sentence: str | None = None
+    message_id: RequestId, problem: dict[str, Any], version: str | None = None
 ) -> dict[str, Any]:
-    """A tool result that tells the model, in one sentence, what happened and
-    what to do; the problem (type, state, key, operation, safe_to_retry) in
-    `_meta.idempotency` for code that reads it.
+    """A tool result that tells the model, in its type's one sentence, what happened
+    and what to do (`gateway.mcp.sentences`); the problem (type, state, key,
+    operation, safe_to_retry) in `_meta.idempotency` for code that reads it; valid
+    for the protocol `version` the request speaks.
 
-    >>> doc = refusal_result(4, {"type": "outcome-unknown", "state": "unknown"})
+    >>> doc = refusal_result(4, {"type": "outcome-unknown", "state": "unknown"}, "2026-07-28")
     >>> doc["result"]["isError"], doc["result"]["_meta"]["idempotency"]["type"]
     (True, 'outcome-unknown')
+    >>> doc["result"]["resultType"]
+    'complete'
     """
     kind = str(problem.get("type", "")).rsplit("/", 1)[-1]
-    text = sentence or _SENTENCES.get(kind) or _default_sentence(problem)
     meta = {name: problem[name] for name in _PROBLEM_FIELDS if name in problem}
     meta["type"] = kind
-    return {
-        "jsonrpc": "2.0",
-        "id": message_id,
-        "result": {
-            "isError": True,
-            "content": [{"type": "text", "text": text}],
-            "_meta": {STATE_META: meta},
-        },
+    result = {
+        "isError": True,
+        "content": [{"type": "text", "text": sentence_for(kind)}],
+        "_meta": {STATE_META: meta},
     }
+    return {"jsonrpc": "2.0", "id": message_id, "result": complete_result(result, version)}
 
 
 _PROBLEM_FIELDS = (
@@ -143,13 +130,6 @@ _PROBLEM_FIELDS = (
     "retry_after",
     "request_id",
 )
-
-
-def _default_sentence(problem: dict[str, Any]) -> str:
-    detail = problem.get("detail") or problem.get("title") or "the gateway refused this call"
-    if problem.get("safe_to_retry"):
-        return f"The call was not made ({detail}). It is safe to retry it with the same key."
-    return f"The call was refused ({detail}). Do not retry it as it is."
 
 
 def _without(document: dict[str, Any], name: str) -> dict[str, Any]:

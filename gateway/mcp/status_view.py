@@ -20,6 +20,7 @@ from gateway.mcp.passthrough import json_response, upstream_headers
 from gateway.mcp.replies import dumps
 from gateway.mcp.sse import SseDecoder, encode_event
 from gateway.mcp.status_tool import definition, key_asked_about, status_result
+from gateway.mcp.versions import complete_result, protocol_version
 from gateway.web.appkeys import ENGINE, FORWARDER, MCP_HINTS, TRACE
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ async def status_call(
     key = key_asked_about(route.name, call)
     operation = await request.app[ENGINE].lookup(caller.scope, key)
     request[TRACE].outcome = "status"
-    result = status_result(key, operation)
+    result = complete_result(status_result(key, operation), protocol_version(request.headers))
     return json_response({"jsonrpc": "2.0", "id": call.id, "result": result}, 200)
 
 

@@ -55,6 +55,7 @@ from gateway.mcp.replies import dumps, refusal_result, replay_document
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import encode_event
 from gateway.mcp.status_view import is_status_call, list_tools_with_status, status_call
+from gateway.mcp.versions import protocol_version
 from gateway.proxy.request_body import read_in_time
 from gateway.proxy.view import (
     execute_detached,
@@ -206,7 +207,8 @@ async def _tool_call(
             # header an HTTP-level client honours.
             problem["retry_after"] = max(1, math.ceil(error.retry_after))
             refused["Retry-After"] = str(problem["retry_after"])
-        return await _answer(request, live, refusal_result(call.id, problem), refused)
+        refusal = refusal_result(call.id, problem, protocol_version(request.headers))
+        return await _answer(request, live, refusal, refused)
     trace.outcome = outcome_of_reply(reply)
     trace.state = reply.state.value if reply.state is not None else None
     metrics.request(route.name, trace.outcome)
@@ -274,7 +276,8 @@ async def _answer_reply(
 ) -> web.StreamResponse:
     headers = _key_headers(key, reply.state.value if reply.state else None, reply.replayed)
     if reply.replayed:
-        return await _answer(request, live, replay_document(reply.body, call.id), headers)
+        replay = replay_document(reply.body, call.id, protocol_version(request.headers))
+        return await _answer(request, live, replay, headers)
     if reply.state is State.RELEASED:
         # The call has not run (unknown session, a refusal, input required): the
         # server's answer as it came, after any events already streamed.
