@@ -54,6 +54,7 @@ from gateway.engine.exchange import AnswerOutcome, Receipt, Released
 from gateway.engine.models import StoredResponse
 from gateway.mcp.calls import KEY_META, ToolCall
 from gateway.mcp.jsonrpc import REQUEST_CANCELLED, JsonRpcError, parse_message
+from gateway.mcp.raw_json import read_raw_response
 from gateway.mcp.replies import dumps, strip_owned_meta
 from gateway.mcp.sse import SseDecoder, encode_event
 
@@ -226,30 +227,53 @@ class McpCall:
         return "ended" if cause is None else "broke"
 
     def _receipt_of(self, data: bytes) -> Receipt | Released | None:
-        """The receipt, when `data` is the response to this call; None otherwise."""
+        """The receipt, when `data` is the response to this call; None otherwise.
+
+        An answer the parser cannot read whole (a number too long to convert,
+        nesting too deep) is still this call's answer when its top level says so:
+        it is kept as the bytes received, since the tool ran and answered."""
         try:
             message = parse_message(data)
         except JsonRpcError:
-            return None
+            raw = read_raw_response(data)
+            if raw is None or raw.id != self._call.id:
+                return None
+            return self._answered(data, raw.error_code, raw.result_type) or Receipt(
+                StoredResponse(status=200, headers=JSON_HEADERS, body=data)
+            )
         if message.kind != "response" or message.id != self._call.id:
             return None
         error = message.document.get("error")
-        if isinstance(error, dict) and error.get("code") == REQUEST_CANCELLED:
+        result = message.document.get("result")
+        released = self._answered(
+            data,
+            error.get("code") if isinstance(error, dict) else None,
+            result.get("resultType") if isinstance(result, dict) else None,
+        )
+        if released is not None:
+            return released
+        cleaned = strip_owned_meta(message.document)
+        body = data if cleaned == message.document else dumps(cleaned)
+        return Receipt(StoredResponse(status=200, headers=JSON_HEADERS, body=body))
+
+    @staticmethod
+    def _answered(data: bytes, error_code: object, result_type: object) -> Released | None:
+        """What a response that is not a receipt means: a server's cancellation (the
+        call is `unknown`) or a request for input (the call has not run); None for a
+        receipt."""
+        if error_code == REQUEST_CANCELLED:
             raise UpstreamCancelled(
                 "the MCP server cancelled the call (-32800, request cancelled): the tool may "
                 "have applied its effect before the cancellation"
             )
-        result = message.document.get("result")
-        if isinstance(result, dict) and result.get("resultType") == "input_required":
+        if result_type == "input_required":
             return Released(
                 status=200,
                 headers=JSON_HEADERS,
                 body=data,
                 detail="the server asked for input (input_required); the call has not run yet",
             )
-        cleaned = strip_owned_meta(message.document)
-        body = data if cleaned == message.document else dumps(cleaned)
-        return Receipt(StoredResponse(status=200, headers=JSON_HEADERS, body=body))
+        return None
 
     async def _forward(self, event: bytes) -> None:
         if self._on_event is not None:

@@ -13,6 +13,7 @@ keep different duplicates would read one request as two different calls.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -79,7 +80,9 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_object(raw: bytes | str) -> Any:
-    """Strict JSON: duplicate member names and non-standard constants are refused.
+    """Strict JSON: duplicate member names and non-standard constants are refused, and
+    anything the parser cannot read (numbers of 4,300 digits or more, deep nesting,
+    another encoding than UTF-8) is a `JsonRpcError` with `PARSE_ERROR`.
 
     >>> parse_object(b'{"a": 1}')
     {'a': 1}
@@ -92,10 +95,30 @@ def parse_object(raw: bytes | str) -> Any:
     def refuse_constant(name: str) -> Any:
         raise JsonRpcError(PARSE_ERROR, f"{name} is not JSON")
 
+    def finite(text: str) -> float:
+        number = float(text)
+        if math.isinf(number):  # 1e400: a float would turn it into Infinity, not JSON
+            raise ValueError(f"the number {text[:20]} is too large for a float")
+        return number
+
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=refuse_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise JsonRpcError(PARSE_ERROR, f"the body is not JSON: {exc}") from exc
+        # UTF-8 only, strictly (JSON-RPC over MCP is UTF-8): no byte-order mark, no
+        # UTF-16 guessed from the first bytes, no encoded surrogates let through.
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=refuse_constant,
+            parse_float=finite,
+        )
+    except RecursionError as exc:
+        raise JsonRpcError(PARSE_ERROR, "the JSON is nested too deeply to be read") from exc
+    except ValueError as exc:
+        # Syntax errors, bad UTF-8, and numbers too long to convert (the digit limit
+        # that protects the interpreter): all a parse error, never a crash.
+        raise JsonRpcError(
+            PARSE_ERROR, f"the body is not JSON the gateway can read: {exc}"
+        ) from exc
 
 
 def _is_id(value: object) -> bool:

@@ -20,9 +20,10 @@ import json
 from typing import Any
 
 from gateway.engine.models import StoredResponse
-from gateway.mcp.jsonrpc import RequestId, parse_object
+from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
+from gateway.mcp.raw_json import replay_raw
 from gateway.mcp.sentences import sentence_for
-from gateway.mcp.versions import complete_result
+from gateway.mcp.versions import complete_result, needs_result_type
 
 __all__ = [
     "OWNED_META",
@@ -30,6 +31,7 @@ __all__ = [
     "REPLAYED_META",
     "STATE_META",
     "refusal_result",
+    "replay_body",
     "replay_document",
     "strip_owned_meta",
 ]
@@ -92,6 +94,17 @@ def replay_document(stored: bytes, new_id: RequestId, version: str | None = None
     return response
 
 
+def replay_body(stored: bytes, new_id: RequestId, version: str | None = None) -> bytes:
+    """The replay's bytes: `replay_document`'s, or, for a receipt kept as the bytes the
+    server sent because the parser could not read it whole, those bytes with only the
+    id and the gateway's markers changed (`gateway.mcp.raw_json`)."""
+    try:
+        return dumps(replay_document(stored, new_id, version))
+    except JsonRpcError:
+        result_type = "complete" if needs_result_type(version) else None
+        return replay_raw(stored, new_id, result_type=result_type)
+
+
 def refusal_result(
     message_id: RequestId, problem: dict[str, Any], version: str | None = None
 ) -> dict[str, Any]:
@@ -140,7 +153,7 @@ def receipt_json(stored: StoredResponse) -> dict[str, Any]:
     """An MCP receipt as the operation JSON shows it: `{"result": ...}` or `{"error": ...}`."""
     try:
         response = parse_object(stored.body)
-    except ValueError:
+    except JsonRpcError:  # kept as the server's bytes: replayed, not shown
         return {"result": None}
     if isinstance(response, dict) and "error" in response:
         return {"error": response["error"]}
@@ -155,5 +168,12 @@ def stored_result(result: dict[str, Any]) -> StoredResponse:
 
 
 def dumps(document: dict[str, Any]) -> bytes:
-    """Compact JSON bytes for an answer body."""
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact JSON bytes for an answer or a forwarded body.
+
+    ASCII with `\\u` escapes: a string may hold a lone surrogate (JSON lets a client
+    escape one), which has no UTF-8 form; escaped, it goes on as the client wrote it.
+
+    >>> dumps({"a": "\\ud800", "b": "é"})
+    b'{"a":"\\\\ud800","b":"\\\\u00e9"}'
+    """
+    return json.dumps(document, separators=(",", ":")).encode()

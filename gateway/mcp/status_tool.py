@@ -93,7 +93,10 @@ def status_result(key: str, operation: Operation | None) -> dict[str, Any]:
     }
     if operation.state is State.COMPLETED and operation.receipt_available():
         stored = operation.response
-        document = parse_object(stored.body) if stored is not None else None
+        try:
+            document = parse_object(stored.body) if stored is not None else None
+        except JsonRpcError:  # a receipt kept as bytes the parser cannot read: not shown
+            document = None
         if isinstance(document, dict):
             facts["result"] = document.get("result", document.get("error"))
     return _result(_SENTENCES[operation.state], facts)
