@@ -8,6 +8,9 @@ line right before its fence (invisible on GitHub):
     <!-- snippet: typecheck NAME -->  Python, type-checked only (mypy --strict)
     <!-- snippet: config [BASE] -->   TOML, loaded by the gateway's own loader
                                       (BASE: a fragment, placed into a minimal config)
+    <!-- snippet: serve NAME -->      TOML, a whole config: loaded like `config`, and the
+                                      gateway that run blocks with Harness(serves=NAME)
+                                      talk to (its :9000 and :9100 upstreams rewritten)
     <!-- snippet: json [MODEL] -->    valid JSON (MODEL: a model it must validate against)
     <!-- snippet: output -->          sample output with placeholders (`...`): not run;
                                       a ```json one must parse, `...` for what is left out
@@ -17,6 +20,10 @@ line right before its fence (invisible on GitHub):
 A marker separated from its fence (a blank line between) classifies nothing
 and is reported, as is every block without one.
 
+A Python block runs inside an `async def` (so that top-level `await` works),
+unless it runs itself: a block with a top-level `asyncio.run(...)` is a whole
+program, and runs as written.
+
 This module parses the markdown and the shell transcripts in it, assembles
 Python blocks into modules (for mypy and for running them), serves the
 servers `make run` serves (on free ports), a loopback fake model API, and
@@ -25,6 +32,7 @@ runs the blocks in subprocesses with a time limit.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import json
@@ -44,7 +52,7 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 
-KINDS = ("run", "typecheck", "config", "json", "output", "text", "skip")
+KINDS = ("run", "typecheck", "config", "serve", "json", "output", "text", "skip")
 
 _MARKER = re.compile(r"^\s{0,3}<!--\s*snippet:\s*(?P<body>.*?)\s*-->\s*$")
 _FENCE = re.compile(r"^(?P<indent>\s{0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*?)\s*$")
@@ -148,7 +156,7 @@ def _parse_marker(body: str) -> tuple[str | None, str, str]:
     arg = arg.strip()
     if kind not in KINDS:
         return None, "", f"unknown kind {kind!r} (one of {', '.join(KINDS)})"
-    if kind in ("run", "typecheck") and not arg:
+    if kind in ("run", "typecheck", "serve") and not arg:
         return None, "", f"<!-- snippet: {kind} NAME -->: a {kind} block needs a name"
     if kind in ("output", "text") and arg:
         return None, "", f"<!-- snippet: {kind} --> takes nothing after the kind"
@@ -498,7 +506,8 @@ SNIPPET_FUNCTION = "_doc_snippet"
 class PythonModule:
     """A Python block assembled into a module: prelude, then the block (and the epilogue)
     inside `async def _doc_snippet()`, so top-level `await` and `async with` work (for the
-    interpreter and for mypy alike), then a line that runs it."""
+    interpreter and for mypy alike), then a line that runs it. A block that runs itself
+    (`runs_itself`) follows the prelude as it is."""
 
     source: str
     first_line: int
@@ -509,8 +518,36 @@ class PythonModule:
         return module_line - self.first_line + 1 if module_line >= self.first_line else None
 
 
+def runs_itself(block_text: str) -> bool:
+    """Whether a Python block is a whole program: a top-level `asyncio.run(...)` (or one
+    under `if __name__ == "__main__":`) runs it."""
+    try:
+        tree = ast.parse(block_text)
+    except SyntaxError:
+        return False
+    statements = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "__name__ == '__main__'",
+            "'__main__' == __name__",
+        ):
+            statements += node.body
+    return any(
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and ast.unparse(node.value.func) == "asyncio.run"
+        for node in statements
+    )
+
+
 def assemble(block_text: str, prelude: str = "", epilogue: str = "") -> PythonModule:
     head = textwrap.dedent(prelude).strip("\n")
+    if runs_itself(block_text):
+        if epilogue.strip():
+            raise ValueError("a block that runs itself takes no epilogue")
+        head_lines = [*head.splitlines(), "", ""] if head else []
+        source = "\n".join(head_lines) + ("\n" if head_lines else "") + block_text
+        return PythonModule(source=source, first_line=len(head_lines) + 1)
     head_lines = [*head.splitlines(), "", "", f"async def {SNIPPET_FUNCTION}() -> None:"]
     body = textwrap.indent(block_text.rstrip("\n"), "    ") + "\n"
     tail = textwrap.indent(textwrap.dedent(epilogue).strip("\n"), "    ")
@@ -648,12 +685,16 @@ class MakeRun:
 
 
 @contextlib.asynccontextmanager
-async def make_run(cwd: Path) -> AsyncIterator[MakeRun]:
+async def make_run(cwd: Path, config: str | None = None) -> AsyncIterator[MakeRun]:
     """Serve config/gateway.toml as `make run` does, on free ports, its store in `cwd`/data.
 
     `cwd` gets `.venv`, `examples` and `config` links, so the docs' `.venv/bin/python -m
     examples...`, `node examples/...` and the CLI run there as in a checkout, writing
     `data/...` into `cwd`.
+
+    `config` (a docs' `serve` block) is served instead of config/gateway.toml, as
+    written but for its upstreams (the docs' :9000 and :9100 are the servers here) and
+    what every served gateway gets: free ports, the store in `cwd`, the admin token.
     """
     from harness import ADMIN_TOKEN, start_gateway, stop_gateway
     from mcp_upstream import _Serving
@@ -692,19 +733,20 @@ async def make_run(cwd: Path) -> AsyncIterator[MakeRun]:
         await tool_runner.cleanup()
         raise
     try:
-        settings = load_settings(
-            ROOT / "config" / "gateway.toml",
-            environ={},
-            overrides={
-                "server.port": 0,
-                "admin.port": 0,
-                "admin.token": ADMIN_TOKEN,
-                "store.url": f"sqlite:///{cwd / 'data' / 'gateway.db'}",
-                "routes[0].upstream": tool_api_url,
-                "routes[1].upstream": mcp_url,
-                "logging.level": "warning",
-            },
-        )
+        overrides: dict[str, object] = {
+            "server.port": 0,
+            "admin.port": 0,
+            "admin.token": ADMIN_TOKEN,
+            "store.url": f"sqlite:///{cwd / 'data' / 'gateway.db'}",
+            "logging.level": "warning",
+        }
+        if config is None:
+            config_path = ROOT / "config" / "gateway.toml"
+            overrides.update({"routes[0].upstream": tool_api_url, "routes[1].upstream": mcp_url})
+        else:
+            config_path = cwd / "served.toml"
+            config_path.write_text(_served_upstreams(config, tool_api_url, mcp_url))
+        settings = load_settings(config_path, environ={}, overrides=overrides)
         gateway = await start_gateway(settings)
         assert gateway.admin_url is not None
         try:
@@ -723,6 +765,15 @@ async def make_run(cwd: Path) -> AsyncIterator[MakeRun]:
     finally:
         await serving.stop()
         await tool_runner.cleanup()
+
+
+def _served_upstreams(config: str, tool_api_url: str, mcp_url: str) -> str:
+    """A served config's upstreams (`127.0.0.1:9000`, `:9100`) made the test servers'."""
+    host_port = {
+        port: url.split("://", 1)[1].split("/", 1)[0]
+        for port, url in (("9000", tool_api_url), ("9100", mcp_url))
+    }
+    return _LOCAL_URL.sub(lambda m: host_port.get(m[1], m[0]), config)
 
 
 # --- A model API on loopback ----------------------------------------------------------------------

@@ -17,7 +17,11 @@ file:line.
   anything; a random run id `demo-b4f1c8`: any, the same everywhere in the
   block). A Python block runs inside an `async def` (so top-level `await` and
   `async with` work) after HARNESS's prelude (the names the docs leave to the
-  reader) and before its epilogue (e.g. a `Run` over an SDK block's `plan`).
+  reader) and before its epilogue (e.g. a `Run` over an SDK block's `plan`);
+  one with a top-level `asyncio.run(...)` runs as written, after the prelude.
+  The Python blocks of WHOLE_PROGRAMS' docs must all be such programs.
+  A block whose HARNESS entry `serves` a `serve` block talks to that config's
+  gateway instead (its upstreams the same servers).
   The model SDKs talk to a fake model API on loopback (FakeModel); a lookup or
   connection anywhere else fails the block. HARNESS's checks then count the
   effects on the tool APIs.
@@ -30,10 +34,10 @@ file:line.
 - The TypeScript blocks of clients/typescript/README.md (marked the same way)
   are type-checked with tsc --strict against the built client, when it is
   built (make ts-build).
-- `config` blocks load with the gateway's own loader (`gateway.config.load_settings`),
-  which refuses unknown keys; `json` blocks parse (`json journal`: as a run
-  journal, with the client's model); JSON `output` samples parse as JSON
-  with `...` placeholders.
+- `config` and `serve` blocks load with the gateway's own loader
+  (`gateway.config.load_settings`), which refuses unknown keys; `json` blocks
+  parse (`json journal`: as a run journal, with the client's model); JSON
+  `output` samples parse as JSON with `...` placeholders.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from doc_snippets import (
     parse_shell,
     read_blocks,
     run_process,
+    runs_itself,
     shell_script,
     shown_json,
     split_transcript,
@@ -77,6 +82,9 @@ from gateway.config import load_settings
 from gateway.engine.errors import ConfigError
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+WHOLE_PROGRAMS = (ROOT / "docs" / "mcp.md",)
+"""Docs whose Python blocks are whole programs (a top-level `asyncio.run`): a reader
+copies them into a file and runs it."""
 TS_README = ROOT / "clients" / "typescript" / "README.md"
 
 TS_PRELUDE = "declare const runId: string, turn: number, callId: string; // left to the reader\n"
@@ -149,6 +157,9 @@ class Harness:
     mypy_allows: tuple[str, ...] = ()
     """mypy errors (how the message starts) accepted in the block, the reason in a comment.
     One that no longer occurs fails the test, so that the allowance goes."""
+    serves: str | None = None
+    """The `serve` block whose config the gateway runs instead of config/gateway.toml
+    (for this block and those that run after it)."""
 
 
 async def check_cli(ran: Ran) -> None:
@@ -167,10 +178,62 @@ def check_effects(tickets: int, emails: int, journal: str | None = None) -> Chec
     return check
 
 
+MCP_CREDENTIAL = {"Authorization": "Bearer agent-7-token"}
+"""The credential docs/mcp.md's blocks send: their scope."""
+
+
 async def check_mcp_client(ran: Ran) -> None:
     [ticket] = ran.served.mcp_state.tickets
-    operation = await ran.operation("run-77:0:c1")
+    operation = await ran.operation("run-77:0:c1", MCP_CREDENTIAL)
     assert ticket["idempotency_key"] == operation["id"]  # what the gateway forwarded
+    lines = ran.output.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["1", "2"], ran.output
+    assert lines[0].endswith(" None"), ran.output  # not replayed
+    assert lines[1].endswith(" True"), ran.output  # replayed
+    await _refused_without_credential(ran.served.gateway_url + "/mcp")
+    await _transport_wide_key_mismatches(ran, ran.served.gateway_url + "/mcp")
+
+
+async def _refused_without_credential(url: str) -> None:
+    """What the doc says of the served config: no credential, no connection (401 and a
+    JSON-RPC error carrying missing-credentials)."""
+    from mcp_upstream import ACCEPT_BOTH, INITIALIZE
+
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, json=INITIALIZE, headers=ACCEPT_BOTH) as response,
+    ):
+        assert response.status == 401, await response.text()
+        answer = await response.json()
+    assert answer["error"]["code"] == -32600, answer
+    assert answer["error"]["data"]["type"].endswith("/missing-credentials"), answer
+
+
+async def _transport_wide_key_mismatches(ran: Ran, url: str) -> None:
+    """What the doc says of an Idempotency-Key on the SDK's HTTP client: the first tool
+    call takes it, a later different call is key-mismatch; lists are not affected."""
+    from mcp_upstream import mcp_client
+
+    headers = {**MCP_CREDENTIAL, "Idempotency-Key": "transport-wide"}
+    before = len(ran.served.mcp_state.tickets)
+    async with mcp_client(url, headers=headers, mode="auto") as client:
+        first = await client.call_tool("create_ticket", {"title": "first"})
+        second = await client.call_tool("send_email", {"to": "ops@example.com", "subject": "x"})
+        listed = await client.list_tools()
+    assert not first.is_error
+    assert second.is_error
+    assert (second.meta or {})["idempotency"]["type"] == "key-mismatch", second
+    assert "create_ticket" in {tool.name for tool in listed.tools}
+    assert len(ran.served.mcp_state.tickets) == before + 1
+
+
+async def check_mcp_generations(ran: Ran) -> None:
+    lines = ran.output.splitlines()
+    assert lines == [
+        "auto 2026-07-28 completed",
+        "legacy 2025-11-25 completed",
+        "2026-07-28 2026-07-28 completed",
+    ], ran.output
 
 
 async def check_mcp_retry(ran: Ran) -> None:
@@ -348,12 +411,15 @@ HARNESS: dict[str, Harness] = {
         prelude=LANGGRAPH_PRELUDE, epilogue=LANGGRAPH_EPILOGUE, check=check_langgraph
     ),
     "mcp-client": Harness(
+        serves="mcp-gateway",
         check=check_mcp_client,
         # The SDK's RequestParamsMeta is an open TypedDict (PEP 728 extra_items=Any): any
         # key is allowed, and pyright agrees. mypy does not implement extra_items yet and
         # reads it as closed (the client package casts for that reason: _mcp.py).
         mypy_allows=('Argument "meta" to "call_tool" of "Client" has incompatible type',),
     ),
+    "mcp-generations": Harness(after="mcp-client", check=check_mcp_generations),
+    "mcp-lookup": Harness(after="mcp-generations"),
     "recovery-lookup": Harness(setup=create_ticket_77, check=check_lookup),
     "deploy-sqlite-backup": Harness(check=check_backup, needs=("sqlite3",)),
 }
@@ -384,10 +450,26 @@ def test_every_block_is_classified() -> None:
                 problems.append(f"{block.where}: {block.kind} of a {what}")
             elif block.lang != "ts" and block.arg not in HARNESS:
                 problems.append(f"{block.where}: no entry {block.arg!r} in {__name__}.HARNESS")
+        elif block.kind == "serve":
+            if block.arg in names:
+                problems.append(f"{block.where}: {block.arg!r} also names {names[block.arg].where}")
+            names[block.arg] = block
+            if block.lang != "toml":
+                problems.append(f"{block.where}: serve of a {what}")
         elif block.kind == "config" and block.lang != "toml":
             problems.append(f"{block.where}: config of a {what}")
         elif block.kind == "json" and block.lang != "json":
             problems.append(f"{block.where}: json of a {what}")
+        if (
+            block.path in WHOLE_PROGRAMS
+            and block.lang == "python"
+            and block.kind in ("run", "typecheck")
+            and not runs_itself(block.text)
+        ):
+            problems.append(
+                f"{block.where}: not a whole program: imports, `async def main()` and a "
+                "top-level `asyncio.run(main())`, so that it runs as written"
+            )
     for path in [*DOCS, TS_README]:
         problems += [
             f"{path.relative_to(ROOT)}:{line}: a snippet marker that is not on the line right "
@@ -399,6 +481,10 @@ def test_every_block_is_classified() -> None:
             problems.append(f"HARNESS[{name!r}] has no block (renamed, or its marker gone?)")
         if harness.after is not None and harness.after not in names:
             problems.append(f"HARNESS[{name!r}] runs after {harness.after!r}: no such block")
+        if harness.serves is not None and getattr(names.get(harness.serves), "kind", "") != "serve":
+            problems.append(f"HARNESS[{name!r}] serves {harness.serves!r}: no such serve block")
+        if harness.serves is not None and harness.after is not None:
+            problems.append(f"HARNESS[{name!r}]: a block that runs after another is served by it")
     assert not problems, "\n".join(problems)
 
 
@@ -421,12 +507,13 @@ def blocks_of(kind: str, lang: str | None = None) -> list[Any]:
     ]
 
 
-@pytest.mark.parametrize("block", blocks_of("config"))
+@pytest.mark.parametrize("block", blocks_of("config") + blocks_of("serve"))
 def test_config_block_loads(block: Block, tmp_path: Path) -> None:
-    if block.arg and block.arg not in CONFIG_BASES:
+    if block.kind == "config" and block.arg and block.arg not in CONFIG_BASES:
         pytest.fail(f"{block.where}: no config base {block.arg!r} ({list(CONFIG_BASES)})")
     path = tmp_path / "gateway.toml"
-    path.write_text(CONFIG_BASES.get(block.arg, "") + block.text)
+    base = CONFIG_BASES.get(block.arg, "") if block.kind == "config" else ""
+    path.write_text(base + block.text)
     try:
         load_settings(path, environ={})
     except ConfigError as exc:
@@ -608,7 +695,9 @@ async def test_run_block(group: list[Block], tmp_path: Path) -> None:
     lacking = sorted(n for n in needs if shutil.which(n) is None and not (ROOT / n).exists())
     if lacking:
         pytest.skip(f"needs {', '.join(lacking)}")
-    async with FakeModel() as model, make_run(tmp_path) as served:
+    serves = HARNESS[group[0].arg].serves
+    config = next((b.text for b in BLOCKS if b.kind == "serve" and b.arg == serves), None)
+    async with FakeModel() as model, make_run(tmp_path, config) as served:
         for block in group:
             harness = HARNESS[block.arg]
             if harness.setup is not None:
@@ -718,6 +807,20 @@ def test_markers_are_read_and_misplaced_ones_reported(tmp_path: Path) -> None:
     assert (skip.kind, unmarked.kind, unmarked.marker_problem) == (None, None, "")
     assert "needs a reason" in skip.marker_problem
     assert stray_markers(doc) == [11]
+
+
+def test_a_block_that_runs_itself_runs_as_written() -> None:
+    program = "import asyncio\n\nasync def main() -> None:\n    print(1)\n\nasyncio.run(main())\n"
+    assert runs_itself(program)
+    guarded = 'if __name__ == "__main__":\n    asyncio.run'
+    assert runs_itself(program.replace("asyncio.run", guarded))
+    assert not runs_itself("await main()\n")
+    module = assemble(program, prelude="X = 1")
+    assert module.source.endswith(program)
+    assert "_doc_snippet" not in module.source
+    assert module.source.splitlines()[module.first_line - 1] == "import asyncio"
+    with pytest.raises(ValueError, match="epilogue"):
+        assemble(program, epilogue="print(2)")
 
 
 def test_shown_output_must_be_printed_in_order() -> None:
