@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from gateway.engine.errors import NotResolvable, PreconditionFailed
 from gateway.engine.models import Evidence, Operation, Resolution, ResolvedBy, State, StoredResponse
+from gateway.engine.probes import Applied, NotApplied
 from gateway.store.base import OperationFilter
 from gateway.telemetry.tracer import NO_TRACER, Tracer
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from gateway.engine.exchange import LifecycleObserver, StoreTimer
     from gateway.engine.forwarded_key import ForwardedKeys
     from gateway.engine.graces import GraceClock
-    from gateway.engine.probes import ProbeAnswer, Prober
+    from gateway.engine.probes import Prober, Verdict
     from gateway.store.base import Store
 
 log = logging.getLogger("gateway.lifecycle")
@@ -160,10 +161,10 @@ class Settler:
         if forwarded is None:  # the config refuses a probe on such a route
             return asked
         with self._tracer.probe(route, asked) as span:
-            answer = await self._prober.ask(route, asked, forwarded)
-            if answer.response is not None:
-                span.status(answer.response.status)
-            probed = await self._verdict(route, probe, asked, answer, waited)
+            verdict = await self._prober.ask(route, asked, forwarded)
+            if verdict.status is not None:
+                span.status(verdict.status)
+            probed = await self._verdict(route, probe, asked, verdict, waited)
             if probed is not None:
                 span.operation(probed)
             return probed
@@ -173,35 +174,32 @@ class Settler:
         route: RouteSettings,
         probe: ProbeSettings,
         asked: Operation,
-        answer: ProbeAnswer,
+        verdict: Verdict,
         waited: float,
     ) -> Operation | None:
-        """Act on a probe's answer about the attempt `asked` was read at, `waited` seconds
-        after that attempt's last possible send (as `GraceClock` counts them)."""
-        response = answer.response
-        if response is None:
-            return await self._probe_evidence(
-                route, asked, "error", f"probe failed: {answer.error}"
+        """Act on a probe's verdict about the attempt `asked` was read at, `waited` seconds
+        after that attempt's last possible send (as `GraceClock` counts them). The
+        dialect said what the answer means; when it counts is decided here, the same
+        for every kind of route."""
+        if isinstance(verdict, Applied):
+            return await self._probe_settles(
+                route, asked, "applied", verdict.receipt, status=verdict.status
             )
-        if response.status in probe.applied_statuses:
-            return await self._probe_settles(route, asked, "applied", response)
-        if response.status in probe.not_applied_statuses:
+        if isinstance(verdict, NotApplied):
             if waited >= probe.not_applied_after:
-                return await self._probe_settles(route, asked, "not_applied", None)
+                return await self._probe_settles(
+                    route, asked, "not_applied", None, status=verdict.status
+                )
             return await self._probe_evidence(
                 route,
                 asked,
                 "not_applied_too_soon",
-                f"probe answered {response.status} (not applied), but attempt {asked.attempts} "
+                f"probe answered {verdict.said} (not applied), but attempt {asked.attempts} "
                 "may have been sent less than not_applied_after before; kept unknown",
-                status=response.status,
+                status=verdict.status,
             )
         return await self._probe_evidence(
-            route,
-            asked,
-            "inconclusive",
-            f"probe answered {response.status}, neither applied nor not applied",
-            status=response.status,
+            route, asked, verdict.result, verdict.evidence, status=verdict.status
         )
 
     def _last_send_bound(self, operation: Operation) -> float:
@@ -216,6 +214,8 @@ class Settler:
         asked: Operation,
         outcome: Outcome,
         response: StoredResponse | None,
+        *,
+        status: int | None,
     ) -> Operation | None:
         try:
             settled = await self.resolve(
@@ -228,7 +228,7 @@ class Settler:
                 "superseded",
                 f"probe said {outcome} about attempt {asked.attempts}, which is no longer "
                 f"current ({exc.detail}); kept as evidence only",
-                status=response.status if response is not None else None,
+                status=status,
             )
         self._observer.probe_result(route.name, outcome)
         return settled
