@@ -4,14 +4,18 @@ This is the kind of MCP server the gateway's MCP routes exist for: every
 ``tools/call`` of ``create_ticket`` or ``send_email`` applies a new effect, a
 retried call (an agent that timed out, a client that reconnected) creates a
 second ticket or sends a second email, and nothing in the server can tell a
-retry from a new call. ``list_tickets`` only reads, and says so with the
-``readOnlyHint`` tool annotation. State lives in memory, so a restart forgets
-everything; that is enough for demos and end-to-end tests.
+retry from a new call. ``list_tickets`` and ``find_ticket`` only read, and say
+so with the ``readOnlyHint`` tool annotation. State lives in memory, so a
+restart forgets everything; that is enough for demos and end-to-end tests.
 
 One concession makes the demo legible: each ticket and email records the
 ``_meta.idempotencyKey`` its ``tools/call`` arrived with (what the gateway
 forwards, or None when the call carried none), and ``list_tickets`` shows it.
-The server does not dedupe on it: a retry is still a second ticket.
+The server does not dedupe on it: a retry is still a second ticket. But it
+can be asked about it: ``find_ticket(idempotency_key)`` answers ``{"found":
+..., "ticket": ...}``, which is what the gateway's MCP probe
+(``config/gateway.toml``) calls to settle a ``create_ticket`` whose answer
+was lost.
 
 It is built on the official MCP Python SDK (``MCPServer``) and speaks the
 Streamable HTTP transport at ``/mcp``: sessions (``Mcp-Session-Id``) and SSE
@@ -65,6 +69,11 @@ class TicketList(TypedDict):
     items: list[Ticket]
 
 
+class TicketFound(TypedDict):
+    found: bool
+    ticket: Ticket | None
+
+
 @dataclass
 class ServerState:
     """Everything the server remembers; one per server."""
@@ -82,7 +91,9 @@ def create_server(state: ServerState | None = None) -> MCPServer:
     # WARNING: MCPServer configures logging (basicConfig) at this level.
     mcp = MCPServer(
         "example-tickets",
-        instructions="Create tickets, send emails, list tickets. Nothing here dedupes a retry.",
+        instructions=(
+            "Create tickets, send emails, list and find tickets. Nothing here dedupes a retry."
+        ),
         log_level="WARNING",
     )
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False)
@@ -112,6 +123,15 @@ def create_server(state: ServerState | None = None) -> MCPServer:
     async def list_tickets() -> TicketList:
         """List every ticket in creation order, with the idempotency key it arrived with."""
         return TicketList(items=list(state.tickets))
+
+    @mcp.tool(annotations=ToolAnnotations(read_only_hint=True), structured_output=True)
+    async def find_ticket(idempotency_key: str) -> TicketFound:
+        """Find the ticket created by the call that carried this idempotency key (what the
+        gateway forwarded): found is false when no call carried it."""
+        for ticket in state.tickets:
+            if ticket["idempotency_key"] == idempotency_key:
+                return TicketFound(found=True, ticket=ticket)
+        return TicketFound(found=False, ticket=None)
 
     return mcp
 

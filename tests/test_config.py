@@ -116,7 +116,14 @@ def test_example_file_loads() -> None:
         "http://127.0.0.1:9000",
     )
     assert (mcp.kind, mcp.prefix, mcp.upstream) == ("mcp", "/mcp", "http://127.0.0.1:9100/mcp")
-    assert (mcp.require_key, mcp.forward_key, mcp.probe) == (False, "operation_id", None)
+    assert (mcp.require_key, mcp.forward_key) == (False, "operation_id")
+    assert mcp.probe is not None
+    assert (mcp.probe.tool, mcp.probe.arguments, mcp.probe.applied_pointer) == (
+        "find_ticket",
+        {"idempotency_key": "{forwarded_key}"},
+        "/found",
+    )
+    assert (mcp.probe.path, mcp.probe.not_applied_after) == (None, 300.0)
     assert route.max_body == 1 << 20
     assert route.forward_key == "operation_id"
     assert route.probe is not None
@@ -700,3 +707,167 @@ def test_workers_is_a_count_or_auto(load: Any) -> None:
     for text in ("workers = 0", "workers = 257", 'workers = "many"', "workers = -1"):
         assert "server.workers" in refusal(load, f"[server]\n{text}"), text
     assert '"auto"' in refusal(load, '[server]\nworkers = "many"')
+
+
+# -- MCP probes ------------------------------------------------------------------
+
+MCP_ROUTE = """
+[[routes]]
+name = "tools"
+kind = "mcp"
+prefix = "/mcp"
+upstream = "http://127.0.0.1:9100/mcp"
+"""
+MCP_PROBE = """[routes.probe]
+tool = "find_ticket"
+arguments = { idempotency_key = "{forwarded_key}" }
+applied_pointer = "/found"
+"""
+
+
+def test_an_mcp_probe_names_a_tool_its_arguments_and_a_pointer(load: Any) -> None:
+    """An MCP route's probe takes tool, arguments (nested JSON, placeholders in any
+    string), applied_pointer, not_applied_after (default 5m) and headers."""
+    text = (
+        MCP_ROUTE
+        + MCP_PROBE.replace(
+            'arguments = { idempotency_key = "{forwarded_key}" }',
+            'arguments = { filter = { refs = ["ref-{forwarded_key}"], n = 2, all = true } }',
+        ).replace('"/found"', '"/matches/0/a~1b"')
+        + 'not_applied_after = "90s"\n[routes.probe.headers]\nX-Probe = "p"\n'
+    )
+    probe = load(text).routes[0].probe
+    assert probe is not None
+    assert probe.tool == "find_ticket"
+    assert probe.arguments == {"filter": {"refs": ["ref-{forwarded_key}"], "n": 2, "all": True}}
+    assert (probe.applied_pointer, probe.not_applied_after) == ("/matches/0/a~1b", 90.0)
+    assert probe.headers == {"X-Probe": "p"}
+    assert load(MCP_ROUTE + MCP_PROBE).routes[0].probe.not_applied_after == 300.0
+
+
+MCP_PROBE_REFUSED = [
+    (
+        MCP_ROUTE + MCP_PROBE.replace('tool = "find_ticket"\n', ""),
+        "routes[0].probe.tool: required key is missing",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace('applied_pointer = "/found"\n', ""),
+        "routes[0].probe.applied_pointer: required key is missing",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace('"/found"', '"found"'),
+        "routes[0].probe.applied_pointer: a JSON pointer starts with '/'",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace('"/found"', '"/a~2b"'),
+        "routes[0].probe.applied_pointer: '~' must be followed by 0 or 1",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace('"/found"', '""'),
+        "routes[0].probe.applied_pointer: '' points at the whole structuredContent",
+    ),
+    (MCP_ROUTE + MCP_PROBE + "path = '/x/{forwarded_key}'", "routes[0].probe.path: only applies"),
+    (MCP_ROUTE + MCP_PROBE + "method = 'POST'", "routes[0].probe.method: only applies to an HTTP"),
+    (
+        MCP_ROUTE + MCP_PROBE + "applied_statuses = [201]",
+        "routes[0].probe.applied_statuses: only applies to an HTTP route's probe",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE + "not_applied_statuses = [410]",
+        "routes[0].probe.not_applied_statuses: only applies to an HTTP route's probe",
+    ),
+    (
+        ROUTE + PROBE + "\ntool = 'find_ticket'",
+        'routes[0].probe.tool: only applies to an MCP route\'s probe (kind = "mcp")',
+    ),
+    (
+        ROUTE + PROBE + "\napplied_pointer = '/found'",
+        "routes[0].probe.applied_pointer: only applies to an MCP route's probe",
+    ),
+    (
+        ROUTE + PROBE + "\narguments = { a = '{forwarded_key}' }",
+        "routes[0].probe.arguments: only applies to an MCP route's probe",
+    ),
+    (ROUTE + "[routes.probe]\nmethod = 'GET'", "routes[0].probe.path: required key is missing"),
+    (
+        MCP_ROUTE + MCP_PROBE.replace("{forwarded_key}", "T-1"),
+        'routes[0].probe.arguments: names no effect: route "tools"\'s probe',
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace("{forwarded_key}", "{id}"),
+        "routes[0].probe.arguments.idempotency_key: unknown placeholder {id}",
+    ),
+    (
+        MCP_ROUTE + "forward_key = 'scoped'\n" + MCP_PROBE.replace("forwarded_key", "operation_id"),
+        'routes[0].probe.arguments: {operation_id} needs forward_key = "operation_id"',
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace("forwarded_key", "key"),
+        'routes[0].probe.arguments: {key} needs forward_key = "key"',
+    ),
+    (
+        MCP_ROUTE + "forward_key = false\n" + MCP_PROBE,
+        'routes[0].probe.arguments: route "tools" has forward_key = false',
+    ),
+    (
+        MCP_ROUTE + "derive_key = 'arguments'\nforward_key = 'scoped'\n" + MCP_PROBE,
+        'routes[0].forward_key: route "tools" derives keys and has a probe',
+    ),
+    (
+        MCP_ROUTE + "status_tool = 'find_ticket'\nprotect_tools = ['create_ticket']\n" + MCP_PROBE,
+        "routes[0].probe.tool: is the gateway's status tool",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE + "[routes.probe.headers]\nMcp-Session-Id = 's'\n",
+        "routes[0].probe.headers.Mcp-Session-Id: the probe sets this header itself",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace('"{forwarded_key}"', "1979-05-27"),
+        "routes[0].probe.arguments.idempotency_key: date values (TOML dates and times)",
+    ),
+    (
+        MCP_ROUTE + MCP_PROBE.replace('"find_ticket"', '"find ticket"'),
+        "routes[0].probe.tool: invalid tool name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), MCP_PROBE_REFUSED)
+def test_a_bad_mcp_probe_is_refused_naming_the_key(load: Any, text: str, expected: str) -> None:
+    """Each rule of an MCP route's probe (and HTTP probe keys on one, MCP probe keys on an
+    HTTP route) refuses the start with a message naming the dotted key."""
+    message = refusal(load, text)
+    assert expected in message, message
+    assert message.startswith("invalid configuration in ")
+
+
+def test_an_mcp_probe_on_a_derived_key_route_needs_the_operation_id(load: Any) -> None:
+    """A derived-key call forwards the operation id: with forward_key = "operation_id"
+    (the default) keyed and derived calls forward the same kind of value, so the probe
+    may run there."""
+    route = load(MCP_ROUTE + "derive_key = 'arguments'\n" + MCP_PROBE).routes[0]
+    assert (route.derive_key, route.forward_key) == ("arguments", "operation_id")
+
+
+def test_an_mcp_probe_renders_and_loads_back(load: Any, tmp_path: Path) -> None:
+    """check-config's rendering of an MCP probe masks its header values like an HTTP
+    probe's, and loads back to the same settings (the HTTP keys it shows at their
+    defaults are not refused)."""
+    text = MCP_ROUTE + MCP_PROBE + "[routes.probe.headers]\nX-Key = 'probe-secret'\n"
+    settings = load(text)
+    rendered = render_effective(settings)
+    assert "probe-secret" not in rendered
+    data = tomllib.loads(rendered)
+    assert data["routes"][0]["probe"]["arguments"] == {"idempotency_key": "{forwarded_key}"}
+    assert data["routes"][0]["probe"]["headers"] == {"X-Key": "***"}
+    plain = load(MCP_ROUTE + MCP_PROBE)
+    (tmp_path / "plain.toml").write_text(render_effective(plain))
+    assert load_settings(tmp_path / "plain.toml", environ={}) == plain
+
+
+def test_the_example_shows_every_mcp_probe_key() -> None:
+    """The MCP route of config/gateway.toml sets every MCP probe key."""
+    text = EXAMPLE.read_text()
+    mcp_part = text[text.index('kind = "mcp"') :]
+    for key in ("tool", "arguments", "applied_pointer", "not_applied_after"):
+        assert f"{key} =" in mcp_part, key

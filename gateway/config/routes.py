@@ -7,6 +7,7 @@ exists), so the two models and that cross-check live together here.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
@@ -37,6 +38,7 @@ from gateway.config.fields import (
     _not_empty,
     _Problems,
 )
+from gateway.config.pointers import parse_pointer
 
 
 def _tool_name(value: str) -> str:
@@ -48,23 +50,90 @@ def _tool_name(value: str) -> str:
 ToolName = Annotated[str, AfterValidator(_tool_name)]
 
 
+_PLACEHOLDERS = frozenset({"key", "operation_id", "forwarded_key"})
+
+_MCP_PROBE_HEADERS = frozenset(
+    {"mcp-session-id", "mcp-protocol-version", "mcp-method", "mcp-name", "last-event-id"}
+)
+"""Headers an MCP probe sets itself: its session and protocol are its own, never a caller's."""
+
+
+def _unknown_placeholder(text: str) -> str | None:
+    unknown = set(_PLACEHOLDER_RE.findall(text)) - _PLACEHOLDERS
+    if not unknown:
+        return None
+    return (
+        f"unknown placeholder {{{sorted(unknown)[0]}}}: "
+        "only {key}, {operation_id} and {forwarded_key}"
+    )
+
+
+def _json_problems(value: object, loc: _Loc) -> list[tuple[_Loc, str]]:
+    """Why `value` cannot be sent as JSON tool arguments, at each place it cannot."""
+    if value is None or isinstance(value, bool | int | str):
+        problem = _unknown_placeholder(value) if isinstance(value, str) else None
+        return [] if problem is None else [(loc, problem)]
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(loc, f"{value} has no JSON form")]
+    if isinstance(value, list):
+        return [
+            problem for i, item in enumerate(value) for problem in _json_problems(item, (*loc, i))
+        ]
+    if isinstance(value, dict):
+        return [
+            problem
+            for name, item in value.items()
+            for problem in (
+                _json_problems(item, (*loc, name))
+                if isinstance(name, str)
+                else [(loc, f"member name {name!r} is not a string")]
+            )
+        ]
+    return [(loc, f"{type(value).__name__} values (TOML dates and times) have no JSON form")]
+
+
+def _strings_in(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [text for item in value for text in _strings_in(item)]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _strings_in(item)]
+    return []
+
+
 class ProbeSettings(BaseModel):
     """How to ask an upstream whether an `unknown` effect exists.
 
-    `{forwarded_key}` in `path` is replaced (URL-encoded) by what the route
-    forwarded for the operation; `{key}` and `{operation_id}` are accepted where
-    they equal it. The route checks that the path names what it forwards.
+    An HTTP route's probe is a request: `{forwarded_key}` in `path` is
+    replaced (URL-encoded) by what the route forwarded for the operation, and
+    the answer's status is the verdict. An MCP route's probe is a call of a
+    tool of the same server (`tool`, `arguments`, in whose strings the same
+    placeholders are replaced), judged by the boolean at `applied_pointer` in
+    the result's `structuredContent`. `{key}` and `{operation_id}` are
+    accepted where they equal the forwarded key. The route checks that the
+    probe names what it forwards, and which keys its kind takes.
 
     >>> ProbeSettings(path="/v1/issues?client_ref={forwarded_key}").not_applied_after
     300.0
+    >>> mcp = ProbeSettings(tool="find_ticket", arguments={"ref": "{forwarded_key}"},
+    ...                     applied_pointer="/found")
+    >>> mcp.tool, mcp.path
+    ('find_ticket', None)
     """
 
     model_config = _SETTINGS_MODEL
 
+    # HTTP routes.
     method: HttpMethod = "GET"
-    path: str
+    path: str | None = None
     applied_statuses: tuple[HttpStatus, ...] = (200,)
     not_applied_statuses: tuple[HttpStatus, ...] = (404,)
+    # MCP routes.
+    tool: ToolName | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    applied_pointer: str | None = None
+    # Both.
     not_applied_after: Duration = 300.0
     headers: dict[str, str] = Field(default_factory=dict)
 
@@ -75,18 +144,37 @@ class ProbeSettings(BaseModel):
 
     @field_validator("path")
     @classmethod
-    def _check_path(cls, path: str) -> str:
+    def _check_path(cls, path: str | None) -> str | None:
+        if path is None:
+            return path
         if not path.startswith("/"):
             raise ValueError(f"must start with '/', got {path!r}")
         if any(not "!" <= char <= "~" for char in path):
             raise ValueError("must not contain spaces, control or non-ASCII characters")
-        unknown = set(_PLACEHOLDER_RE.findall(path)) - {"key", "operation_id", "forwarded_key"}
-        if unknown:
-            raise ValueError(
-                f"unknown placeholder {{{sorted(unknown)[0]}}}: "
-                "only {key}, {operation_id} and {forwarded_key}"
-            )
+        if (problem := _unknown_placeholder(path)) is not None:
+            raise ValueError(problem)
         return path
+
+    @field_validator("arguments")
+    @classmethod
+    def _check_arguments(cls, arguments: dict[str, Any]) -> dict[str, Any]:
+        problems = _json_problems(arguments, ())
+        if problems:
+            raise _Problems(*problems)
+        return arguments
+
+    @field_validator("applied_pointer")
+    @classmethod
+    def _check_pointer(cls, pointer: str | None) -> str | None:
+        if pointer is None:
+            return pointer
+        parse_pointer(pointer)  # raises ValueError naming what is wrong
+        if pointer == "":
+            raise ValueError(
+                "'' points at the whole structuredContent, an object; point at the "
+                'boolean inside it that says whether the effect exists (e.g. "/found")'
+            )
+        return pointer
 
     @field_validator("headers")
     @classmethod
@@ -101,6 +189,65 @@ class ProbeSettings(BaseModel):
                 (("not_applied_statuses",), f"{both} also in applied_statuses; a status means one")
             )
         return self
+
+    def http_problems(self) -> list[tuple[_Loc, str]]:
+        """What an HTTP route cannot take in this probe (MCP keys) or misses (`path`)."""
+        problems: list[tuple[_Loc, str]] = [
+            ((name,), 'only applies to an MCP route\'s probe (kind = "mcp")')
+            for name in _MCP_PROBE_ONLY
+            if getattr(self, name) != _default(name)
+        ]
+        if self.path is None:
+            problems.append(
+                (
+                    ("path",),
+                    "required key is missing: an HTTP route's probe asks a path "
+                    "(e.g. '/v1/issues?ref={forwarded_key}')",
+                )
+            )
+        return problems
+
+    def mcp_problems(self) -> list[tuple[_Loc, str]]:
+        """What an MCP route cannot take in this probe (HTTP keys) or misses."""
+        problems: list[tuple[_Loc, str]] = [
+            (
+                (name,),
+                "only applies to an HTTP route's probe; an MCP route's probe calls a tool "
+                "(tool, arguments, applied_pointer)",
+            )
+            for name in _HTTP_PROBE_ONLY
+            if getattr(self, name) != _default(name)
+        ]
+        if self.tool is None:
+            problems.append(
+                (
+                    ("tool",),
+                    "required key is missing: an MCP route's probe names a tool of the same "
+                    'server that looks the effect up (e.g. "find_ticket")',
+                )
+            )
+        if self.applied_pointer is None:
+            problems.append(
+                (
+                    ("applied_pointer",),
+                    "required key is missing: a JSON pointer into the tool result's "
+                    'structuredContent, to true (applied) or false (not applied), e.g. "/found"',
+                )
+            )
+        problems.extend(
+            (("headers", name), "the probe sets this header itself (its session is its own)")
+            for name in self.headers
+            if name.lower() in _MCP_PROBE_HEADERS
+        )
+        return problems
+
+
+_HTTP_PROBE_ONLY = ("method", "path", "applied_statuses", "not_applied_statuses")
+_MCP_PROBE_ONLY = ("tool", "arguments", "applied_pointer")
+
+
+def _default(name: str) -> object:
+    return ProbeSettings.model_fields[name].get_default(call_default_factory=True)
 
 
 class RouteSettings(BaseModel):
@@ -216,18 +363,13 @@ class RouteSettings(BaseModel):
             problems.extend(self._mcp_problems())
         else:
             problems.extend(self._http_problems())
-        if (probe_problem := self._probe_path_problem()) is not None:
-            problems.append((("probe", "path"), probe_problem))
+        problems.extend(self._probe_problems())
         if problems:
             raise _Problems(*problems)
         return self
 
     def _mcp_problems(self) -> list[tuple[_Loc, str]]:
         problems: list[tuple[_Loc, str]] = []
-        if self.probe is not None:
-            problems.append(
-                (("probe",), "an MCP route has no probe: a tool call cannot be looked up upstream")
-            )
         if self.status_tool is not None and self.status_tool in self.protect_tools:
             problems.append(
                 (("status_tool",), "is answered by the gateway; it cannot be protected")
@@ -242,17 +384,48 @@ class RouteSettings(BaseModel):
             if getattr(self, name) != defaults[name].default
         ]
 
-    def _probe_path_problem(self) -> str | None:
-        """Why the probe path cannot name the effect the upstream saw, if it cannot.
+    def _probe_problems(self) -> list[tuple[_Loc, str]]:
+        """The probe's keys checked against the route's kind, and what it names."""
+        probe = self.probe
+        if probe is None:
+            return []
+        own = probe.mcp_problems() if self.kind == "mcp" else probe.http_problems()
+        problems = [(("probe", *loc), message) for loc, message in own]
+        if self.kind == "mcp":
+            problems.extend(self._mcp_probe_problems(probe))
+        if not own and (named := self._probe_names_problem(probe)) is not None:
+            where = "arguments" if self.kind == "mcp" else "path"
+            problems.append((("probe", where), named))
+        return problems
+
+    def _mcp_probe_problems(self, probe: ProbeSettings) -> list[tuple[_Loc, str]]:
+        problems: list[tuple[_Loc, str]] = []
+        if probe.tool is not None and probe.tool == self.status_tool:
+            problems.append(
+                (("probe", "tool"), "is the gateway's status tool; the server does not have it")
+            )
+        mode = self.forward_key
+        if self.derive_key == "arguments" and mode in ("scoped", "key"):
+            problems.append(
+                (
+                    ("forward_key",),
+                    f'route "{self.name}" derives keys and has a probe: a derived-key call '
+                    f"forwards the operation id, where the probe would name {_FORWARDED[mode]}; "
+                    'use forward_key = "operation_id" (one value for both)',
+                )
+            )
+        return problems
+
+    def _probe_names_problem(self, probe: ProbeSettings) -> str | None:
+        """Why the probe cannot name the effect the upstream saw, if it cannot.
 
         A probe finds an effect by what this route forwarded. Asked about
         anything else, the upstream answers "not applied" for an effect that
         exists, the key is released, and the retry is a second effect.
         """
-        if self.probe is None or self.kind == "mcp":
-            return None
         route = f'route "{self.name}"'
-        named = set(_PLACEHOLDER_RE.findall(self.probe.path))
+        texts = [probe.path or ""] if self.kind == "http" else _strings_in(probe.arguments)
+        named = {name for text in texts for name in _PLACEHOLDER_RE.findall(text)}
         mode = self.forward_key
         if mode is False:
             return (
@@ -270,10 +443,11 @@ class RouteSettings(BaseModel):
                 f'{{key}} needs forward_key = "key": {route} forwards {_FORWARDED[mode]}, '
                 "so the upstream never sees the caller's key (use {forwarded_key})"
             )
-        if not named & {"key", "operation_id", "forwarded_key"}:
+        if not named & _PLACEHOLDERS:
+            where = "a string of the arguments" if self.kind == "mcp" else "the path"
             return (
                 f"names no effect: {route}'s probe would ask the same question for every "
-                "operation; put {forwarded_key} (what the route forwards) in the path"
+                f"operation; put {{forwarded_key}} (what the route forwards) in {where}"
             )
         return None
 

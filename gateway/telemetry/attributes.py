@@ -26,6 +26,8 @@ SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 NETWORK_PROTOCOL_VERSION: Final = "network.protocol.version"
 ERROR_TYPE: Final = "error.type"
+MCP_METHOD_NAME: Final = "mcp.method.name"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 
 # The gateway's own.
 OPERATION_ID: Final = "idempotency.operation_id"

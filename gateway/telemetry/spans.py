@@ -76,12 +76,17 @@ class OtelTracer(Tracer):
         probe = route.probe
         assert probe is not None  # only a route with a probe is probed
         attributes: attr.Attributes = {
-            **attr.method_attributes(probe.method),
             **attr.server_attributes(route.upstream),
-            # The path as configured: the one it is sent to names the forwarded key.
-            attr.URL_TEMPLATE: probe.path,
             **_operation_attributes(route.name, operation),
         }
+        if probe.tool is not None:  # an MCP route: a tools/call on a session of its own
+            attributes |= attr.method_attributes("POST")
+            attributes[attr.MCP_METHOD_NAME] = "tools/call"
+            attributes[attr.GEN_AI_TOOL_NAME] = probe.tool
+        else:
+            attributes |= attr.method_attributes(probe.method)
+            # The path as configured: the one it is sent to names the forwarded key.
+            attributes[attr.URL_TEMPLATE] = probe.path or ""
         # A "not applied" status is an answer, not an error: the verdict says what it meant.
         return self._step("idempotency.probe", SpanKind.CLIENT, attributes)
 

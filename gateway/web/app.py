@@ -35,6 +35,7 @@ from gateway.engine.sweeper import Sweeper
 from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.known_calls import KnownCalls
+from gateway.mcp.probe import McpProbe
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
@@ -165,7 +166,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         store=store,
         forwarder=forwarder,
         keeper=keeper,
-        prober=Prober(forwarder),
+        prober=Prober(forwarder, dialects={"mcp": McpProbe()}),
         forwarded_keys=ForwardedKeys(scope_secret),
         quotas=ScopeQuotas(settings.quotas),
         settings=settings.idempotency,
