@@ -12,6 +12,11 @@ running and are its own:
   an orphan whose parent was killed has left the chain (`kill -9` of a process that had
   started servers of its own), but not the marker.
 
+One process is not a leftover: the multiprocessing resource tracker that is a direct
+child of the pytest process itself. An in-process gateway that read a large MCP message
+started it (`gateway.mcp.reading`); it belongs to the pytest process, serves it until it
+exits and exits with it.
+
 It gives them `GRACE_SECONDS` to finish exiting (a process being stopped when the session
 ends), then kills the rest, prints each with its command line and sets the exit status
 to a failure. Zombies are not running and do not count.
@@ -114,10 +119,16 @@ def _command(pid: int) -> str:
     return command[:300] or "?"
 
 
+RESOURCE_TRACKER = "multiprocessing.resource_tracker"
+
+
 def find_leftovers(root: int, marker: str) -> list[Leftover]:
     """The running (not zombie) processes that `root` started, by parent chain or marker."""
     table = _processes()
     running = {pid for pid, (state, _) in table.items() if state not in ("Z", "X")}
+    running -= {
+        pid for pid in running if table[pid][1] == root and RESOURCE_TRACKER in _command(pid)
+    }
     descendants = _descendants(root, table) & running
     needle = f"{MARKER}={marker}".encode()
     orphans = {

@@ -52,7 +52,7 @@ from gateway.engine.errors import (
 )
 from gateway.engine.exchange import AnswerOutcome, Receipt, Released
 from gateway.engine.models import StoredResponse
-from gateway.mcp.calls import KEY_META, ToolCall
+from gateway.mcp.calls import ToolCall
 from gateway.mcp.jsonrpc import REQUEST_CANCELLED, JsonRpcError, parse_message
 from gateway.mcp.raw_json import read_raw_response
 from gateway.mcp.replies import dumps, strip_owned_meta
@@ -61,6 +61,7 @@ from gateway.mcp.sse import SseDecoder, encode_event
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.exchange import UpstreamAnswer
+    from gateway.mcp.reading import ForwardBody
 
 __all__ = ["RELEASING_STATUSES", "McpCall"]
 
@@ -87,29 +88,21 @@ class McpCall:
         self,
         route: RouteSettings,
         call: ToolCall,
-        document: dict[str, Any],
+        forward: ForwardBody,
         *,
         on_event: EventSink | None = None,
         resume: Resumer | None = None,
     ) -> None:
         self._route = route
         self._call = call
-        self._document = document
+        self._body = forward
         self._on_event = on_event
         self._resume = resume
 
     def body_for(self, forwarded_key: str | None) -> bytes:
         """The call as sent upstream: the caller's key replaced by the forwarded key
         (or removed, with `forward_key = false`)."""
-        params = dict(self._document.get("params") or {})
-        meta = {k: v for k, v in (params.get("_meta") or {}).items() if k != KEY_META}
-        if forwarded_key is not None:
-            meta[KEY_META] = forwarded_key
-        if meta:
-            params["_meta"] = meta
-        else:
-            params.pop("_meta", None)
-        return dumps({**self._document, "params": params})
+        return self._body.with_key(forwarded_key)
 
     async def outcome(self, answer: UpstreamAnswer) -> AnswerOutcome:
         status = answer.status

@@ -57,6 +57,14 @@ class JsonRpcError(Exception):
         self.message = message
         self.data = data or {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses back from the process that reads large messages (gateway.mcp.reading).
+        return (_rebuild_error, (self.code, self.message, self.data))
+
+
+def _rebuild_error(code: int, message: str, data: dict[str, Any]) -> JsonRpcError:
+    return JsonRpcError(code, message, data=data)
+
 
 @dataclass(frozen=True, slots=True)
 class Message:

@@ -13,19 +13,19 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.mcp.answers import EVENT_STREAM
-from gateway.mcp.calls import tool_call_of
 from gateway.mcp.hints import MAX_LISTING_BYTES
 from gateway.mcp.jsonrpc import JsonRpcError, Message, parse_object
 from gateway.mcp.passthrough import json_response, upstream_headers
 from gateway.mcp.replies import dumps
 from gateway.mcp.sse import SseDecoder, encode_event
-from gateway.mcp.status_tool import definition, key_asked_about, status_result
+from gateway.mcp.status_tool import definition, status_result
 from gateway.mcp.versions import complete_result, protocol_version
 from gateway.web.appkeys import ENGINE, FORWARDER, MCP_HINTS, TRACE
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.scopes import CallerScope
+    from gateway.mcp.reading import PostReading
     from gateway.proxy.routing import RouteMatch
 
 
@@ -39,15 +39,17 @@ def is_status_call(request: web.Request, route: RouteSettings, message: Message)
 
 
 async def status_call(
-    request: web.Request, route: RouteSettings, caller: CallerScope, message: Message
+    request: web.Request, route: RouteSettings, caller: CallerScope, reading: PostReading
 ) -> web.Response:
     """The status tool, answered from the store in the caller's scope; never forwarded."""
-    call = tool_call_of(message, header_keys=[])
-    key = key_asked_about(route.name, call)
+    if reading.status_error is not None:
+        raise reading.status_error
+    key = reading.status_key
+    assert key is not None
     operation = await request.app[ENGINE].lookup(caller.scope, key)
     request[TRACE].outcome = "status"
     result = complete_result(status_result(key, operation), protocol_version(request.headers))
-    return json_response({"jsonrpc": "2.0", "id": call.id, "result": result}, 200)
+    return json_response({"jsonrpc": "2.0", "id": reading.message.id, "result": result}, 200)
 
 
 async def list_tools_with_status(

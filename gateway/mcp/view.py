@@ -32,7 +32,7 @@ from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTE
 from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
 from gateway.mcp.answers import EVENT_STREAM, McpCall
-from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
+from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call
 from gateway.mcp.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -40,7 +40,6 @@ from gateway.mcp.jsonrpc import (
     Message,
     RequestId,
     error_message,
-    parse_message,
 )
 from gateway.mcp.known_calls import call_name
 from gateway.mcp.passthrough import (
@@ -51,6 +50,7 @@ from gateway.mcp.passthrough import (
     session_is_callers,
     upstream_headers,
 )
+from gateway.mcp.reading import PostReading, ReadSpec
 from gateway.mcp.replies import dumps, refusal_result, replay_body
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import encode_event
@@ -69,6 +69,7 @@ from gateway.web.appkeys import (
     MCP_CANCELLATIONS,
     MCP_HINTS,
     MCP_KNOWN_CALLS,
+    MCP_READER,
     METRICS,
     SCOPES,
     SETTINGS,
@@ -100,7 +101,8 @@ async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamRespon
         )
         if request.method != "POST":
             return await pass_through(request, match, caller, body)
-        message = parse_message(body)
+        reading = await app[MCP_READER].read(body, _read_spec(request, route))
+        message = reading.message
         message_id = message.id
         if message.method == "notifications/cancelled" and "requestId" in message.params:
             return _cancellation(request, match, caller, message, body)
@@ -108,11 +110,11 @@ async def serve_mcp(request: web.Request, match: RouteMatch) -> web.StreamRespon
             return await pass_through(request, match, caller, body)
         name = call_name_of(request, caller, message.id)
         if message.method == "tools/call" and not is_status_call(request, route, message):
-            return await _tool_call(request, match, caller, message, body, name)
+            return await _tool_call(request, match, caller, reading, body, name)
         # Known before it is sent on, so that a cancellation of it is forwarded at once.
         with app[MCP_KNOWN_CALLS].handling(name, protected=False):
             if message.method == "tools/call":
-                return await status_call(request, route, caller, message)
+                return await status_call(request, route, caller, reading)
             if message.method == "tools/list" and route.status_tool:
                 return await list_tools_with_status(request, match, caller, message, body)
             listed = message.id if message.method == "tools/list" else None
@@ -134,7 +136,7 @@ async def _tool_call(
     request: web.Request,
     match: RouteMatch,
     caller: CallerScope,
-    message: Message,
+    reading: PostReading,
     body: bytes,
     name: str,
 ) -> web.StreamResponse:
@@ -142,12 +144,11 @@ async def _tool_call(
     route = match.route
     trace = request[TRACE]
     known = app[MCP_KNOWN_CALLS]
-    call = tool_call_of(
-        message,
-        header_keys=request.headers.getall(IDEMPOTENCY_KEY, []),
-        mcp_method=request.headers.get("Mcp-Method"),
-        mcp_name=request.headers.get("Mcp-Name"),
-    )
+    if reading.call_error is not None:
+        raise reading.call_error
+    call, forward = reading.call, reading.forward
+    assert call is not None
+    assert forward is not None
     key, retention = call.key, None
     if key is None:
         if not _needs_a_key(app, route, call):
@@ -178,7 +179,7 @@ async def _tool_call(
         dialect=McpCall(
             route,
             call,
-            message.document,
+            forward,
             on_event=live.send if live else None,
             resume=_resumer(request, match, caller),
         ),
@@ -213,6 +214,17 @@ async def _tool_call(
     trace.state = reply.state.value if reply.state is not None else None
     metrics.request(route.name, trace.outcome)
     return await _answer_reply(request, live, call, key, reply)
+
+
+def _read_spec(request: web.Request, route: RouteSettings) -> ReadSpec:
+    """What reading a POST on this route depends on besides its body."""
+    return ReadSpec(
+        route=route.name,
+        header_keys=tuple(request.headers.getall(IDEMPOTENCY_KEY, [])),
+        mcp_method=request.headers.get("Mcp-Method"),
+        mcp_name=request.headers.get("Mcp-Name"),
+        status_tool=route.status_tool,
+    )
 
 
 def call_name_of(request: web.Request, caller: CallerScope, request_id: object) -> str:

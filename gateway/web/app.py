@@ -36,6 +36,7 @@ from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.probe import McpProbe
+from gateway.mcp.reading import MessageReader
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
@@ -58,6 +59,7 @@ from gateway.web.appkeys import (
     MCP_CANCELLATIONS,
     MCP_HINTS,
     MCP_KNOWN_CALLS,
+    MCP_READER,
     MCP_SESSIONS,
     METRICS,
     ROUTES,
@@ -114,6 +116,8 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app[MCP_HINTS] = ReadOnlyHints()
     app[MCP_KNOWN_CALLS] = KnownCalls()
     app[MCP_CANCELLATIONS] = Cancellations(app[MCP_KNOWN_CALLS])
+    app[MCP_READER] = MessageReader()
+    app.on_cleanup.append(_close_reader)
     app[BACKGROUND] = set()
     if worker is not None:
         app[WORKER] = worker
@@ -133,6 +137,11 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_route("*", "/{tail:.*}", proxy)
     return app
+
+
+async def _close_reader(app: web.Application) -> None:
+    """The helper processes that read large MCP messages end with the app."""
+    app[MCP_READER].close()
 
 
 async def _services(app: web.Application) -> AsyncIterator[None]:

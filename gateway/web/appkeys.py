@@ -14,6 +14,7 @@ from gateway.engine.scopes import ScopeResolver
 from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.known_calls import KnownCalls
+from gateway.mcp.reading import MessageReader
 from gateway.mcp.sessions import SessionTags
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
@@ -32,6 +33,7 @@ ROUTES = web.AppKey("routes", RouteTable)
 SCOPES = web.AppKey("scopes", ScopeResolver)
 BACKGROUND = web.AppKey("background", set[asyncio.Task[Any]])
 MCP_HINTS = web.AppKey("mcp_hints", ReadOnlyHints)
+MCP_READER = web.AppKey("mcp_reader", MessageReader)
 """What each MCP route's server says is read-only, learned from its `tools/list` answers."""
 MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)
 """Binds MCP session ids to the scope that opened them (with `[[clients]]`)."""
