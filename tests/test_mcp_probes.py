@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
@@ -39,6 +39,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from conftest import GatewayFactory
 from harness import ROOT, GatewayProcess, spawn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -52,8 +53,13 @@ from mcp_upstream import (
     call_with_key,
     mcp_client,
 )
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, load_settings
+from gateway.telemetry import attributes as attr
+from gateway.telemetry.provider import use_tracer_provider
 
 if TYPE_CHECKING:
     from mcp.client.client import ConnectMode
@@ -479,6 +485,52 @@ async def test_an_unknown_call_is_settled_by_its_probe_on_postgresql(
     operation = await lookup(gateway)
     assert (operation["state"], operation["resolution"]["by"]) == ("completed", "probe")
     assert server.count == 1
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """Gateways made after it trace to this exporter, whatever the environment says.
+    Request it before `gateway_factory`: the gateways stop before the provider does."""
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        use_tracer_provider(None)
+        provider.shutdown()
+
+
+async def test_the_probe_has_a_span_naming_its_tool(
+    spans: InMemorySpanExporter, gateway_factory: GatewayFactory, server: ProbedServer
+) -> None:
+    """With tracing on, an MCP probe's span says what was asked (tools/call of the probe's
+    tool, not an HTTP path) and what it found, like an HTTP probe's."""
+    table = {
+        "tool": "find_ticket",
+        "arguments": {"idempotency_key": "{forwarded_key}"},
+        "applied_pointer": "/found",
+    }
+    route = {"name": "tools", "prefix": PREFIX, "kind": "mcp", "probe": table}
+    gateway = await gateway_factory(server.url, route=route)
+    async with asyncio.timeout(LIMIT), mcp_client(gateway.url + PREFIX, headers=CALLER) as client:
+        await call_with_key(client, "lose_connection", {"title": "Printer"}, KEY)
+    spans.clear()
+
+    found = await gateway.get(f"/operations/{quote(KEY, safe='')}", headers=CALLER)
+
+    assert (await found.json())["state"] == "completed"
+    probes = [span for span in spans.get_finished_spans() if span.name == "idempotency.probe"]
+    assert len(probes) == 1
+    attributes = probes[0].attributes or {}
+    assert attributes[attr.MCP_METHOD_NAME] == "tools/call"
+    assert attributes[attr.GEN_AI_TOOL_NAME] == "find_ticket"
+    assert attributes[attr.HTTP_REQUEST_METHOD] == "POST"
+    assert attr.URL_TEMPLATE not in attributes
+    assert attributes[attr.PROBE_RESULT] == "applied"
+    assert attributes[attr.RESOLVED_BY] == "probe"
 
 
 # -- a server of the stateless generation only --------------------------------------
