@@ -36,6 +36,9 @@ __all__ = ["LARGE_BODY", "ForwardBody", "MessageReader", "PostReading", "ReadSpe
 LARGE_BODY = 8 * 1024
 """Bytes from which a message is read in the helper process (in place, ~5 ms of loop time)."""
 
+HELPER_NICENESS = 10
+"""How much lower the helpers' CPU priority is than the gateway's."""
+
 _PLACEHOLDER = f"igw-forwarded-key-{secrets.token_hex(16)}"
 """Stands where the forwarded key goes while the body is serialized; random per process,
 so no caller can write it into its arguments."""
@@ -148,7 +151,7 @@ class MessageReader:
 
     def __init__(self, *, large: int = LARGE_BODY, workers: int | None = None) -> None:
         self._large = large
-        self._workers = workers or min(2, os.cpu_count() or 1)
+        self._workers = workers or 1
         self._pool: ProcessPoolExecutor | None = None
 
     async def read(self, body: bytes, spec: ReadSpec) -> PostReading:
@@ -158,7 +161,7 @@ class MessageReader:
             self._pool = ProcessPoolExecutor(
                 max_workers=self._workers,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_die_with_parent,
+                initializer=_prepare_helper,
             )
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, _read_summarized, body, spec)
@@ -173,10 +176,14 @@ def _read_summarized(body: bytes, spec: ReadSpec) -> PostReading:
     return read_post(body, spec, summarize=True)
 
 
-def _die_with_parent() -> None:
-    """A helper outlives no gateway, even one killed with SIGKILL (Linux: the kernel
-    sends it SIGKILL when its parent dies); elsewhere it ends when its pipe closes."""
+def _prepare_helper() -> None:
+    """A helper yields the CPU to the gateway (whose event loop serves every other
+    caller: bulk reading can wait a little, latency cannot) and outlives no gateway,
+    even one killed with SIGKILL (Linux: the kernel sends it SIGKILL when its parent
+    dies); elsewhere it ends when its pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gateway's Ctrl-C is the gateway's
+    with contextlib.suppress(OSError):
+        os.nice(HELPER_NICENESS)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             pr_set_pdeathsig = 1
