@@ -756,11 +756,11 @@ MCP_PROBE_REFUSED = [
     ),
     (
         MCP_ROUTE + MCP_PROBE.replace('"/found"', '"found"'),
-        "routes[0].probe.applied_pointer: a JSON pointer starts with '/'",
+        "routes[0].probe.applied_pointer: not a JSON pointer (RFC 6901): Location must start with /",
     ),
     (
         MCP_ROUTE + MCP_PROBE.replace('"/found"', '"/a~2b"'),
-        "routes[0].probe.applied_pointer: '~' must be followed by 0 or 1",
+        "routes[0].probe.applied_pointer: not a JSON pointer (RFC 6901): Found invalid escape ~2",
     ),
     (
         MCP_ROUTE + MCP_PROBE.replace('"/found"', '""'),

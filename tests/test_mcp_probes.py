@@ -21,8 +21,9 @@ front of examples/mcp_server.py and its `find_ticket`.
 Background sweeps are off (`sweep_interval` 60s): a lookup or a retry is what
 probes, so each test decides when the gateway asks. Every wait is for an
 event (a state, a request reaching the server), bounded only against a hang.
-Retries that get a probe's result are sent raw: an SDK client would check
-that result against the called tool's output schema (see `call_raw`).
+Retries go through the official SDK, which checks a result's structuredContent
+against the called tool's output schema: a probe-made receipt must not pass for
+the tool's own result, and is replayed as the `isError` result that says so.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from harness import ROOT, GatewayProcess, spawn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from mcp_upstream import (
-    ACCEPT_BOTH,
     LEGACY,
     MODERN,
     CountingMcpServer,
@@ -58,6 +58,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, load_settings
+from gateway.mcp.sentences import PROBED_SENTENCE
 from gateway.telemetry import attributes as attr
 from gateway.telemetry.provider import use_tracer_provider
 
@@ -232,49 +233,30 @@ async def lookup_until(
             await asyncio.sleep(0.1)
 
 
-async def call_raw(
+async def call_again(
     gateway: GatewayProcess,
     tool: str = "lose_connection",
     arguments: dict[str, Any] | None = None,
     *,
     prefix: str = PREFIX,
-) -> dict[str, Any]:
-    """The call as one raw 2026-07-28 request: its JSON-RPC response as it came.
-
-    An SDK client checks a result's structuredContent against the called tool's output
-    schema, which the probe tool's result does not follow; raw, the test sees the
-    replay itself."""
-    envelope = "io.modelcontextprotocol/"
-    message = {
-        "jsonrpc": "2.0",
-        "id": 41,
-        "method": "tools/call",
-        "params": {
-            "name": tool,
-            "arguments": arguments if arguments is not None else {"title": "Printer"},
-            "_meta": {
-                envelope + "protocolVersion": MODERN,
-                envelope + "clientInfo": {"name": "raw", "version": "1"},
-                envelope + "clientCapabilities": {},
-                "idempotencyKey": KEY,
-            },
-        },
-    }
-    headers = {
-        **CALLER,
-        **ACCEPT_BOTH,
-        "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": tool,
-    }
+    mode: ConnectMode = LEGACY,
+) -> CallToolResult:
+    """The retry, through the official SDK: what an agent gets."""
     async with (
         asyncio.timeout(LIMIT),
-        aiohttp.ClientSession() as session,
-        session.post(gateway.url + prefix, json=message, headers=headers) as answer,
+        mcp_client(gateway.url + prefix, headers=CALLER, mode=mode) as client,
     ):
-        assert answer.status == 200, await answer.text()
-        document: dict[str, Any] = await answer.json()
-        return document
+        called = arguments if arguments is not None else {"title": "Printer"}
+        return await call_with_key(client, tool, called, KEY)
+
+
+def probed(result: CallToolResult) -> dict[str, Any]:
+    """What a probe-made receipt says of the probe: the tool asked and its result."""
+    assert result.is_error is True, result
+    assert isinstance(result.content[0], TextContent)
+    assert result.content[0].text == PROBED_SENTENCE
+    found: dict[str, Any] = idempotency_meta(result)["idempotencyProbe"]
+    return found
 
 
 def idempotency_meta(result: CallToolResult) -> dict[str, Any]:
@@ -296,17 +278,17 @@ async def test_an_unknown_call_is_settled_by_its_probe_and_the_retry_replays_its
     lost = await call_lost(gateway)
     assert idempotency_meta(lost)["idempotency"]["type"] == "upstream-connection-lost"
 
-    retry = (await call_raw(gateway))["result"]
+    retry = await call_again(gateway)
 
-    assert retry.get("isError") is not True
     ticket = server.tickets[0]
-    assert retry["structuredContent"] == {"found": True, "ticket": ticket}
-    assert retry["_meta"]["idempotencyReplayed"] is True
-    assert retry["_meta"]["idempotencyProbe"] == {"tool": "find_ticket"}
+    probe = probed(retry)
+    assert probe["tool"] == "find_ticket"
+    assert probe["result"]["structuredContent"] == {"found": True, "ticket": ticket}
+    assert idempotency_meta(retry)["idempotencyReplayed"] is True
     operation = await lookup(gateway)
     assert (operation["state"], operation["attempts"]) == ("completed", 1)
     assert operation["resolution"]["by"] == "probe"
-    assert operation["result"]["_meta"]["idempotencyProbe"] == {"tool": "find_ticket"}
+    assert operation["result"]["_meta"]["idempotencyProbe"]["tool"] == "find_ticket"
     assert server.count == 1
     assert server.probes[0].arguments == {"idempotency_key": operation["id"]}
 
@@ -462,11 +444,11 @@ async def test_a_slow_probe_about_attempt_1_changes_nothing_for_attempt_2(
     assert operation["attempts"] == 2
     assert operation["state"] in ("unknown", "completed"), operation  # never released
     assert "no longer current" in evidence_of(operation)
-    retry = (await call_raw(gateway))["result"]
-    if retry.get("isError"):
-        assert retry["_meta"]["idempotency"]["type"] == "outcome-unknown"
+    retry = await call_again(gateway)
+    if "idempotencyProbe" in idempotency_meta(retry):
+        assert probed(retry)["tool"] == "find_ticket"
     else:
-        assert retry["_meta"]["idempotencyProbe"] == {"tool": "find_ticket"}
+        assert idempotency_meta(retry)["idempotency"]["type"] == "outcome-unknown"
     assert server.calls_of("lose_connection") == 2
     assert server.count == 1
 
@@ -479,9 +461,9 @@ async def test_an_unknown_call_is_settled_by_its_probe_on_postgresql(
     gateway = gateway_for(processes, tmp_path, server.url, store_url=postgres_url)
     await call_lost(gateway)
 
-    retry = (await call_raw(gateway))["result"]
+    retry = await call_again(gateway)
 
-    assert retry["_meta"]["idempotencyProbe"] == {"tool": "find_ticket"}
+    assert probed(retry)["tool"] == "find_ticket"
     operation = await lookup(gateway)
     assert (operation["state"], operation["resolution"]["by"]) == ("completed", "probe")
     assert server.count == 1
@@ -600,9 +582,9 @@ async def test_a_server_that_refuses_initialize_is_probed_in_one_stateless_reque
     gateway = gateway_for(processes, tmp_path, url)
     await call_lost(gateway, mode=MODERN)
 
-    retry = (await call_raw(gateway))["result"]
+    retry = await call_again(gateway, mode=MODERN)
 
-    assert retry["_meta"]["idempotencyProbe"] == {"tool": "find_ticket"}
+    assert probed(retry)["tool"] == "find_ticket"
     assert (await lookup(gateway))["state"] == "completed"
     assert server.count == 1
     assert [json.loads(body)["params"]["clientInfo"]["name"] for body in refused] == [
@@ -669,12 +651,13 @@ async def test_the_demo_probe_settles_a_call_whose_gateway_died_after_the_server
     settled = await lookup_until(second, lambda operation: operation["state"] == "completed")
 
     assert settled["resolution"]["by"] == "probe"
-    ticket = settled["result"]["structuredContent"]["ticket"]
+    probe = settled["result"]["_meta"]["idempotencyProbe"]
+    ticket = probe["result"]["structuredContent"]["ticket"]
     assert ticket["idempotency_key"] == settled["id"]  # what the server received
-    assert settled["result"]["_meta"]["idempotencyProbe"] == {"tool": "find_ticket"}
-    retry = (await call_raw(second, "create_ticket", prefix=url))["result"]
-    assert retry["structuredContent"] == {"found": True, "ticket": ticket}
-    assert retry["_meta"]["idempotencyReplayed"] is True
+    assert probe["tool"] == "find_ticket"
+    retry = await call_again(second, "create_ticket", prefix=url)
+    assert probed(retry)["result"]["structuredContent"] == {"found": True, "ticket": ticket}
+    assert idempotency_meta(retry)["idempotencyReplayed"] is True
     async with asyncio.timeout(LIMIT), mcp_client(example_server) as client:
         listed = await client.call_tool("list_tickets", {})
     assert listed.structured_content == {"items": [ticket]}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
+from jsonpointer import JsonPointer, JsonPointerException
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -38,7 +39,6 @@ from gateway.config.fields import (
     _not_empty,
     _Problems,
 )
-from gateway.config.pointers import parse_pointer
 
 
 def _tool_name(value: str) -> str:
@@ -168,7 +168,10 @@ class ProbeSettings(BaseModel):
     def _check_pointer(cls, pointer: str | None) -> str | None:
         if pointer is None:
             return pointer
-        parse_pointer(pointer)  # raises ValueError naming what is wrong
+        try:
+            JsonPointer(pointer)
+        except JsonPointerException as exc:
+            raise ValueError(f"not a JSON pointer (RFC 6901): {exc}") from exc
         if pointer == "":
             raise ValueError(
                 "'' points at the whole structuredContent, an object; point at the "

@@ -30,15 +30,17 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+
+from jsonpointer import EndOfList, JsonPointer
 
 from gateway import __version__
-from gateway.config.pointers import MISSING, resolve_pointer
 from gateway.engine.errors import GatewayError
 from gateway.engine.models import StoredResponse
 from gateway.engine.probes import Applied, NotApplied, NoVerdict, Verdict
 from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_message
 from gateway.mcp.replies import PROBE_META, dumps, strip_owned_meta
+from gateway.mcp.sentences import PROBED_SENTENCE
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import SseDecoder
 
@@ -55,6 +57,9 @@ __all__ = [
     "fill_arguments",
     "judge",
 ]
+
+MISSING: Final = object()
+"""What a pointer finds where the result has no value."""
 
 SESSION_PROTOCOL = "2025-11-25"
 STATELESS_PROTOCOL = "2026-07-28"
@@ -170,7 +175,9 @@ def judge(tool: str, pointer: str, response: dict[str, Any], *, status: int | No
             f"probe {tool}'s result has no structuredContent to read {pointer} in",
             status=status,
         )
-    value = resolve_pointer(content, pointer)
+    value = JsonPointer(pointer).resolve(content, MISSING)
+    if isinstance(value, EndOfList):  # "/-": the place after an array's end, never a value
+        value = MISSING
     if value is True:
         return Applied(_receipt(tool, result), said=f"{tool} with {pointer} = true", status=status)
     if value is False:
@@ -190,12 +197,21 @@ def judge(tool: str, pointer: str, response: dict[str, Any], *, status: int | No
 
 
 def _receipt(tool: str, result: dict[str, Any]) -> StoredResponse:
-    """The probe's result as a receipt: a JSON-RPC response (each replay puts its own id
-    in), the gateway's own `_meta` keys a server sent removed, and the probe's mark."""
+    """The receipt a probe makes: a tool result that says the call took effect, with the
+    probe's own result (the gateway's `_meta` keys a server sent removed) in
+    `_meta.idempotencyProbe`; a JSON-RPC response, each replay putting its own id in.
+
+    It is not the called tool's result and must not pass for one: an SDK checks a
+    result's `structuredContent` against the called tool's output schema, which the
+    probe tool's answer does not follow, and raises. A result marked `isError` is
+    not checked, and the sentence tells the model what is true."""
     cleaned = strip_owned_meta({"jsonrpc": "2.0", "id": None, "result": result})["result"]
-    meta = cleaned.get("_meta")
-    marked = {**(meta if isinstance(meta, dict) else {}), PROBE_META: {"tool": tool}}
-    body = dumps({"jsonrpc": "2.0", "id": None, "result": {**cleaned, "_meta": marked}})
+    receipt = {
+        "isError": True,
+        "content": [{"type": "text", "text": PROBED_SENTENCE}],
+        "_meta": {PROBE_META: {"tool": tool, "result": cleaned}},
+    }
+    body = dumps({"jsonrpc": "2.0", "id": None, "result": receipt})
     return StoredResponse(status=200, headers=JSON_HEADERS, body=body)
 
 

@@ -21,7 +21,13 @@ those are for the people who write agents, not for the model.
 
 from __future__ import annotations
 
-__all__ = ["SENTENCES", "UNKNOWN_OUTCOME_TYPES", "sentence_for"]
+__all__ = ["PROBED_SENTENCE", "SENTENCES", "UNKNOWN_OUTCOME_TYPES", "sentence_for"]
+
+PROBED_SENTENCE = (
+    "This call took effect: its answer was lost, and the gateway confirmed the effect by "
+    "asking the tool's server. The tool's own result is not available. Do not call it again."
+)
+"""The receipt a probe made (`gateway.mcp.probe`): the effect exists, its answer does not."""
 
 _MAY_HAVE = (
     "The tool may have done what was asked. Do not call it again, not under this key and "
