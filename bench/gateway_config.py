@@ -8,6 +8,13 @@ in front of the MCP server; everything else is the production default (24 h
 retention, 60 s sweep, no quotas, one serving process) because that is what
 operators run. `workers` sets `[server] workers` for the worker-process rows
 (`bench.worker_rows`).
+
+Two settings are deliberate bench choices, not the production defaults:
+`shared_scope = true` (the load generators send no credential) and the log
+level, `warning` unless a row asks for `info` (the production default): a row
+measures the request path, not the access log's sink, and the access log's
+cost is measured on its own (the HTTP rows' `log info` row; for MCP routes,
+bench/PROFILE.md).
 """
 
 from __future__ import annotations

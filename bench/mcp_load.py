@@ -48,6 +48,7 @@ from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import aiohttp
@@ -61,6 +62,8 @@ __all__ = [
     "McpLoadSpec",
     "Protocol",
     "main",
+    "merge_results",
+    "read_latencies",
     "run_mcp_load",
 ]
 
@@ -119,11 +122,15 @@ class McpLoadSpec:
         return args
 
 
-def run_mcp_load(spec: McpLoadSpec) -> LoadResult:
-    """Run `spec` in a fresh `python -m bench.mcp_load` process (killed past its budget)."""
+def run_mcp_load(spec: McpLoadSpec, *, latencies: Path | None = None) -> LoadResult:
+    """Run `spec` in a fresh `python -m bench.mcp_load` process (killed past its budget).
+
+    With `latencies`, the measured window's latencies (ms, ascending) are also
+    written to that file (`read_latencies` reads them), for `merge_results`."""
     budget = spec.warmup + spec.duration + 2 * REQUEST_TIMEOUT + _CLOSE_TIMEOUT + 60.0
+    extra = ["--latencies", str(latencies)] if latencies is not None else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.mcp_load", *spec.argv(), "--json"],
+        [sys.executable, "-m", "bench.mcp_load", *spec.argv(), *extra, "--json"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -140,6 +147,45 @@ def run_mcp_load(spec: McpLoadSpec) -> LoadResult:
             f"the MCP load generator failed ({process.returncode}):\n{stderr[-2000:]}"
         )
     return LoadResult(**json.loads(stdout.strip().splitlines()[-1]))
+
+
+def read_latencies(path: Path) -> array[float]:
+    """The latencies `run_mcp_load(..., latencies=path)` wrote (ms, ascending)."""
+    values = array("d")
+    values.frombytes(path.read_bytes())
+    return values
+
+
+def merge_results(parts: Sequence[tuple[LoadResult, Sequence[float]]]) -> LoadResult:
+    """One result from several windows of one load (each with its latencies): counts,
+    seconds and CPU add up; the percentiles are those of all the latencies together.
+
+    >>> one = LoadResult(1.0, 2, 2, 0, 0, 0, 1.0, 2.0, 2.0, 0.1, {"7": 0.5}, {"ok": 2})
+    >>> two = LoadResult(1.0, 2, 1, 0, 1, 0, 3.0, 4.0, 4.0, 0.1, {"7": 0.5}, {"ok": 1, "x": 1})
+    >>> both = merge_results([(one, [1.0, 2.0]), (two, [3.0, 4.0])])
+    >>> both.p50_ms, both.ok, both.statuses, both.cpu_us_per_request(7)
+    (2.0, 3, {'ok': 3, 'x': 1}, 333333.3333333333)
+    """
+    latencies = sorted(value for _, values in parts for value in values)
+    cpu: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
+    for result, _ in parts:
+        cpu.update(result.server_cpu)
+        statuses.update(result.statuses)
+    return LoadResult(
+        seconds=sum(result.seconds for result, _ in parts),
+        responses=sum(result.responses for result, _ in parts),
+        ok=sum(result.ok for result, _ in parts),
+        duplicates=sum(result.duplicates for result, _ in parts),
+        non_2xx=sum(result.non_2xx for result, _ in parts),
+        errors=sum(result.errors for result, _ in parts),
+        p50_ms=percentile(latencies, 0.50),
+        p99_ms=percentile(latencies, 0.99),
+        max_ms=latencies[-1] if latencies else math.nan,
+        client_cpu=sum(result.client_cpu for result, _ in parts),
+        server_cpu=dict(cpu),
+        statuses=dict(sorted(statuses.items())),
+    )
 
 
 # -- inside the generator process ---------------------------------------------------
@@ -298,6 +344,8 @@ class _Generator:
         self.spec = spec
         self.window = _Window()
         self.run_name = f"bench-mcp-{secrets.token_hex(4)}"
+        self.latencies: list[float] = []
+        """The measured window's latencies, ascending, once `run` returned."""
 
     async def run(self) -> LoadResult:
         spec = self.spec
@@ -335,7 +383,7 @@ class _Generator:
         window.stopping = True
         elapsed, client_cpu = time.perf_counter() - started, time.process_time() - client_before
         server_cpu = {str(pid): cpu_seconds(pid) - servers_before[pid] for pid in pids}
-        latencies = sorted(window.latencies)
+        latencies = self.latencies = sorted(window.latencies)
         ok = window.verdicts["ok"]
         return LoadResult(
             seconds=elapsed,
@@ -392,6 +440,9 @@ def _parser() -> argparse.ArgumentParser:
         "--no-key", action="store_true", help="send no idempotency key (a pass-through call)"
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    parser.add_argument(
+        "--latencies", type=Path, help="also write the latencies (ms, float64, ascending) here"
+    )
     return parser
 
 
@@ -408,7 +459,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu_pids=tuple(args.cpu_pid),
         keyed=not args.no_key,
     )
-    result = asyncio.run(_Generator(spec).run())
+    generator = _Generator(spec)
+    result = asyncio.run(generator.run())
+    if args.latencies is not None:
+        args.latencies.write_bytes(array("d", generator.latencies).tobytes())
     if args.json:
         print(json.dumps(asdict(result)), flush=True)
         return 0

@@ -12,7 +12,9 @@ under 6 s quick, server start-ups included.
 
 The MCP rows (`bench.mcp_rows`) run at c=1 and c=16 whatever the HTTP rows'
 concurrency: full, three answer forms at the HTTP rows' duration, plus the
-gateway's key-less pass-through; quick, the JSON form only, 0.5 s a row.
+gateway's key-less pass-through, each c=1 row in 4 windows alternating with
+direct's; quick, one form of each protocol generation (2025-11-25 session with
+JSON answers, 2026-07-28 stateless), 0.5 s a row in 2 windows.
 
 Both run on the aiohttp load generator unless told otherwise: `bench.run`
 picks wrk when it is installed (`--client auto`), and passes it in `client`.
@@ -50,6 +52,9 @@ class Plan:
     """Measured seconds of every MCP row (None: `duration`)."""
     mcp_pass_through: bool = True
     """Also run the first MCP form through the gateway without keys (the hop alone)."""
+    mcp_segments: int = 4
+    """Windows each MCP c=1 row is cut into, alternating with the same form's other
+    fronts (direct, gateway, no key), so that they see the machine alike."""
     worker_counts: tuple[int, ...] = (1, 2)
     """Serving processes of the worker-process rows (`bench.worker_rows`): the plain
     proxy and the gateway's miss path with each; empty: no such rows. 1 is the
@@ -95,7 +100,8 @@ QUICK = Plan(
     small_store=1_000,
     large_store=10_000,
     postgres=False,
-    mcp_forms=("session-json",),
+    mcp_forms=("session-json", "stateless"),
     mcp_duration=0.5,
     mcp_pass_through=False,
+    mcp_segments=2,
 )

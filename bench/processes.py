@@ -13,9 +13,11 @@ line is the only way to learn the port the OS chose.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -37,12 +39,22 @@ class ServerProcess:
     """
 
     def __init__(
-        self, name: str, argv: list[str], *, log_path: Path, start_timeout: float = _START_TIMEOUT
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        log_path: Path,
+        start_timeout: float = _START_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
         self.start_timeout = start_timeout
+        self.env = dict(env) if env is not None else None
+        """Variables added to (or replacing) this process's inherited environment."""
+        self.cwd = cwd
         self.url = ""
         self._process: subprocess.Popen[str] | None = None
 
@@ -59,7 +71,8 @@ class ServerProcess:
         with open(self.log_path, "a") as log:
             self._process = subprocess.Popen(
                 self.argv,
-                cwd=ROOT,
+                cwd=self.cwd,
+                env={**os.environ, **self.env} if self.env is not None else None,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -133,7 +146,16 @@ def mcp_server(log_dir: Path, *, json_response: bool) -> ServerProcess:
     return ServerProcess(f"MCP server ({form})", argv, log_path=log_dir / f"mcp_server_{form}.log")
 
 
-def gateway(config_path: Path, *, name: str = "gateway") -> ServerProcess:
-    """`python -m gateway serve --config FILE`, its log beside the config file."""
+def gateway(
+    config_path: Path,
+    *,
+    name: str = "gateway",
+    env: Mapping[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> ServerProcess:
+    """`python -m gateway serve --config FILE`, its log beside the config file.
+
+    `cwd` is where `-m gateway` is imported from (a scratch copy of the repository
+    runs its own gateway code); `env` is added to the inherited environment."""
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path)]
-    return ServerProcess(name, argv, log_path=config_path.with_suffix(".log"))
+    return ServerProcess(name, argv, log_path=config_path.with_suffix(".log"), env=env, cwd=cwd)

@@ -16,7 +16,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["cpu_seconds", "rss_bytes", "tree_cpu", "tree_cpu_delta"]
+__all__ = [
+    "context_switches",
+    "cpu_seconds",
+    "rss_bytes",
+    "thread_cpu",
+    "tree_cpu",
+    "tree_cpu_delta",
+]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PROC = Path("/proc")
@@ -24,7 +31,11 @@ _PROC = Path("/proc")
 
 def _stat_fields(pid: int) -> list[str]:
     """/proc/<pid>/stat from field 3 (state) on: fields[0] is field 3, fields[1] the ppid."""
-    raw = (_PROC / str(pid) / "stat").read_text()
+    return _stat_fields_of(_PROC / str(pid) / "stat")
+
+
+def _stat_fields_of(path: Path) -> list[str]:
+    raw = path.read_text()
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
     return raw[raw.rindex(")") + 2 :].split()
 
@@ -104,3 +115,43 @@ def rss_bytes(pid: int) -> int:
                 raise ValueError(f"unexpected VmRSS unit {unit!r}")
             return int(value) * 1024
     raise ValueError(f"no VmRSS in /proc/{pid}/status (a kernel thread or a zombie?)")
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds so far of each of the process's threads, by thread id.
+
+    The main thread's id is `pid`: in the gateway that is the event loop;
+    the others are its helper threads (SQLite's commit thread among them).
+    A thread that exits while this reads is left out.
+
+    >>> os.getpid() in thread_cpu(os.getpid())
+    True
+    """
+    cpu: dict[int, float] = {}
+    for task in (_PROC / str(pid) / "task").iterdir():
+        try:
+            cpu[int(task.name)] = _cpu_of(_stat_fields_of(task / "stat"))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return cpu
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary plus involuntary context switches so far of all the process's threads.
+
+    A thread that sleeps and is woken (a futex, epoll, a pipe) counts one
+    voluntary switch; a thread the scheduler preempts counts an involuntary one.
+
+    >>> context_switches(os.getpid()) > 0
+    True
+    """
+    total = 0
+    for task in (_PROC / str(pid) / "task").iterdir():
+        try:
+            text = (task / "status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for line in text.splitlines():
+            if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                total += int(line.split()[1])
+    return total

@@ -97,6 +97,25 @@ def machine_info() -> list[str]:
     ]
 
 
+def filesystem_of(path: Path) -> str:
+    """The type and device of the filesystem `path` is on, from /proc/mounts (the
+    longest mount point that holds it): a store on tmpfs never waits for a disk.
+
+    >>> filesystem_of(Path("/proc/self")).startswith("proc")
+    True
+    """
+    resolved = str(path.resolve())
+    best, found = "", "an unknown filesystem"
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            device, point, kind = line.split()[:3]
+            point = point.replace("\\040", " ")
+            inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, found = point, f"{kind} ({device}, mounted at {point})"
+    return found
+
+
 def write_results(path: Path, text: str) -> None:
     """Replace `path` with `text`, keeping the soak section written earlier."""
     kept: Sequence[str] = ()

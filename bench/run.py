@@ -151,7 +151,12 @@ def _mcp_section(plan: Plan, mcp: McpRows, http: Rows | None) -> list[str]:
         "official-SDK MCP server over Streamable HTTP, called directly and through a "
         "gateway MCP route (SQLite store), with a fresh `params._meta.idempotencyKey` "
         f"every call (the miss path); c=1 for latency, c={plan.mcp_concurrency} for "
-        f"throughput, {duration:g} s measured per row after {plan.warmup:g} s warm-up.",
+        f"throughput, {duration:g} s measured per row after {plan.warmup:g} s warm-up. "
+        f"Each c=1 row is measured in {plan.mcp_segments} windows that alternate with "
+        "direct's (and the key-less row's) against the same server process, so both "
+        "see the machine alike; its p50 and p99 are over all its windows' calls.",
+        "",
+        f"Gateway config: {mcp.config}",
         "",
         mcp_summary_table(mcp).render(),
         *(["", "For comparison: " + "; ".join(compare) + "."] if compare else []),

@@ -9,6 +9,12 @@ process's CPU per pair (the event loop and the commit thread together).
 
     python -m bench.store_cpu                 # c=64, 5 s, a fresh file in /tmp
     python -m bench.store_cpu --concurrency 1
+    python -m bench.store_cpu --concurrency 1 --gap 2.5 --dir /dev/shm
+
+`--gap MS` waits that long between each claim and its receipt, as a miss
+waits for its upstream: at c=1 the disk and the threads then go idle between
+commits, as they do under the gateway. `--dir` puts the file elsewhere (a
+tmpfs takes the disk out). At c=1 it also prints the p50 wall time of a claim and of a receipt.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -33,8 +40,17 @@ _RECEIPT = StoredResponse(
 )
 
 
-async def measure(path: Path, *, concurrency: int, duration: float) -> tuple[float, float]:
-    """Pairs per second and CPU microseconds per pair over `duration` seconds."""
+async def measure(
+    path: Path,
+    *,
+    concurrency: int,
+    duration: float,
+    gap: float = 0.0,
+    waits: list[tuple[float, float]] | None = None,
+) -> tuple[float, float]:
+    """Pairs per second and CPU microseconds per pair over `duration` seconds; `gap`
+    seconds of sleep between each claim and its receipt (not CPU, but wall time).
+    `waits`, when given, gets each pair's claim and receipt wall times (seconds)."""
     store = SqliteStore(path=path)
     await store.open()
     keys = itertools.count()
@@ -44,6 +60,7 @@ async def measure(path: Path, *, concurrency: int, duration: float) -> tuple[flo
     async def worker() -> None:
         nonlocal pairs
         while time.monotonic() < stop:
+            asked = time.perf_counter()
             claim = await store.claim(
                 ClaimRequest(
                     scope="bench",
@@ -57,8 +74,12 @@ async def measure(path: Path, *, concurrency: int, duration: float) -> tuple[flo
                     tombstone_seconds=86_400,
                 )
             )
+            claimed = time.perf_counter()
             assert isinstance(claim, NewAttempt)
             operation = claim.operation
+            if gap:
+                await asyncio.sleep(gap)
+            recording = time.perf_counter()
             done = await store.complete(
                 operation.id,
                 operation.token,
@@ -69,6 +90,8 @@ async def measure(path: Path, *, concurrency: int, duration: float) -> tuple[flo
                 resolution=Resolution(by="upstream", at=time.time()),
             )
             assert done is not None
+            if waits is not None:
+                waits.append((claimed - asked, time.perf_counter() - recording))
             pairs += 1
 
     try:
@@ -87,14 +110,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--concurrency", type=int, default=64, help="tasks writing at once")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds (default 5)")
+    parser.add_argument(
+        "--gap", type=float, default=0.0, help="ms between a claim and its receipt (default 0)"
+    )
+    parser.add_argument("--dir", type=Path, help="where the store file goes (default: /tmp)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="store-cpu-") as tmp:
+    waits: list[tuple[float, float]] = []
+    with tempfile.TemporaryDirectory(prefix="store-cpu-", dir=args.dir) as tmp:
         rate, cpu = asyncio.run(
-            measure(Path(tmp) / "s.db", concurrency=args.concurrency, duration=args.duration)
+            measure(
+                Path(tmp) / "s.db",
+                concurrency=args.concurrency,
+                duration=args.duration,
+                gap=args.gap / 1000,
+                waits=waits,
+            )
         )
+    wall = (
+        f"; p50 {statistics.median(w[0] for w in waits) * 1000:.2f} ms a claim, "
+        f"{statistics.median(w[1] for w in waits) * 1000:.2f} ms a receipt"
+        if args.concurrency == 1 and waits
+        else ""
+    )
     print(
         f"c={args.concurrency}: {rate:,.0f} claim+receipt pairs/s, "
-        f"{cpu:.0f} us of CPU per pair (loop and commit thread)"
+        f"{cpu:.0f} us of CPU per pair (loop and commit thread){wall}"
     )
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,8 @@ WORKER_ROWS = (
     "gateway sqlite miss, 1 worker",
     "gateway sqlite miss, 2 workers",
 )
+MCP_FORMS = ("2025-11-25 session, JSON answers", "2026-07-28 stateless")
+"""The quick run's MCP forms: one of each protocol generation."""
 SCALE_ROWS = (
     "claim (POST, new key) p50",
     "claim (POST, new key) p99",
@@ -104,7 +107,15 @@ def test_quick_run_prints_every_row() -> None:
         assert workers[name][8] == "0/0", f"{name}: non-2xx/errors {workers[name][8]}"
     assert "CPU per request, 2 processes vs 1: gateway sqlite miss" in output, output
     mcp = _table_rows(output, "## MCP tool calls")
-    assert "2025-11-25 session, JSON answers" in mcp, output
+    # Both protocol generations, each with direct and the gateway side by side at c=1.
+    for form in MCP_FORMS:
+        assert form in mcp, output
+        direct, gateway, added, cpu = mcp[form][:4]
+        assert " / " in direct, f"direct p50 / p99: {mcp[form]}"
+        assert " / " in gateway, f"gateway p50 / p99: {mcp[form]}"
+        assert added.startswith(("+", "-")), mcp[form]
+        assert cpu.replace(",", "").isdigit(), f"gateway CPU per call: {mcp[form]}"
+    assert "Gateway config: `bench.gateway_config.write_mcp_gateway_config`" in output, output
     for line in output.split("## MCP tool calls", 1)[1].splitlines():
         cells = line.split("|")
         if line.startswith(("| MCP direct", "| MCP gateway")):
@@ -120,3 +131,37 @@ def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:
     rate, cpu_per_pair = asyncio.run(measure(tmp_path / "s.db", concurrency=4, duration=0.3))
     assert rate > 0
     assert 0 < cpu_per_pair < 1_000_000
+
+
+@pytest.mark.parametrize(
+    "module", ["bench.mcp_load", "bench.mcp_profile", "bench.procstat", "bench.report"]
+)
+def test_bench_docstring_examples_run(module: str) -> None:
+    """The examples in the benchmark helpers' docstrings run (the suite's doctest test
+    covers `gateway` only)."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
+
+
+def test_mcp_profile_runs_its_variants(tmp_path: Path) -> None:
+    """`python -m bench.mcp_profile` (bench/PROFILE.md's c=1 breakdown) runs a tiny
+    series end to end: direct and the gateway's miss path, a table, every call ok."""
+    out = tmp_path / "profile.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.mcp_profile", "--form", "stateless", "--rounds", "1",
+         "--calls", "20", "--variant", "direct", "--variant", "miss", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=QUICK_RUN_SECONDS,
+        check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = _table_rows(completed.stdout, "| stateless, c=1")
+    assert {"direct", "miss"} <= set(rows), completed.stdout
+    assert rows["miss"][-1] == "0", f"failed calls: {rows['miss']}"
+    (profile,) = json.loads(out.read_text())
+    assert [run["calls"] for run in profile["runs"]["miss"]] == [20]
