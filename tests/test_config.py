@@ -756,7 +756,8 @@ MCP_PROBE_REFUSED = [
     ),
     (
         MCP_ROUTE + MCP_PROBE.replace('"/found"', '"found"'),
-        "routes[0].probe.applied_pointer: not a JSON pointer (RFC 6901): Location must start with /",
+        "routes[0].probe.applied_pointer: not a JSON pointer (RFC 6901): "
+        "Location must start with /",
     ),
     (
         MCP_ROUTE + MCP_PROBE.replace('"/found"', '"/a~2b"'),

@@ -258,13 +258,14 @@ def _resumer(
     """How to reopen a protected call's stream after an event id: a GET on the same
     endpoint, with the caller's (forwarded) headers and `Last-Event-ID`."""
     replaced = {"accept", "last-event-id", "content-type", "content-length"}
-    headers = [
-        (name, value)
-        for name, value in upstream_headers(request, caller)
-        if name.lower() not in replaced
-    ]
 
     async def resume(last_id: str) -> UpstreamAnswer:
+        # Built here, not for every call: few calls are ever resumed.
+        headers = [
+            (name, value)
+            for name, value in upstream_headers(request, caller)
+            if name.lower() not in replaced
+        ]
         sent = (*headers, ("Accept", EVENT_STREAM), ("Last-Event-ID", last_id))
         forwarder = request.app[FORWARDER]
         return await forwarder.send(match.route, "GET", match.upstream_url, sent, b"")
