@@ -30,6 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -37,8 +38,12 @@ from aiohttp import web
 
 from bench.gateway_config import MCP_PREFIX, write_mcp_gateway_config
 from bench.processes import ServerProcess, gateway
+from bench.report import Table, ms
 
-__all__ = ["main", "measure"]
+__all__ = ["LargeCalls", "main", "measure", "measure_large_calls", "section"]
+
+DEFAULT_SIZE = 1024 * 1024 - 4096
+"""Arguments of a large call: a 1 MiB call, under the route's default max_body."""
 
 _ID = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 HEADERS = {
@@ -162,9 +167,74 @@ async def measure(gateway_url: str, *, size: int, agents: int, seconds: float) -
     }
 
 
+@dataclass(frozen=True, slots=True)
+class LargeCalls:
+    """One run of this row: what was sent and what `/healthz` saw."""
+
+    size: int
+    agents: int
+    figures: dict[str, float]
+
+
+def measure_large_calls(
+    workdir: Path,
+    *,
+    size: int = DEFAULT_SIZE,
+    agents: int = 3,
+    seconds: float = 8.0,
+    gateway_root: Path | None = None,
+) -> LargeCalls:
+    """Start the upstream and a gateway (production defaults, SQLite in `workdir`), run
+    the row, stop both."""
+    argv = [sys.executable, "-m", "bench.large_mcp", "--serve-upstream"]
+    upstream = ServerProcess("large-call upstream", argv, log_path=workdir / "large_up.log")
+    with upstream:
+        config = write_mcp_gateway_config(
+            workdir / "large_gateway.toml",
+            upstream=upstream.url,
+            store_url=f"sqlite:///{workdir}/large_gateway.db",
+        )
+        served_from = {"cwd": gateway_root} if gateway_root else {}
+        with gateway(config, **served_from) as served:
+            figures = asyncio.run(measure(served.url, size=size, agents=agents, seconds=seconds))
+    return LargeCalls(size, agents, figures)
+
+
+def section(run: LargeCalls) -> list[str]:
+    """The row as a Markdown section of bench/RESULTS.md."""
+    figures = run.figures
+    first = "during the first large call (it starts the reading helper)"
+    table = Table(
+        ("/healthz", "p50 ms", "p99 ms", "max ms"),
+        (
+            ("alone", ms(figures["alone_p50"]), ms(figures["alone_p99"]), "-"),
+            (first, "-", "-", ms(figures["first_max"])),
+            (
+                f"while {run.agents} agents send large calls",
+                ms(figures["loaded_p50"]),
+                ms(figures["loaded_p99"]),
+                ms(figures["loaded_max"]),
+            ),
+        ),
+    )
+    return [
+        "## Large MCP calls and everyone else",
+        "",
+        f"`GET /healthz` one after another, alone, then while {run.agents} agents each send "
+        f"protected `tools/call`s of {run.size / 1024:.0f} KiB of arguments (small objects, "
+        "a fresh key each) to a gateway MCP route (production defaults, SQLite) in front "
+        "of a minimal stateless MCP endpoint (`bench.large_mcp`). The gateway reads such "
+        "calls, canonical JSON included, in a helper process. "
+        f"{figures['calls']:.0f} large calls, {figures['call_mean_s']:.2f} s each on "
+        f"average; the first one took {figures['first_call_s']:.2f} s.",
+        "",
+        table.render(),
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=int, default=1024 * 1024 - 4096)
+    parser.add_argument("--size", type=int, default=DEFAULT_SIZE)
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument(
@@ -179,24 +249,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(_serve_upstream())
         return 0
     with tempfile.TemporaryDirectory(prefix="igw-large-") as scratch:
-        directory = Path(scratch)
-        argv_upstream = [sys.executable, "-m", "bench.large_mcp", "--serve-upstream"]
-        upstream = ServerProcess(
-            "large-call upstream", argv_upstream, log_path=directory / "up.log"
+        run = measure_large_calls(
+            Path(scratch),
+            size=args.size,
+            agents=args.concurrency,
+            seconds=args.seconds,
+            gateway_root=args.gateway_root,
         )
-        with upstream:
-            config = write_mcp_gateway_config(
-                directory / "gateway.toml",
-                upstream=upstream.url,
-                store_url=f"sqlite:///{directory}/gateway.db",
-            )
-            served_from = {"cwd": args.gateway_root} if args.gateway_root else {}
-            with gateway(config, **served_from) as served:
-                figures = asyncio.run(
-                    measure(
-                        served.url, size=args.size, agents=args.concurrency, seconds=args.seconds
-                    )
-                )
+    figures = run.figures
     print(
         f"/healthz while {args.concurrency} agents send {args.size / 1024:.0f} KiB MCP calls "
         f"({figures['calls']:.0f} calls, {figures['call_mean_s']:.2f} s each on average):\n"

@@ -53,6 +53,8 @@ class Plan:
     mcp_pass_through: bool = True
     """Also run the first MCP form through the gateway without keys (the hop alone)."""
     mcp_segments: int = 4
+    large_call_seconds: float = 8.0
+    """How long agents send 1 MiB MCP calls while /healthz is measured (`bench.large_mcp`)."""
     """Windows each MCP c=1 row is cut into, alternating with the same form's other
     fronts (direct, gateway, no key), so that they see the machine alike."""
     worker_counts: tuple[int, ...] = (1, 2)
@@ -104,4 +106,5 @@ QUICK = Plan(
     mcp_duration=0.5,
     mcp_pass_through=False,
     mcp_segments=2,
+    large_call_seconds=2.0,
 )

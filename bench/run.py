@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import processes
+from bench.large_mcp import LargeCalls, measure_large_calls
+from bench.large_mcp import section as large_section
 from bench.loadgen import Client
 from bench.mcp_rows import (
     FORMS,
@@ -51,9 +53,9 @@ __all__ = ["main"]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HTTP_MISS = "gateway sqlite miss"
 """The HTTP row the MCP rows' added latency is compared with (`bench.scenarios`)."""
-SECTIONS = ("http", "scale", "workers", "mcp")
+SECTIONS = ("http", "scale", "workers", "mcp", "large")
 """What `--only` can pick: the HTTP rows, the store-scale rows, the worker-process
-rows, the MCP rows."""
+rows, the MCP rows, the large-MCP-call row."""
 _ON_HTTP = ("http", "scale", "workers")
 """The sections whose rows run on the tool API and the chosen HTTP load generator."""
 
@@ -69,6 +71,7 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
     scale: tuple[ScalePoint, ScalePoint] | None = None
     workers: WorkerRows | None = None
     mcp: McpRows | None = None
+    large: LargeCalls | None = None
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         workdir = Path(tmp)
         if on_http:
@@ -87,6 +90,9 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
         if "mcp" in sections and plan.mcp_forms:
             print("MCP rows:", file=sys.stderr, flush=True)
             mcp = measure_mcp_rows(plan, workdir)
+        if "large" in sections:
+            print("large MCP calls:", file=sys.stderr, flush=True)
+            large = measure_large_calls(workdir, seconds=plan.large_call_seconds)
     minutes = (time.monotonic() - started) / 60
     lines = [
         "# Benchmark results",
@@ -127,6 +133,8 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
         lines += ["", *worker_section(workers)]
     if mcp is not None and mcp.measured:
         lines += ["", *_mcp_section(plan, mcp, rows)]
+    if large is not None:
+        lines += ["", *large_section(large)]
     notes = [
         *(rows.notes if rows else []),
         *(workers.notes if workers else []),

@@ -120,6 +120,8 @@ def test_quick_run_prints_every_row() -> None:
         cells = line.split("|")
         if line.startswith(("| MCP direct", "| MCP gateway")):
             assert cells[9].strip() == "0/0", f"failed MCP calls: {line}"
+    large = _table_rows(output, "## Large MCP calls and everyone else")
+    assert {"alone", "while 3 agents send large calls"} <= set(large), output
     after = RESULTS.read_bytes() if RESULTS.exists() else None
     assert after == before, "bench/RESULTS.md changed without --write"
 
