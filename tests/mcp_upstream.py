@@ -55,9 +55,11 @@ import asyncio
 import contextlib
 import json
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self, cast
 
 import httpx2
@@ -89,6 +91,7 @@ __all__ = [
     "McpEffect",
     "ProgressLog",
     "call_with_key",
+    "example_mcp_server",
     "mcp_client",
 ]
 
@@ -647,6 +650,30 @@ def _carries_response(chunk: bytes) -> bool:
 
 
 # -- the client side -------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def example_mcp_server(start_timeout: float = 30.0) -> AsyncIterator[str]:
+    """examples/mcp_server.py as `make run` starts it, on a port the OS picks: its URL,
+    for as long as the block runs (the process is ended after it, even on failure)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "examples.mcp_server",
+        "--port",
+        "0",
+        cwd=Path(__file__).parents[1],
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(start_timeout):
+            line = (await process.stdout.readline()).decode()
+        assert "listening on" in line, line
+        yield line.strip().rsplit(" ", 1)[-1]
+    finally:
+        process.terminate()
+        await process.wait()
 
 
 @contextlib.asynccontextmanager

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from idempotency_gateway_client._mcp import mcp_receipt
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, RequestParamsMeta
 from mcp_upstream import LEGACY, MODERN, CountingMcpServer, mcp_client
+from mcp_upstream import example_mcp_server as started_example_server
 
 PREFIX = "/tools"
 TIMEOUT = 20.0
@@ -480,24 +480,8 @@ class NeverCalled:
 @pytest_asyncio.fixture
 async def example_mcp_server() -> AsyncIterator[str]:
     """examples/mcp_server.py as `make run` starts it, on a port the OS picks."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "examples.mcp_server",
-        "--port",
-        "0",
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            line = (await process.stdout.readline()).decode()
-        assert "listening on" in line, line
-        yield line.strip().rsplit(" ", 1)[-1]
-    finally:
-        process.terminate()
-        await process.wait()
+    async with started_example_server(TIMEOUT) as url:
+        yield url
 
 
 async def test_the_example_agent_crashes_after_an_mcp_effect_and_resumes(

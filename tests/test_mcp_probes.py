@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,6 +51,9 @@ from mcp_upstream import (
     Ticket,
     call_with_key,
     mcp_client,
+)
+from mcp_upstream import (
+    example_mcp_server as started_example_server,
 )
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -604,25 +606,9 @@ async def test_a_server_that_refuses_initialize_is_probed_in_one_stateless_reque
 
 @pytest_asyncio.fixture
 async def example_server() -> AsyncIterator[str]:
-    """examples/mcp_server.py as `make run` starts it, on a port the OS picks: its URL."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "examples.mcp_server",
-        "--port",
-        "0",
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    try:
-        async with asyncio.timeout(LIMIT):
-            line = (await process.stdout.readline()).decode()
-        assert "listening on" in line, line
-        yield line.strip().rsplit(" ", 1)[-1]
-    finally:
-        process.terminate()
-        await process.wait()
+    """examples/mcp_server.py as `make run` starts it, on a port the OS picks."""
+    async with started_example_server(LIMIT) as url:
+        yield url
 
 
 @pytest.mark.slow
