@@ -147,3 +147,22 @@ async def test_a_large_call_runs_once_and_replays(gateway_factory: GatewayFactor
         assert again.structured_content == first.structured_content
         assert again.meta is not None
         assert again.meta["idempotencyReplayed"] is True
+
+
+REPLAYED = {
+    "a result": b'{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":{"x":1}}}',
+    "an error": b'{"jsonrpc":"2.0","id":1,"error":{"code":-1,"message":"no","data":[1]}}',
+    "an unreadable result": b'{"jsonrpc":"2.0","id":1,"result":{"n":' + b"9" * 5000 + b"}}",
+}
+
+
+@pytest.mark.parametrize("version", [None, "2026-07-28"])
+@pytest.mark.parametrize("case", sorted(REPLAYED))
+async def test_the_helper_process_replays_as_the_event_loop_does(
+    reader: MessageReader, case: str, version: str | None
+) -> None:
+    """A large receipt's replay is made in the helper: the same bytes as in place."""
+    stored = REPLAYED[case]
+    in_place = await MessageReader(large=len(stored) + 1).replay(stored, "r-2", version)
+    assert await reader.replay(stored, "r-2", version) == in_place
+    assert in_place.startswith(b'{"jsonrpc":"2.0","id":"r-2",')

@@ -10,6 +10,8 @@ So a body of `LARGE_BODY` bytes or more is read in a helper process
 (`MessageReader`), which hands back only what the gateway needs: small
 fields, the canonical bytes and the body to forward, split where the
 forwarded key goes. Smaller bodies are read in place, by the same function.
+A replay of a large receipt (parsed, re-addressed, serialized again) is made
+there too.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.mcp.calls import KEY_META, ToolCall, tool_call_of
-from gateway.mcp.jsonrpc import JsonRpcError, Message, parse_message
-from gateway.mcp.replies import dumps
+from gateway.mcp.jsonrpc import JsonRpcError, Message, RequestId, parse_message
+from gateway.mcp.replies import dumps, replay_body
 from gateway.mcp.status_tool import key_asked_about
 
 __all__ = ["LARGE_BODY", "ForwardBody", "MessageReader", "PostReading", "ReadSpec", "read_post"]
@@ -157,14 +159,27 @@ class MessageReader:
     async def read(self, body: bytes, spec: ReadSpec) -> PostReading:
         if len(body) < self._large:
             return read_post(body, spec)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._helper(), _read_summarized, body, spec
+        )
+
+    async def replay(self, stored: bytes, new_id: RequestId, version: str | None) -> bytes:
+        """A replay's bytes (`replay_body`): a large receipt is parsed and serialized
+        again in the helper too, so a storm of replays does not stall the loop."""
+        if len(stored) < self._large:
+            return replay_body(stored, new_id, version)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._helper(), replay_body, stored, new_id, version
+        )
+
+    def _helper(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 max_workers=self._workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_prepare_helper,
             )
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, _read_summarized, body, spec)
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None:

@@ -51,7 +51,7 @@ from gateway.mcp.passthrough import (
     upstream_headers,
 )
 from gateway.mcp.reading import PostReading, ReadSpec
-from gateway.mcp.replies import dumps, refusal_result, replay_body
+from gateway.mcp.replies import dumps, refusal_result
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import encode_event
 from gateway.mcp.status_view import is_status_call, list_tools_with_status, status_call
@@ -289,7 +289,8 @@ async def _answer_reply(
 ) -> web.StreamResponse:
     headers = _key_headers(key, reply.state.value if reply.state else None, reply.replayed)
     if reply.replayed:
-        replay = replay_body(reply.body, call.id, protocol_version(request.headers))
+        version = protocol_version(request.headers)
+        replay = await request.app[MCP_READER].replay(reply.body, call.id, version)
         return await _answer(request, live, replay, headers)
     if reply.state is State.RELEASED:
         # The call has not run (unknown session, a refusal, input required): the
