@@ -24,6 +24,19 @@ GATEWAY_OWNED: frozenset[str] = frozenset(
 """Headers the gateway sets itself on every answer that concerns a key."""
 
 
+def header_value(pairs: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of header `name` (any case) among `pairs`; None without one.
+
+    >>> header_value([("Content-Type", "text/event-stream")], "content-type")
+    'text/event-stream'
+    """
+    lowered = name.lower()
+    for key, value in pairs:
+        if key.lower() == lowered:
+            return str(value)
+    return None
+
+
 def without(pairs: Iterable[tuple[str, str]], names: frozenset[str]) -> Pairs:
     """The pairs minus the (lower-case) `names`: for headers already `end_to_end`.
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.engine.errors import (
     UpstreamCancelled,
@@ -51,6 +51,7 @@ from gateway.engine.errors import (
     UpstreamUnreachable,
 )
 from gateway.engine.exchange import AnswerOutcome, Receipt, Released
+from gateway.engine.headers import header_value
 from gateway.engine.models import StoredResponse
 from gateway.mcp.calls import ToolCall
 from gateway.mcp.jsonrpc import REQUEST_CANCELLED, JsonRpcError, parse_message
@@ -88,7 +89,7 @@ class McpCall:
         self,
         route: RouteSettings,
         call: ToolCall,
-        forward: ForwardBody,
+        forward: Callable[[], ForwardBody],
         *,
         on_event: EventSink | None = None,
         resume: Resumer | None = None,
@@ -102,7 +103,7 @@ class McpCall:
     def body_for(self, forwarded_key: str | None) -> bytes:
         """The call as sent upstream: the caller's key replaced by the forwarded key
         (or removed, with `forward_key = false`)."""
-        return self._body.with_key(forwarded_key)
+        return self._body().with_key(forwarded_key)
 
     async def outcome(self, answer: UpstreamAnswer) -> AnswerOutcome:
         status = answer.status
@@ -118,7 +119,7 @@ class McpCall:
             raise UpstreamConnectionLost(
                 f"the MCP server answered HTTP {status} instead of the tool's answer"
             )
-        content_type = _header(answer.headers, "content-type") or ""
+        content_type = header_value(answer.headers, "content-type") or ""
         if content_type.split(";", 1)[0].strip().lower() == "text/event-stream":
             return await self._from_stream(answer)
         try:
@@ -167,7 +168,7 @@ class McpCall:
                     except UpstreamError as exc:
                         raise _typed(exc, f"{stopped}, and resuming it {self._how(exc)}") from exc
                     try:
-                        content_type = _header(answer.headers, "content-type") or ""
+                        content_type = header_value(answer.headers, "content-type") or ""
                         if answer.status != 200 or not content_type.startswith(EVENT_STREAM):
                             raise _typed(
                                 cause,
@@ -305,10 +306,3 @@ def _typed(cause: UpstreamError | None, detail: str) -> UpstreamError:
 
 def _named(event: str) -> str | None:
     return None if event == "message" else event
-
-
-def _header(headers: Any, name: str) -> str | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return str(value)
-    return None

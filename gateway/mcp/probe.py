@@ -36,6 +36,7 @@ from jsonpointer import EndOfList, JsonPointer
 
 from gateway import __version__
 from gateway.engine.errors import GatewayError
+from gateway.engine.headers import header_value
 from gateway.engine.models import StoredResponse
 from gateway.engine.probes import Applied, NotApplied, NoVerdict, Verdict
 from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_message
@@ -290,7 +291,7 @@ class _ProbeSession:
         )
         try:
             response = await _response_in(reply, _INITIALIZE_ID, self._route.max_stored_response)
-            status, session_id = reply.status, _header(reply.headers, SESSION_HEADER)
+            status, session_id = reply.status, header_value(reply.headers, SESSION_HEADER)
         finally:
             reply.close()
         result = response.get("result") if response is not None else None
@@ -369,7 +370,7 @@ async def _response_in(
 ) -> dict[str, Any] | None:
     """The JSON-RPC response to `request_id` in a JSON or event-stream answer, read no
     further than it (a stream's other events, such as progress, are skipped)."""
-    content_type = (_header(reply.headers, "Content-Type") or "").split(";", 1)[0]
+    content_type = (header_value(reply.headers, "Content-Type") or "").split(";", 1)[0]
     if content_type.strip().lower() != "text/event-stream":
         body = await reply.read(limit)
         if body is None:
@@ -407,11 +408,3 @@ def _text_of(result: dict[str, Any]) -> str:
 def _excerpt(value: object) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= _EXCERPT else text[: _EXCERPT - 3] + "..."
-
-
-def _header(headers: Any, name: str) -> str | None:
-    lowered = name.lower()
-    for key, value in headers:
-        if key.lower() == lowered:
-            return str(value)
-    return None

@@ -102,8 +102,14 @@ class PostReading:
     call: ToolCall | None = None
     call_error: JsonRpcError | None = None
     forward: ForwardBody | None = None
+    """Made in the helper for a large message (whose document stays there)."""
     status_key: str | None = None
     status_error: JsonRpcError | None = None
+
+    def forward_body(self) -> ForwardBody:
+        """The body to send on: the helper's for a large message, else made from the
+        message when the call is sent (a replay or a refusal never needs it)."""
+        return self.forward if self.forward is not None else forward_body(self.message.document)
 
 
 def read_post(body: bytes, spec: ReadSpec, *, summarize: bool = False) -> PostReading:
@@ -126,15 +132,18 @@ def read_post(body: bytes, spec: ReadSpec, *, summarize: bool = False) -> PostRe
             mcp_method=spec.mcp_method,
             mcp_name=spec.mcp_name,
         )
-        forward = forward_body(message.document)
     except JsonRpcError as exc:
         call_error = exc
     if spec.status_tool is not None and message.params.get("name") == spec.status_tool:
         try:
-            status_key = key_asked_about(spec.route, tool_call_of(message, header_keys=[]))
+            # Asked without the call's own key checks: a status call is never protected.
+            asked = call or tool_call_of(message, header_keys=[])
+            status_key = key_asked_about(spec.route, asked)
         except JsonRpcError as exc:
             status_error = exc
     if summarize:
+        if call is not None:
+            forward = forward_body(message.document)
         message = _summary(message)
         if call is not None:
             call = ToolCall(call.id, call.name, {}, call.canonical_arguments, call.key)

@@ -146,9 +146,8 @@ async def _tool_call(
     known = app[MCP_KNOWN_CALLS]
     if reading.call_error is not None:
         raise reading.call_error
-    call, forward = reading.call, reading.forward
+    call = reading.call
     assert call is not None
-    assert forward is not None
     key, retention = call.key, None
     if key is None:
         if not _needs_a_key(app, route, call):
@@ -179,7 +178,7 @@ async def _tool_call(
         dialect=McpCall(
             route,
             call,
-            forward,
+            reading.forward_body,
             on_event=live.send if live else None,
             resume=_resumer(request, match, caller),
         ),
