@@ -24,9 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.history import chain, micros
 from gateway.engine.ids import new_operation_id
+from gateway.engine.lifecycle_events import (
+    answered_event,
+    claimed_event,
+    request_claimed,
+    sent_event,
+)
+from gateway.engine.recorded_request import http_record
 from gateway.store.sqlite_schema import STORED_COLUMNS, migrate
-from gateway.store.sqlite_statements import load_or_create_secret
+from gateway.store.sqlite_statements import _INSERT_EVENT, load_or_create_secret
 
 __all__ = ["FILL_SCOPE", "FillReport", "bytes_per_operation", "fill_key", "prefill"]
 
@@ -85,7 +93,9 @@ def prefill(path: Path, rows: int) -> FillReport:
         insert = f"INSERT INTO operations ({', '.join(STORED_COLUMNS)}) VALUES ({placeholders})"
         for start in range(0, rows, _CHUNK):
             connection.execute("BEGIN")
-            connection.executemany(insert, _rows(start, min(rows, start + _CHUNK), rows))
+            events: list[tuple[object, ...]] = []
+            connection.executemany(insert, _rows(start, min(rows, start + _CHUNK), rows, events))
+            connection.executemany(_INSERT_EVENT, events)
             connection.execute("COMMIT")
     finally:
         connection.close()
@@ -106,8 +116,11 @@ def bytes_per_operation(path: Path) -> tuple[float, int]:
     return (size / count if count else 0.0), size
 
 
-def _rows(first: int, end: int, total: int) -> Iterator[tuple[object, ...]]:
-    """Rows `first..end-1` of `total`, created evenly over the hour before now."""
+def _rows(
+    first: int, end: int, total: int, events: list[tuple[object, ...]]
+) -> Iterator[tuple[object, ...]]:
+    """Rows `first..end-1` of `total`, created evenly over the hour before now; their
+    history events (claimed with the request, sent, answered) go to `events`."""
     now = time.time()
     fingerprint = fingerprint_request(
         method="POST",
@@ -117,12 +130,30 @@ def _rows(first: int, end: int, total: int) -> Iterator[tuple[object, ...]]:
         content_type="application/json",
         body=b'{"title":"benchmark ticket"}',
     )
+    request = http_record(
+        method="POST",
+        target="/tickets/v1/issues",
+        content_type="application/json",
+        body=b'{"title":"benchmark ticket"}',
+        limit=64 << 10,
+        redact=(),
+    )
     for index in range(first, end):
         created = now - 3600.0 + 3600.0 * index / total
         completed = created + 0.002
         key = fill_key(index)
+        operation_id = new_operation_id(created)
+        claimed, head, _ = chain(
+            operation_id, head="", seq=0, version=1, at_us=micros(created), attempt=1,
+            events=(claimed_event(request_claimed(request), 1),),
+        )  # fmt: skip
+        answered, head, seq = chain(
+            operation_id, head=head, seq=1, version=2, at_us=micros(completed), attempt=1,
+            events=(sent_event(1, operation_id), answered_event(201)),
+        )  # fmt: skip
+        events.extend((*row[:8], "plain", *row[8:]) for row in (*claimed, *answered))
         yield (
-            new_operation_id(created),  # id
+            operation_id,  # id
             FILL_SCOPE,
             key,
             "completed",  # state
@@ -149,6 +180,8 @@ def _rows(first: int, end: int, total: int) -> Iterator[tuple[object, ...]]:
             None,  # resolution_note
             "[]",  # evidence
             "plain",  # storage
+            seq,  # history_seq
+            head,  # history_head
         )
 
 

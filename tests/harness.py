@@ -442,3 +442,62 @@ def assert_names_the_key(headers: Mapping[str, str], document: dict[str, Any], k
     assert document["key"] == key
     assert document["operation"] == "/operations/" + quote(key, safe="")
     assert "state" not in document
+
+
+RELEASE_SOON: dict[str, Any] = {"timeout": "2s", "not_applied_after": "0s"}
+"""Route settings for tests whose subject is not the too-early guard: an unknown operation
+may be released `not_applied` once its lease ran out and 2 s passed since its last send."""
+
+
+async def resolve_when_allowed(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    headers: Mapping[str, str] | None = None,
+    seconds: float = 90.0,
+) -> tuple[int, Any]:
+    """POST a resolve, repeated while the gateway answers `too-early` (the tool may still
+    apply the last send): the wait ends when the gateway allows it, bounded by `seconds`.
+    Returns the first other answer as (status, JSON)."""
+    async with asyncio.timeout(seconds):
+        while True:
+            async with session.post(url, json=dict(body), headers=dict(headers or {})) as answer:
+                document = json.loads(await answer.read() or b"null")
+                early = answer.status == 409 and str(document.get("type", "")).endswith(
+                    "/too-early"
+                )
+                if not early:
+                    return answer.status, document
+                wait = float(answer.headers.get("Retry-After", "1"))
+            await asyncio.sleep(min(wait, 0.25))
+
+
+ADMIN_ENV = {"IDEMPOTENCY_GATEWAY_ADMIN__TOKEN": ADMIN_TOKEN}
+"""A subprocess gateway's admin token, given by environment (config files mask secrets)."""
+
+
+async def force_release(
+    session: aiohttp.ClientSession,
+    gateway: GatewayProcess,
+    key: str,
+    *,
+    note: str,
+    headers: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """An operator releases `key` now, on the record (`force`), through the admin API of a
+    subprocess gateway started with `ADMIN_ENV`: for tests whose subject is what follows
+    a release, not the too-early guard. Returns the operation JSON."""
+    assert gateway.admin_url is not None, "start the gateway with env=ADMIN_ENV"
+    async with session.get(
+        f"{gateway.url}/operations/{quote(key, safe='')}", headers=dict(headers or {})
+    ) as found:
+        operation_id = (await found.json())["id"]
+    async with session.post(
+        f"{gateway.admin_url}/admin/operations/{operation_id}/resolve",
+        json={"outcome": "not_applied", "note": note, "force": True},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    ) as resolved:
+        document: dict[str, Any] = await resolved.json()
+        assert resolved.status == 200, document
+        return document

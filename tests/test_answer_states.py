@@ -16,7 +16,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from harness import GatewayProcess, post_keyed, spawn, wait_until_stopped
+from harness import (
+    RELEASE_SOON,
+    GatewayProcess,
+    post_keyed,
+    resolve_when_allowed,
+    spawn,
+    wait_until_stopped,
+)
 from upstream import CountingUpstream
 
 
@@ -30,10 +37,10 @@ async def state_of(session: aiohttp.ClientSession, gateway: GatewayProcess, key:
 async def resolve(
     session: aiohttp.ClientSession, gateway: GatewayProcess, key: str, outcome: str
 ) -> None:
-    async with session.post(
-        f"{gateway.url}/operations/{key}/resolve", json={"outcome": outcome, "note": "checked"}
-    ) as response:
-        assert response.status == 200, await response.text()
+    status, document = await resolve_when_allowed(
+        session, f"{gateway.url}/operations/{key}/resolve", {"outcome": outcome, "note": "checked"}
+    )
+    assert status == 200, document
 
 
 async def test_a_late_refusal_after_a_resolution_carries_the_records_state(
@@ -81,6 +88,7 @@ async def test_lease_lost_reports_the_state_the_other_replica_left(
     options: dict[str, Any] = {
         "store_url": postgres_url,
         "idempotency": {"lease": "1s", "sweep_interval": "60s"},
+        "route": RELEASE_SOON,
     }
     a = spawn(processes, tmp_path, upstream.url, name="a", fault="pause_after_claim", **options)
     b = spawn(processes, tmp_path, upstream.url, name="b", **options)

@@ -19,7 +19,7 @@ import idempotency_gateway_client as client_package
 import pytest
 import pytest_asyncio
 from conftest import GatewayFactory
-from harness import GatewayProcess, RunningGateway, spawn
+from harness import RELEASE_SOON, GatewayProcess, RunningGateway, spawn
 from idempotency_gateway_client import (
     Backoff,
     GatewayClient,
@@ -477,10 +477,33 @@ async def test_wrong_method_on_an_operation_is_method_not_allowed(gw: GatewayCli
 # -- resolve ------------------------------------------------------------------------------
 
 
+async def release_when_allowed(gw: GatewayClient, key: str, **options: Any) -> Any:
+    """`gw.resolve(key, "not_applied")`, repeated while the gateway says too-early."""
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                return await gw.resolve(key, "not_applied", **options)
+            except GatewayProblem as problem:
+                if problem.kind != "too-early":
+                    raise
+            await asyncio.sleep(0.25)
+
+
+@pytest_asyncio.fixture
+async def soon(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, make_client: ClientFactory
+) -> GatewayClient:
+    """A client of a gateway whose unknown operations may be released 2 s after their
+    lease ran out (`harness.RELEASE_SOON`)."""
+    gateway = await gateway_factory(upstream.url, route=RELEASE_SOON, idempotency={"lease": "2s"})
+    return make_client(gateway.url)
+
+
 async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
-    gw: GatewayClient, upstream: CountingUpstream
+    soon: GatewayClient, upstream: CountingUpstream
 ) -> None:
     """resolve settles unknown keys: applied -> completed (replayed), not_applied -> released."""
+    gw = soon
     for key in ("ra", "rn"):
         with pytest.raises(OutcomeUnknown):
             await gw.request("POST", ISSUES + "?drop=after_effect", key=key, json={})
@@ -495,15 +518,16 @@ async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
     replay = await gw.request("POST", ISSUES + "?drop=after_effect", key="ra", json={})
     assert (replay.replayed, replay.json()) == (True, {"id": "T-9"})
 
-    released = await gw.resolve("rn", "not_applied")
+    released = await release_when_allowed(gw, "rn")
     assert released.state == "released"
     with pytest.raises(UpstreamConnectionLost):  # forwarded again (and lost again)
         await gw.request("POST", ISSUES + "?drop=after_effect", key="rn", json={})
     assert upstream.count == 3
 
 
-async def test_resolve_problems(gw: GatewayClient, upstream: CountingUpstream) -> None:
+async def test_resolve_problems(soon: GatewayClient, upstream: CountingUpstream) -> None:
     """Resolve raises UnknownKey, PreconditionFailed, NotResolvable and InvalidRequest."""
+    gw = soon
     with pytest.raises(UnknownKey) as unknown_key:
         await gw.resolve("nobody", "not_applied")
     assert unknown_key.value.status == 404
@@ -519,7 +543,7 @@ async def test_resolve_problems(gw: GatewayClient, upstream: CountingUpstream) -
     with pytest.raises(PreconditionFailed) as stale:
         await gw.resolve("rp", "not_applied", if_match=operation.etag.replace(".", ".9"))
     assert stale.value.status == 412
-    await gw.resolve("rp", "not_applied", if_match=operation.etag)
+    await release_when_allowed(gw, "rp", if_match=operation.etag)
     with pytest.raises(NotResolvable) as done:
         await gw.resolve("rp", "not_applied")
     assert (done.value.status, done.value.state) == (409, "released")

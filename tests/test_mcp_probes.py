@@ -40,7 +40,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from conftest import GatewayFactory
-from harness import ROOT, GatewayProcess, spawn
+from harness import ADMIN_ENV, ROOT, GatewayProcess, force_release, spawn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from mcp_upstream import (
@@ -174,6 +174,7 @@ def gateway_for(
     upstream: str,
     *,
     store_url: str | None = None,
+    admin: bool = False,
     **probe: Any,
 ) -> GatewayProcess:
     """The gateway in a subprocess, its MCP route at /tools probing with `find_ticket`.
@@ -191,6 +192,7 @@ def gateway_for(
     env = {
         f"{ENV_PREFIX}ROUTES__0__UPSTREAM_HEADERS": json.dumps(ROUTE_HEADERS),
         f"{ENV_PREFIX}ROUTES__0__PROBE__HEADERS": json.dumps(PROBE_HEADERS),
+        **(ADMIN_ENV if admin else {}),
     }
     return spawn(
         processes,
@@ -418,7 +420,7 @@ async def test_a_slow_probe_about_attempt_1_changes_nothing_for_attempt_2(
     key and attempt 2 is sent, applied and lost; its late "not found" is about attempt 1
     and is kept as evidence only: attempt 2 is never released, nor sent a third time.
     (No grace, so the verdict would count at once were its attempt still current.)"""
-    gateway = gateway_for(processes, tmp_path, server.url, not_applied_after="0s")
+    gateway = gateway_for(processes, tmp_path, server.url, not_applied_after="0s", admin=True)
     server.unapplied = 1
     await call_lost(gateway)
     held = asyncio.Event()
@@ -426,15 +428,10 @@ async def test_a_slow_probe_about_attempt_1_changes_nothing_for_attempt_2(
     slow_lookup = asyncio.create_task(lookup(gateway))
     try:
         await server.wait_for_probes(1)
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(
-                f"{gateway.url}/operations/{quote(KEY, safe='')}/resolve",
-                json={"outcome": "not_applied", "note": "not in the ticket system"},
-                headers=CALLER,
-            ) as resolved,
-        ):
-            assert resolved.status == 200, await resolved.text()
+        async with aiohttp.ClientSession() as session:
+            await force_release(
+                session, gateway, KEY, note="not in the ticket system", headers=CALLER
+            )
         attempt_2 = await call_lost(gateway)
         assert idempotency_meta(attempt_2)["idempotency"]["type"] == "upstream-connection-lost"
         assert server.count == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from harness import GatewayProcess, spawn
+from harness import ADMIN_ENV, GatewayProcess, force_release, spawn
 from upstream import CountingUpstream, effects_probe
 
 KEY = "pay-42"
@@ -89,7 +89,9 @@ async def test_a_slow_probe_does_not_undo_an_operator_resolution_and_the_next_at
 ) -> None:
     """An operator says not_applied while a probe is out; the retry sends attempt 2; the
     probe's late "not applied" (about attempt 1) changes nothing."""
-    gateway = spawn(processes, tmp_path, upstream.url, route=ROUTE, idempotency=IDEMPOTENCY)
+    gateway = spawn(
+        processes, tmp_path, upstream.url, route=ROUTE, idempotency=IDEMPOTENCY, env=ADMIN_ENV
+    )
     async with aiohttp.ClientSession() as session:
         await unknown_first_attempt(session, gateway, upstream)
         p1 = asyncio.Event()
@@ -98,11 +100,7 @@ async def test_a_slow_probe_does_not_undo_an_operator_resolution_and_the_next_at
         slow_lookup = asyncio.create_task(lookup(session, gateway))
         await upstream.wait_for_probes(probed + 1)  # P1 has left
 
-        async with session.post(
-            f"{gateway.url}/operations/{KEY}/resolve",
-            json={"outcome": "not_applied", "note": "not in the ledger"},
-        ) as resolved:
-            assert resolved.status == 200, await resolved.text()
+        await force_release(session, gateway, KEY, note="not in the ledger")
         status, problem = await post(session, gateway)  # attempt 2: applied, then dropped
         assert (status, problem["state"]) == (502, "unknown"), problem
 

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import GatewayFactory
-from harness import ADMIN_TOKEN, RunningGateway
+from harness import ADMIN_TOKEN, RELEASE_SOON, RunningGateway, resolve_when_allowed
 from upstream import CountingUpstream, effects_probe
 
 from gateway.engine.sweeper import Sweeper
@@ -83,12 +83,15 @@ async def test_resolve_applied_makes_the_given_response_the_receipt(
 
 
 async def test_resolve_not_applied_releases_the_key_for_a_new_attempt(
-    gateway: RunningGateway, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """`not_applied` releases the key: the same request is forwarded again, once."""
+    """`not_applied` releases the key (once the tool can no longer apply the last send):
+    the same request is forwarded again, once."""
+    gateway = await gateway_factory(upstream.url, route=RELEASE_SOON, idempotency={"lease": "2s"})
     await make_unknown(gateway, "u2", {"a": 1})
-    response = await resolve(gateway, "u2", {"outcome": "not_applied"})
-    assert (await response.json())["state"] == "released"
+    url = f"{gateway.url}/operations/u2/resolve"
+    status, document = await resolve_when_allowed(gateway.session, url, {"outcome": "not_applied"})
+    assert (status, document["state"]) == (200, "released")
     retry = await gateway.post("/tickets/v1/issues", key="u2", json_body={"a": 1})
     assert retry.status == 422  # the path differs from the first request: still bound
     retry = await gateway.post("/tickets/v1/issues?drop=after_effect", key="u2", json_body={"a": 1})
@@ -105,11 +108,11 @@ async def test_resolve_checks_if_match_and_state(
     await make_unknown(gateway, "u3")
     _, etag = await lookup(gateway, "u3")
     stale = etag.replace(".", ".9")
-    response = await resolve(gateway, "u3", {"outcome": "not_applied"}, {"If-Match": stale})
+    response = await resolve(gateway, "u3", {"outcome": "applied"}, {"If-Match": stale})
     assert response.status == 412
     assert kind(await response.json(content_type=PROBLEM)) == "precondition-failed"
 
-    response = await resolve(gateway, "u3", {"outcome": "not_applied"}, {"If-Match": etag})
+    response = await resolve(gateway, "u3", {"outcome": "applied"}, {"If-Match": etag})
     assert response.status == 200
     again = await resolve(gateway, "u3", {"outcome": "applied"}, {"If-Match": etag})
     assert again.status in (409, 412)
@@ -209,7 +212,7 @@ async def test_admin_lists_every_scope_with_cursor_pagination(
     assert (await shown.json())["key"] == target["key"]
     settled = await gateway.session.post(
         f"{gateway.admin_url}/admin/operations/{target['id']}/resolve",
-        json={"outcome": "not_applied", "note": "checked the tool"},
+        json={"outcome": "not_applied", "note": "checked the tool", "force": True},
         headers=ADMIN,
     )
     document = await settled.json()

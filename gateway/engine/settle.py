@@ -113,6 +113,13 @@ class Settler:
                 state=operation.state.value,
                 operation_id=operation.id,
             )
+        if expected_version is not None and operation.version != expected_version:
+            raise PreconditionFailed(  # a stale view is answered first, whatever else applies
+                "the operation changed since it was read (If-Match did not match)",
+                key=operation.key,
+                state=operation.state.value,
+                operation_id=operation.id,
+            )
         if outcome == "not_applied" and by in ("owner", "admin") and not force:
             await self._refuse_early_release(operation)
         events: list[NewEvent] = [] if probe_event is None else [probe_event]
