@@ -9,6 +9,9 @@ COPY gateway ./gateway
 RUN python -m build --wheel --outdir /wheels
 
 FROM python:3.11-slim AS runtime
+# No configuration is baked in, so the image forwards nowhere until it is told where: mount
+# a config with your [[routes]] at /config/gateway.toml (read-only will do). Without one,
+# `serve` stops at once, naming the missing file, and nothing is recorded or forwarded.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     IDEMPOTENCY_GATEWAY_CONFIG=/config/gateway.toml \
@@ -21,7 +24,6 @@ RUN pip install --no-cache-dir /wheels/*.whl "uvloop>=0.19" \
     && useradd --system --uid 10001 --gid gateway --home-dir /data --shell /usr/sbin/nologin gateway \
     && mkdir -p /config /data \
     && chown gateway:gateway /data
-COPY --chown=root:root config/gateway.toml /config/gateway.toml
 USER 10001:10001
 WORKDIR /data
 VOLUME ["/config", "/data"]

@@ -1,5 +1,6 @@
-"""Deployment artefacts stay true: dashboards and alerts name real metrics, the image lints,
-and SIGTERM drains in-flight calls."""
+"""Deployment artefacts stay true: dashboards and alerts name real metrics, the image lints
+and carries no routes, compose publishes the admin listener on the host's loopback only and
+mounts the demo config, and SIGTERM drains in-flight calls."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 import yaml
 from harness import GatewayProcess, RunningGateway, spawn
 from upstream import CountingUpstream
+
+from gateway.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r"\bidempotency_gateway_[a-z_]+")
@@ -136,14 +141,73 @@ def services() -> dict[str, dict[str, Any]]:
     return found
 
 
-def published_ports() -> dict[str, list[tuple[int, int]]]:
-    """(host port, container port) pairs each service publishes."""
-    ports: dict[str, list[tuple[int, int]]] = {}
+class Published(NamedTuple):
+    """One `ports:` entry: the host address (None: every address), host port, container port."""
+
+    address: str | None
+    host: int
+    container: int
+
+
+def published() -> dict[str, list[Published]]:
+    """What each service publishes, in the short syntax compose.yaml uses
+    (`HOST:CONTAINER` or `ADDRESS:HOST:CONTAINER`)."""
+    found: dict[str, list[Published]] = {}
     for name, service in services().items():
         for entry in service.get("ports", []):
-            host, _, container = str(entry).rpartition(":")
-            ports.setdefault(name, []).append((int(host.rpartition(":")[2]), int(container)))
-    return ports
+            parts = str(entry).split(":")
+            assert len(parts) in (2, 3), f"{name}: unexpected ports entry {entry!r}"
+            address = parts[0] if len(parts) == 3 else None
+            found.setdefault(name, []).append(Published(address, int(parts[-2]), int(parts[-1])))
+    return found
+
+
+def published_ports() -> dict[str, list[tuple[int, int]]]:
+    """(host port, container port) pairs each service publishes."""
+    return {
+        name: [(entry.host, entry.container) for entry in entries]
+        for name, entries in published().items()
+    }
+
+
+def dockerfile_text() -> str:
+    """The Dockerfile with its line continuations joined."""
+    return (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+
+
+def dockerfile_config_path() -> str:
+    """Where the image looks for its config (its IDEMPOTENCY_GATEWAY_CONFIG)."""
+    match = re.search(r"\bIDEMPOTENCY_GATEWAY_CONFIG=(\S+)", dockerfile_text())
+    assert match is not None, "the Dockerfile sets no IDEMPOTENCY_GATEWAY_CONFIG"
+    return match[1]
+
+
+GATEWAYS = ("gateway-1", "gateway-2")
+A_TOKEN = "Zq4-7hL2pW9xR1vT8mK3nB6c-test-only"
+"""Stands in for compose's `${ADMIN_TOKEN:?...}`, which the shell fills in."""
+
+
+def mounted_config(name: str) -> tuple[Path, str]:
+    """The config file a gateway service mounts at the image's config path, and its mode."""
+    target = dockerfile_config_path()
+    for volume in services()[name].get("volumes", []):
+        source, _, rest = str(volume).partition(":")
+        mounted, _, mode = rest.partition(":")
+        if mounted == target:
+            return (ROOT / "deploy" / source).resolve(), mode
+    raise AssertionError(f"{name} mounts nothing at {target}, where the image reads its config")
+
+
+def effective_settings(name: str) -> Settings:
+    """A gateway service's configuration as it starts: the mounted file, overridden by the
+    service's environment (compose's own `${...}` interpolations filled in), routes required
+    as `serve` requires them."""
+    path, _ = mounted_config(name)
+    environment = {
+        key: A_TOKEN if str(value).startswith("${") else str(value)
+        for key, value in services()[name].get("environment", {}).items()
+    }
+    return load_settings(path, environ=environment, require_routes=True)
 
 
 def dockerfile_healthcheck_port() -> int:
@@ -176,19 +240,74 @@ def test_the_tool_api_is_health_checked_on_its_own_port() -> None:
     test = " ".join(tool["healthcheck"]["test"])
     assert f"http://127.0.0.1:{port[1]}/" in test
     assert f":{dockerfile_healthcheck_port()}/" not in test
-    for name in ("gateway-1", "gateway-2"):
+    for name in GATEWAYS:
         gateway = services()[name]
         assert gateway["depends_on"]["tool-api"]["condition"] == "service_healthy"
-        upstream = gateway["environment"]["IDEMPOTENCY_GATEWAY_ROUTES__0__UPSTREAM"]
-        assert upstream == f"http://tool-api:{port[1]}"
+        for route in effective_settings(name).routes:
+            upstream = urlsplit(route.upstream)
+            assert (upstream.hostname, upstream.port) == ("tool-api", int(port[1])), route
 
 
 def test_the_gateways_publish_the_port_the_image_checks() -> None:
-    """Each gateway publishes its container's main port, the one the image's HEALTHCHECK asks."""
-    ports = published_ports()
-    for name in ("gateway-1", "gateway-2"):
-        (pair,) = ports[name]
-        assert pair[1] == dockerfile_healthcheck_port() == 8080
+    """Each gateway publishes its container's main port, the one the image's HEALTHCHECK asks
+    and its config serves on."""
+    for name in GATEWAYS:
+        main = [entry for entry in published()[name] if entry.container != 8081]
+        (entry,) = main
+        assert entry.container == dockerfile_healthcheck_port() == 8080
+        assert effective_settings(name).server.port == entry.container
+
+
+def test_the_admin_listener_is_published_on_the_hosts_loopback_only() -> None:
+    """Each gateway's admin listener (admin API and console) is reachable from the host, on
+    127.0.0.1 only: inside the container it binds every address (a published port reaches
+    nothing bound to the container's loopback), and its one published entry names the host's
+    loopback. gateway-1's is where the README sends the operator: 127.0.0.1:8081/admin/."""
+    hosts: dict[str, int] = {}
+    for name in GATEWAYS:
+        admin = effective_settings(name).admin
+        assert admin.enabled
+        assert admin.host in ("0.0.0.0", "::"), admin.host
+        entries = [entry for entry in published()[name] if entry.container == admin.port]
+        assert len(entries) == 1, (name, entries)
+        assert entries[0].address == "127.0.0.1", (name, entries[0])
+        hosts[name] = entries[0].host
+    assert hosts == {"gateway-1": 8081, "gateway-2": 8083}
+    readme = (ROOT / "README.md").read_text()
+    assert f"http://127.0.0.1:{hosts['gateway-1']}/admin/" in readme
+
+
+def test_the_image_carries_no_routes() -> None:
+    """Nothing the Dockerfile copies from the checkout is a config with routes (the image
+    once baked in config/gateway.toml, the demo's routes to 127.0.0.1): the routes come from
+    the config a deployment mounts."""
+    sources: list[Path] = []
+    for line in dockerfile_text().splitlines():
+        words = line.split()
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        if any(word.startswith("--from") for word in words):
+            continue
+        paths = [word for word in words[1:] if not word.startswith("--")]
+        sources += [ROOT / path for path in paths[:-1]]
+    assert sources, "the Dockerfile copies nothing from the checkout?"
+    for source in sources:
+        assert source.resolve() != (ROOT / "config" / "gateway.toml").resolve(), source
+        files = sorted(source.rglob("*.toml")) if source.is_dir() else [source]
+        for file in files:
+            if file.suffix == ".toml":
+                data = tomllib.loads(file.read_text())
+                assert "routes" not in data, f"the image would carry {file}'s routes"
+
+
+def test_compose_mounts_the_demo_config_read_only() -> None:
+    """Both gateways mount the one demo config, read-only, where the image reads its config;
+    it loads with the gateway's own loader and has routes (`serve` refuses a config without)."""
+    mounts = {name: mounted_config(name) for name in GATEWAYS}
+    assert {path for path, _ in mounts.values()} == {ROOT / "deploy" / "gateway.demo.toml"}
+    assert {mode for _, mode in mounts.values()} == {"ro"}
+    for name in GATEWAYS:
+        assert effective_settings(name).routes
 
 
 def compose_paragraphs(path: str) -> list[str]:
@@ -201,15 +320,16 @@ def test_the_docs_name_the_ports_compose_publishes() -> None:
     """docs/deploy.md lists every port compose publishes, by service; the compose paragraphs
     of the README and docs/operations.md name only ports compose publishes, gateway-1's at
     least (the first-hour report: the README said :8080, compose published :8081)."""
-    ports = {name: pairs[0][0] for name, pairs in published_ports().items()}
+    ports = {(name, host) for name, pairs in published_ports().items() for host, _ in pairs}
     rows = re.findall(
-        r"^\|\s*`?([a-z0-9-]+)`?\s*\|\s*http://localhost:(\d+)\S*\s*\|",
+        r"^\|\s*`?([a-z0-9-]+)`?\s*\|\s*http://(?:localhost|127\.0\.0\.1):(\d+)\S*\s*\|",
         (ROOT / "docs/deploy.md").read_text(),
         flags=re.MULTILINE,
     )
-    table = {name: int(port) for name, port in rows}
+    table = {(name, int(port)) for name, port in rows}
     assert table == ports
+    hosts = {host for _, host in ports}
     for doc in ("README.md", "docs/operations.md"):
         mentioned = {int(port) for p in compose_paragraphs(doc) for port in PUBLISHED.findall(p)}
-        assert ports["gateway-1"] in mentioned, doc
-        assert mentioned <= set(ports.values()), (doc, mentioned, ports)
+        assert published_ports()["gateway-1"][0][0] in mentioned, doc
+        assert mentioned <= hosts, (doc, mentioned, ports)
