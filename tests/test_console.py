@@ -28,6 +28,7 @@ import pytest
 from conftest import GatewayFactory
 from console_browser import ConsolePage, chromium_or_skip, start_chromium
 from harness import ADMIN_TOKEN, RunningGateway
+from mcp_upstream import CountingMcpServer, call_with_key, mcp_client
 from selenium import webdriver
 from upstream import CountingUpstream, effects_probe
 
@@ -409,6 +410,49 @@ async def test_the_note_of_a_release_stays_after_the_retry_completes(
     assert "status 201" in history[-1]["text"]
     assert await page.wait_text("receipt-source", "the upstream's answer")
     await page.screenshot("history-after-retry")
+
+
+async def test_an_mcp_call_shows_its_tool_and_arguments_and_a_large_body_why_it_is_gone(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    chromium: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    """An MCP operation's request is its tool and arguments (as text); a body over the
+    route's record_request_max is explained, with the size and digest that are kept."""
+    async with CountingMcpServer() as server:
+        gateway = await gateway_factory(
+            server.url,
+            route={"name": "tools", "prefix": "/tools", "upstream": server.url, "kind": "mcp"},
+            extra_routes=[
+                {"name": "big", "prefix": "/big", "upstream": upstream.url,
+                 "record_request_max": 16}
+            ],
+            admin={"token": ADMIN_TOKEN, "port": 0},
+        )  # fmt: skip
+        assert gateway.admin_url is not None
+        async with mcp_client(gateway.url + "/tools") as client:
+            result = await call_with_key(client, "create_ticket", {"title": "<b>Fax</b>"}, "mcp-1")
+        assert not result.is_error
+        response = await gateway.post("/big/upload", key="big-1", json_body={"text": "z" * 100})
+        assert response.status == 201
+
+        page = ConsolePage(chromium, gateway.admin_url, tmp_path / "screenshots")
+        await page.open("#/key/mcp-1")
+        await page.sign_in(ADMIN_TOKEN)
+        shown = await page.wait_text("request", "create_ticket")
+        assert "Sent\ntools/call" in shown
+        arguments = json.loads(await page.text_content("#request-arguments"))
+        assert arguments == {"title": "<b>Fax</b>"}
+        assert await page.count("#detail b") == 0
+        await page.screenshot("mcp-request")
+
+        await page.open("#/key/big-1")
+        gone = await page.wait_text("request-gone", "record_request_max")
+        assert gone.startswith("The body (")
+        assert "only its size and SHA-256 are kept" in gone
+        assert "SHA-256" in await page.detail_text("request")
+        await page.screenshot("request-too-large")
 
 
 HOSTILE_BODY = (
