@@ -19,6 +19,7 @@ const PAGE_SIZE = 50;
 let overview = { counts: {}, routes: [] };
 let listCursor = null;
 let lastListHash = "#/";
+let shownList = 0; // which list the table holds: an answer for an older one is dropped
 
 /** Where "back to the operations" leads: the last list shown. */
 export function listAddress() {
@@ -78,6 +79,7 @@ function openList({ caption = "", filters = true } = {}) {
   $("more").hidden = true;
   $("operations").tBodies[0].replaceChildren();
   listCursor = null;
+  shownList += 1;
 }
 
 export async function showList(query) {
@@ -85,7 +87,9 @@ export async function showList(query) {
   openList({
     caption: query.q ? `Operations whose key, operation id or forwarded key starts with “${query.q}”.` : "",
   });
+  const asked = shownList;
   await loadOverview();
+  if (asked !== shownList) return;
   renderStates(query);
   await loadPage(query);
 }
@@ -108,13 +112,15 @@ async function loadPage(query) {
   if (query.state !== "all") params.set("state", query.state);
   for (const name of ["route", "older_than", "q"]) if (query[name]) params.set(name, query[name]);
   if (listCursor) params.set("cursor", listCursor);
+  const asked = shownList;
   let page;
   try {
     page = await api(`/admin/operations?${params}`);
   } catch (error) {
-    if (error.status !== 401) show("list-error", error.message);
+    if (error.status !== 401 && asked === shownList) show("list-error", error.message);
     return;
   }
+  if (asked !== shownList) return;
   addRows(page.document.items, page.serverNow);
   listCursor = page.document.next_cursor;
   $("more").hidden = !listCursor;
@@ -148,16 +154,18 @@ function operationRow(op, serverNow) {
 /** A key's operations across scopes: listed when several, else the one's id (or null). */
 export async function showKey(key) {
   $("q").value = key;
+  const asked = ++shownList;
   let answer;
   try {
     answer = await api(`/admin/operations?${new URLSearchParams({ key, limit: "100" })}`);
   } catch (error) {
-    if (error.status !== 401) {
+    if (error.status !== 401 && asked === shownList) {
       openList({ filters: false });
       show("list-error", error.message);
     }
     return null;
   }
+  if (asked !== shownList) return null;
   const items = answer.document.items;
   if (items.length === 1) return items[0].id;
   if (items.length === 0) {
