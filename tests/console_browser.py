@@ -10,6 +10,7 @@ test is skipped locally and fails in CI (`CI=true`), where `.ci/run` installs th
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 from collections.abc import Callable
@@ -105,11 +106,16 @@ class ConsolePage:
     async def login_visible(self) -> bool:
         return await self._run(lambda: self._visible("login").is_displayed())
 
-    async def sign_in(self, token: str) -> None:
+    async def sign_in(self, token: str, *, actor: str = "") -> None:
+        """Type the token (and the operator's name, recorded with their actions) and sign in."""
+
         def step() -> None:
             field = self._visible("token")
             field.clear()
             field.send_keys(token)
+            name = self.driver.find_element(By.ID, "actor")
+            name.clear()
+            name.send_keys(actor)
             self.driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
 
         await self._run(step)
@@ -216,14 +222,62 @@ class ConsolePage:
     async def detail_text(self, element_id: str) -> str:
         return await self._run(lambda: str(self._visible(element_id).text))
 
-    async def timeline(self) -> list[str]:
-        def step() -> list[str]:
-            self._visible("timeline")
-            return [
-                item.text for item in self.driver.find_elements(By.CSS_SELECTOR, "#timeline li")
-            ]
+    async def search(self, text: str) -> None:
+        """Search by key, id or forwarded key; returns once the results' caption names `text`."""
+
+        def step() -> None:
+            field = self._visible("q")
+            field.clear()
+            field.send_keys(text)
+            self.driver.find_element(By.CSS_SELECTOR, "#search button").click()
+            self._wait().until(
+                lambda d: (
+                    text in d.find_element(By.ID, "list-caption").text
+                    and d.find_element(By.ID, "list").is_displayed()
+                )
+            )
+
+        await self._run(step)
+
+    async def history(
+        self, *, until: Callable[[list[dict[str, str]]], bool] | None = None
+    ) -> list[dict[str, str]]:
+        """The history as shown (type and text of each event), once `until` holds for it."""
+
+        def step() -> list[dict[str, str]]:
+            def read(driver: webdriver.Chrome) -> tuple[list[dict[str, str]]] | None:
+                if not driver.find_element(By.ID, "detail").is_displayed():
+                    return None
+                events = [
+                    {"type": str(item.get_attribute("data-type")), "text": str(item.text)}
+                    for item in driver.find_elements(By.CSS_SELECTOR, "#history li")
+                ]
+                return (events,) if events and (until is None or until(events)) else None
+
+            found: tuple[list[dict[str, str]]] = self._wait().until(read)
+            return found[0]
 
         return await self._run(step)
+
+    async def wait_text(self, element_id: str, contains: str) -> str:
+        """The element's text once it is shown and contains `contains`."""
+
+        def step() -> str:
+            def read(driver: webdriver.Chrome) -> str | None:
+                element = driver.find_element(By.ID, element_id)
+                text = str(element.text)
+                return text if element.is_displayed() and contains in text else None
+
+            found: str = self._wait().until(read)
+            return found
+
+        return await self._run(step)
+
+    async def click(self, element_id: str) -> None:
+        def step() -> None:
+            self._wait().until(ec.element_to_be_clickable((By.ID, element_id))).click()
+
+        await self._run(step)
 
     async def receipt_body(self) -> str:
         """The receipt body exactly as the page holds it (textContent, not rendered HTML)."""
@@ -261,14 +315,36 @@ class ConsolePage:
 
         await self._run(step)
 
-    async def redact(self, *, reason: str) -> None:
+    async def ask_redact(self, *, reason: str) -> None:
+        """Type the reason and press Redact: the page asks to confirm (nothing is sent yet)."""
+
         def step() -> None:
             form = self._visible("redact-form")
-            self.driver.find_element(By.ID, "redact-reason").send_keys(reason)
+            field = self.driver.find_element(By.ID, "redact-reason")
+            field.clear()
+            field.send_keys(reason)
             form.find_element(By.CSS_SELECTOR, 'button[type="submit"]').click()
-            self._visible("action-result")
 
         await self._run(step)
+
+    async def text_content(self, css: str) -> str:
+        """An element's text exactly as the page holds it (textContent, not rendered HTML)."""
+
+        def step() -> str:
+            node = self._wait().until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+            return str(self.driver.execute_script("return arguments[0].textContent", node))
+
+        return await self._run(step)
+
+    async def window(self, width: int, height: int) -> int:
+        """Resize the window; answers the page's width (`innerWidth`) once it has changed."""
+
+        def step() -> int:
+            self.driver.set_window_size(width, height)
+            self._wait().until(lambda d: d.execute_script("return window.innerWidth") == width)
+            return int(self.driver.execute_script("return window.innerWidth"))
+
+        return await self._run(step)
 
     async def displayed(self, element_id: str) -> bool:
         def step() -> bool:
@@ -278,6 +354,10 @@ class ConsolePage:
 
     async def script(self, source: str) -> Any:
         return await self._run(lambda: self.driver.execute_script(source))
+
+    async def async_script(self, source: str, *args: Any) -> Any:
+        """Run `source` in the page; it answers by calling its last argument (a callback)."""
+        return await self._run(lambda: self.driver.execute_async_script(source, *args))
 
     async def count(self, css: str) -> int:
         return await self._run(lambda: len(self.driver.find_elements(By.CSS_SELECTOR, css)))
@@ -295,12 +375,19 @@ class ConsolePage:
         return await self._run(step)
 
     async def screenshot(self, name: str) -> Path:
+        """The whole page (not only the window's part of it) as a PNG under `shots`."""
         self._shot += 1
         path = self.shots / f"{self._shot:02d}-{name}.png"
 
         def step() -> None:
             self.shots.mkdir(parents=True, exist_ok=True)
-            assert self.driver.save_screenshot(str(path)), f"no screenshot written to {path}"
+            size = self.driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+            clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+            shot = self.driver.execute_cdp_cmd(
+                "Page.captureScreenshot",
+                {"format": "png", "captureBeyondViewport": True, "clip": clip},
+            )
+            path.write_bytes(base64.b64decode(shot["data"]))
 
         await self._run(step)
         return path

@@ -1,31 +1,53 @@
 """The operator console (`/admin/` on the admin listener) in a real headless Chromium.
 
-An operator at 3 a.m.: sign in with the admin token, find the `unknown`
-operation a real upstream timeout left, read its story, settle it, and the
-agent's retry replays what they stored. Upstream content that looks like HTML
-stays text; a wrong token gets the sign-in page back; two operators cannot
-settle one operation two ways. Every page is saved as a screenshot under the
-test's temporary folder (`screenshots/`).
+An operator at 3 a.m.: sign in with the admin token (and a name, recorded with
+what they do), find the `unknown` operation a real upstream timeout left (by
+its state, by a search, by a link to its key), read what is needed to decide
+(the request sent, every event of the history, how long ago the last send was
+and until when the tool may still be working, where the receipt came from),
+settle it, and the agent's retry replays what they stored. A release too early
+is refused and can be forced only after two explicit confirmations; a
+redaction asks for a reason and a confirmation. Upstream content that looks
+like HTML stays text; a wrong token gets the sign-in page back; two operators
+cannot settle one operation two ways; a phone's 390 px is enough. Every page
+is saved as a screenshot under the test's temporary folder (`screenshots/`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from conftest import GatewayFactory
 from console_browser import ConsolePage, chromium_or_skip, start_chromium
 from harness import ADMIN_TOKEN, RunningGateway
+from mcp_upstream import CountingMcpServer, call_with_key, mcp_client
 from selenium import webdriver
-from upstream import CountingUpstream
+from upstream import CountingUpstream, effects_probe
 
 from gateway.web.console_view import CONTENT_SECURITY_POLICY
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 TIMEOUT_ROUTE = {"timeout": "300ms"}
+AGENT_A = {"Authorization": "Bearer agent-a-credential"}
+AGENT_B = {"Authorization": "Bearer agent-b-credential"}
+HTML_OR_CLOCK = (
+    "innerHTML",
+    "outerHTML",
+    "insertAdjacentHTML",
+    "document.write",
+    "eval(",
+    "new Function",
+    "Date.now",
+    "new Date(",
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +78,23 @@ def page(
     return ConsolePage(chromium, console_gateway.admin_url, tmp_path / "screenshots")
 
 
+async def admin_json(gateway: RunningGateway, path: str) -> Any:
+    response = await gateway.admin_get(path, headers=ADMIN)
+    assert response.status == 200, await response.text()
+    return json.loads(await response.read())
+
+
+async def admin_operation(gateway: RunningGateway, op_id: str) -> dict[str, Any]:
+    operation: dict[str, Any] = await admin_json(gateway, f"/admin/operations/{op_id}")
+    return operation
+
+
+async def admin_operation_by_key(gateway: RunningGateway, key: str) -> dict[str, Any]:
+    items = (await admin_json(gateway, "/admin/operations?limit=500"))["items"]
+    (operation,) = [item for item in items if item["key"] == key]
+    return dict(operation)
+
+
 async def unknown_by_timeout(gateway: RunningGateway, key: str, body: dict[str, str]) -> str:
     """A keyed POST whose upstream applies the effect, then answers after the route's timeout."""
     response = await gateway.post("/tickets/issues?delay=1.5", key=key, json_body=body)
@@ -67,16 +106,34 @@ async def unknown_by_timeout(gateway: RunningGateway, key: str, body: dict[str, 
     return str(operation["id"])
 
 
-async def admin_operation_by_key(gateway: RunningGateway, key: str) -> dict[str, object]:
-    response = await gateway.admin_get("/admin/operations?limit=500", headers=ADMIN)
-    items = json.loads(await response.read())["items"]
-    (operation,) = [item for item in items if item["key"] == key]
-    return dict(operation)
+def seconds(timestamp: str) -> float:
+    """An operation document's RFC 3339 time as POSIX seconds."""
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+async def wait_until_release_allowed(gateway: RunningGateway, op_id: str) -> None:
+    """Read the operation every 50 ms until its `last_send_age` covers the window the server
+    reports (from the last send to `may_apply_until`): a release then needs no force."""
+    operation = await admin_operation(gateway, op_id)
+    (sent, *_) = [event for event in reversed(operation["history"]) if event["type"] == "sent"]
+    window = seconds(operation["may_apply_until"]) - seconds(sent["at"]) + 0.05
+    try:
+        async with asyncio.timeout(30):
+            while operation["last_send_age"] < window:
+                await asyncio.sleep(0.05)
+                operation = await admin_operation(gateway, op_id)
+    except TimeoutError:
+        pytest.fail(f"the last send is {operation['last_send_age']} s old, not {window} s")
+
+
+def events_of(history: list[dict[str, str]], kind: str) -> list[str]:
+    return [event["text"] for event in history if event["type"] == kind]
 
 
 async def test_operator_settles_an_unknown_timeout_and_the_retry_replays(
     page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
+    """The whole round: list, the story and the request, a settlement, the retry's replay."""
     request = {"title": "Printer on fire"}
     op_id = await unknown_by_timeout(console_gateway, "run-9:0:c1", request)
     await console_gateway.post("/tickets/other", key="run-9:0:c2", json_body={"title": "fine"})
@@ -86,9 +143,10 @@ async def test_operator_settles_an_unknown_timeout_and_the_retry_replays(
     assert await page.login_visible()
     await page.screenshot("login")
 
-    await page.sign_in(ADMIN_TOKEN)
+    await page.sign_in(ADMIN_TOKEN, actor="alice")
     await page.wait_for_list()
     assert await page.current_state_tab() == "unknown", "the console opens on unknown"
+    assert await page.wait_text("signed-in-as", "alice")
     counts = await page.state_counts()
     assert counts["unknown"] == 1
     assert counts["completed"] == 1
@@ -106,25 +164,42 @@ async def test_operator_settles_an_unknown_timeout_and_the_retry_replays(
     await page.open_operation(op_id)
     summary = await page.detail_text("summary")
     assert f"Forwarded key\n{op_id}" in summary, "what to search the tool for"
-    story = await page.timeline()
-    assert story[0].endswith(
-        "Claimed: the key and the request's fingerprint were recorded before anything "
-        "was sent (POST /tickets/issues)."
-    )
-    assert any("did not answer completely in time" in line for line in story[1:-1]), story
-    assert story[-1].endswith("Now unknown after 1 send(s) upstream.")
+    # The request as it was sent, body as text.
+    shown = await page.detail_text("request")
+    assert "POST /tickets/issues?delay=1.5" in shown
+    assert "application/json" in shown
+    assert json.loads(await page.text_content("#request-body")) == request
+    # When the last send was and until when the tool may still apply it: the server's figures.
+    operation = await admin_operation(console_gateway, op_id)
+    timing = await page.wait_text("timing", "the tool may still be working until")
+    assert timing.startswith("Last sent "), timing
+    assert " s ago; the tool may still be working until " in timing
+    until = await page.script("return document.querySelector('#timing time').dateTime")
+    assert until == operation["may_apply_until"]
+    history = await page.history()
+    assert [event["type"] for event in history] == ["claimed", "sent", "timed-out"], history
+    assert f"forwarded key {op_id}" in events_of(history, "sent")[0]
+    assert "by gateway" in events_of(history, "timed-out")[0]
     assert await page.displayed("resolve-form")
-    assert not await page.displayed("redact-form")
+    assert not await page.displayed("probe-box"), "this route has no probe"
     await page.screenshot("unknown-detail")
 
     ticket = json.dumps({"id": "T-1", "title": "Printer on fire"})
     await page.settle(
         "applied", status=201, body=ticket, note="T-1 exists in the ticket API (checked by hand)"
     )
-    assert "Settled: now completed" in await page.detail_text("action-result")
-    story = await page.timeline()
-    assert any("Settled by admin: T-1 exists in the ticket API" in line for line in story), story
+    assert (await page.detail_text("action-result")).startswith(
+        "Settled run-9:0:c1 as applied: it is now completed"
+    )
+    history = await page.history(until=lambda events: events[-1]["type"] == "resolved")
+    (resolved,) = events_of(history, "resolved")
+    assert "by admin:alice" in resolved
+    assert "T-1 exists in the ticket API (checked by hand)" in resolved
     assert await page.receipt_body() == ticket
+    assert await page.detail_text("receipt-source") == (
+        "Where it came from: an operator's statement."
+    )
+    assert not await page.displayed("timing"), "settled: no send may still be applying"
     await page.screenshot("settled")
 
     retry = await console_gateway.post(
@@ -137,27 +212,247 @@ async def test_operator_settles_an_unknown_timeout_and_the_retry_replays(
     assert await page.console_errors() == []
 
 
-async def test_not_applied_lets_the_retry_through_once(
+async def test_search_by_key_prefix_and_by_id(
     page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
-    upstream.script.append({"drop": "before_effect"})  # the connection closes, nothing applied
-    response = await console_gateway.post("/tickets/issues", key="k-lost", json_body={"n": 1})
-    assert response.status == 502, await response.text()
-    op_id = str((await admin_operation_by_key(console_gateway, "k-lost"))["id"])
-    assert upstream.count == 0
+    """One box finds keys by their start and operations by id; `_` and `%` are literal."""
+    for key in ("run-1:0", "run-1:1", "run-2:0", "run_1%x"):
+        response = await console_gateway.post("/tickets/a", key=key, json_body={"k": key})
+        assert response.status == 201
+    run_2 = await admin_operation_by_key(console_gateway, "run-2:0")
+
+    await page.open()
+    await page.sign_in(ADMIN_TOKEN)
+    await page.wait_for_list()
+    await page.search("run-1:")
+    assert {row["key"] for row in await page.rows(expect=2)} == {"run-1:0", "run-1:1"}
+    await page.screenshot("search-prefix")
+
+    await page.search("run_")
+    (row,) = await page.rows(expect=1)
+    assert row["key"] == "run_1%x", "an underscore is not a wildcard"
+
+    await page.search(run_2["id"])
+    (row,) = await page.rows(expect=1)
+    assert row["key"] == "run-2:0"
+    await page.open_operation(row["id"])
+    assert await page.detail_text("detail-title") == "Operation run-2:0"
+    assert await page.detail_text("receipt-source") == "Where it came from: the upstream's answer."
+
+    await page.search("no-such-key")
+    assert "starts with “no-such-key”" in await page.wait_text("list-empty", "No operation")
+    assert await page.console_errors() == []
+
+
+async def test_deep_links_by_key_and_by_id(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """A key held in one scope opens its operation; held in two, the page lists both."""
+    await console_gateway.post("/tickets/a", key="solo-1", json_body={"n": 1}, headers=AGENT_A)
+    for agent in (AGENT_A, AGENT_B):
+        await console_gateway.post("/tickets/b", key="shared-1", json_body={"n": 2}, headers=agent)
+    solo = await admin_operation_by_key(console_gateway, "solo-1")
+
+    await page.open("#/key/solo-1")
+    await page.sign_in(ADMIN_TOKEN)
+    assert await page.wait_text("detail-title", "Operation solo-1")
+    assert solo["id"] in await page.detail_text("summary")
+    await page.screenshot("key-link-one-scope")
+
+    await page.open("#key=shared-1")
+    assert "held in 2 scopes" in await page.wait_text("list-caption", "shared-1")
+    rows = await page.rows(expect=2)
+    assert {row["key"] for row in rows} == {"shared-1"}
+    scopes = await page.script(
+        "return [...document.querySelectorAll('#operations td.scope')].map(td => td.textContent)"
+    )
+    assert len(set(scopes)) == 2, scopes
+    await page.screenshot("key-link-two-scopes")
+
+    await page.open("#/key/nobody-has-this")
+    assert "No operation has the key “nobody-has-this”" in await page.wait_text(
+        "list-empty", "nobody-has-this"
+    )
+
+    await page.open(f"#op={solo['id']}")
+    assert await page.wait_text("detail-title", "Operation solo-1")
+    await page.open(f"#/op/{solo['id']}")
+    assert await page.wait_text("detail-title", "Operation solo-1")
+    assert await page.console_errors() == []
+
+
+async def test_forced_release_takes_two_confirmations(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """Too early, a release is refused with the server's words and time; force needs two clicks."""
+    op_id = await unknown_by_timeout(console_gateway, "run-3:0", {"amount": 30})
+    await page.open(f"#/op/{op_id}")
+    await page.sign_in(ADMIN_TOKEN, actor="bob")
+    await page.wait_text("timing", "the tool may still be working until")
+
+    await page.settle("not_applied", note="no payment 30 in the ledger", wait=False)
+    refusal = await page.wait_text("action-error", "Not released")
+    assert "the tool may still be applying it until" in refusal, "the server's own words"
+    shown = re.search(r"A release without force is accepted from (\S+) (\S+) UTC\.$", refusal)
+    assert shown is not None, refusal
+    allowed_at = (await admin_operation(console_gateway, op_id))["not_applied_allowed_at"]
+    assert abs(seconds(f"{shown[1]}T{shown[2]}Z") - seconds(allowed_at)) < 2, refusal
+    assert await page.displayed("force-step")
+    assert not await page.displayed("force-confirm")
+    await page.screenshot("too-early")
+
+    await page.click("force-ask")  # the first confirmation: a question, nothing sent
+    question = await page.wait_text("force-confirm", "with force?")
+    assert "run-3:0" in question
+    assert (await admin_operation(console_gateway, op_id))["state"] == "unknown"
+    await page.screenshot("force-question")
+
+    await page.click("force-confirm-button")  # the second
+    result = await page.wait_text("action-result", "Released run-3:0 with force")
+    assert "its key may be sent again" in result
+    assert not await page.displayed("force-step")
+    history = await page.history(until=lambda events: events[-1]["type"] == "released")
+    (resolved,) = events_of(history, "resolved")
+    assert "FORCED" in resolved
+    assert "by admin:bob" in resolved
+    assert "no payment 30 in the ledger" in resolved
+    await page.screenshot("forced")
+
+    recorded = (await admin_operation(console_gateway, op_id))["history"]
+    (event,) = [event for event in recorded if event["type"] == "resolved"]
+    assert event["force"] is True
+    assert event["actor"] == "admin:bob"
+    assert event["note"] == "no payment 30 in the ledger"
+    # The browser logs the refused release (409) as a failed load; nothing else went wrong.
+    errors = await page.console_errors()
+    assert [line for line in errors if "status of 409 (Conflict)" not in line] == [], errors
+
+
+async def test_probe_now_settles_and_labels_the_receipt(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    chromium: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    """Probe now asks the route's probe once: applied, and the receipt is "a probe's answer"."""
+    gateway = await gateway_factory(
+        upstream.url,
+        route={**TIMEOUT_ROUTE, "probe": effects_probe()},
+        idempotency={"sweep_interval": "1h"},  # no background probe: the operator asks
+        admin={"token": ADMIN_TOKEN, "port": 0},
+    )
+    assert gateway.admin_url is not None
+    page = ConsolePage(chromium, gateway.admin_url, tmp_path / "screenshots")
+    op_id = await unknown_by_timeout(gateway, "run-4:0", {"amount": 40})
 
     await page.open(f"#/op/{op_id}")
     await page.sign_in(ADMIN_TOKEN)
-    assert "unknown" in await page.detail_text("summary")
-    await page.settle("not_applied", note="no such ticket upstream")
-    assert "Settled: now released" in await page.detail_text("action-result")
-    assert not await page.displayed("resolve-form")
-    await page.screenshot("not-applied")
+    assert await page.wait_text("probe-box", "Probe now")
+    await page.click("probe-now")
+    result = await page.wait_text("action-result", "Probed run-4:0")
+    assert "the upstream has the effect" in result
+    assert await page.wait_text("receipt-source", "a probe's answer")
+    history = await page.history(until=lambda events: events[-1]["type"] != "timed-out")
+    assert any(
+        "applied: the upstream has the effect" in text for text in events_of(history, "probe")
+    )
+    assert not await page.displayed("probe-box"), "settled: nothing left to probe"
+    await page.screenshot("probed")
+    assert (await admin_operation(gateway, op_id))["receipt_source"] == "probe"
 
-    retry = await console_gateway.post("/tickets/issues", key="k-lost", json_body={"n": 1})
+
+async def test_the_note_of_a_release_stays_after_the_retry_completes(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    chromium: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    """Release with a note; the agent's retry is sent and completes; the note is still there."""
+    gateway = await gateway_factory(
+        upstream.url,
+        route={**TIMEOUT_ROUTE, "not_applied_after": "0s"},
+        idempotency={"lease": "1s"},  # the release window ends with the lease: a second
+        admin={"token": ADMIN_TOKEN, "port": 0},
+    )
+    assert gateway.admin_url is not None
+    page = ConsolePage(chromium, gateway.admin_url, tmp_path / "screenshots")
+    upstream.script.append({"drop": "before_effect"})  # the connection closes, nothing applied
+    response = await gateway.post("/tickets/issues", key="k-lost", json_body={"n": 1})
+    assert response.status == 502, await response.text()
+    op_id = str((await admin_operation_by_key(gateway, "k-lost"))["id"])
+    assert upstream.count == 0
+    await wait_until_release_allowed(gateway, op_id)
+
+    await page.open(f"#/op/{op_id}")
+    await page.sign_in(ADMIN_TOKEN, actor="carol")
+    note = "No ticket n=1 upstream.\nChecked the API by forwarded key."
+    await page.settle("not_applied", note=note)
+    assert await page.detail_text("action-result") == (
+        "Released k-lost: its key may be sent again. Note kept in the history."
+    )
+    assert not await page.displayed("resolve-form")
+    await page.screenshot("released")
+
+    retry = await gateway.post("/tickets/issues", key="k-lost", json_body={"n": 1})
     assert retry.status == 201
     assert "Idempotent-Replayed" not in retry.headers
     assert upstream.count == 1
+
+    await page.click("reload")
+    history = await page.history(until=lambda events: events[-1]["type"] == "answered")
+    kinds = [event["type"] for event in history]
+    assert kinds.index("resolved") < kinds.index("released") < len(kinds) - 3, kinds
+    assert kinds[-3:] == ["claimed", "sent", "answered"], kinds
+    assert "attempt 2" in history[-3]["text"]
+    (resolved,) = events_of(history, "resolved")
+    assert await page.text_content("#history li.resolved .note") == note, "kept verbatim"
+    assert "by admin:carol" in resolved
+    assert "status 201" in history[-1]["text"]
+    assert await page.wait_text("receipt-source", "the upstream's answer")
+    await page.screenshot("history-after-retry")
+
+
+async def test_an_mcp_call_shows_its_tool_and_arguments_and_a_large_body_why_it_is_gone(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    chromium: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    """An MCP operation's request is its tool and arguments (as text); a body over the
+    route's record_request_max is explained, with the size and digest that are kept."""
+    async with CountingMcpServer() as server:
+        gateway = await gateway_factory(
+            server.url,
+            route={"name": "tools", "prefix": "/tools", "upstream": server.url, "kind": "mcp"},
+            extra_routes=[
+                {"name": "big", "prefix": "/big", "upstream": upstream.url,
+                 "record_request_max": 16}
+            ],
+            admin={"token": ADMIN_TOKEN, "port": 0},
+        )  # fmt: skip
+        assert gateway.admin_url is not None
+        async with mcp_client(gateway.url + "/tools") as client:
+            result = await call_with_key(client, "create_ticket", {"title": "<b>Fax</b>"}, "mcp-1")
+        assert not result.is_error
+        response = await gateway.post("/big/upload", key="big-1", json_body={"text": "z" * 100})
+        assert response.status == 201
+
+        page = ConsolePage(chromium, gateway.admin_url, tmp_path / "screenshots")
+        await page.open("#/key/mcp-1")
+        await page.sign_in(ADMIN_TOKEN)
+        shown = await page.wait_text("request", "create_ticket")
+        assert "Sent\ntools/call" in shown
+        arguments = json.loads(await page.text_content("#request-arguments"))
+        assert arguments == {"title": "<b>Fax</b>"}
+        assert await page.count("#detail b") == 0
+        await page.screenshot("mcp-request")
+
+        await page.open("#/key/big-1")
+        gone = await page.wait_text("request-gone", "record_request_max")
+        assert gone.startswith("The body (")
+        assert "only its size and SHA-256 are kept" in gone
+        assert "SHA-256" in await page.detail_text("request")
+        await page.screenshot("request-too-large")
 
 
 HOSTILE_BODY = (
@@ -170,8 +465,8 @@ HOSTILE_BODY = (
 async def test_html_in_a_receipt_is_text_and_runs_nothing(
     page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
-    # The key, the path and the receipt body are all attacker-shaped; echo=1 answers
-    # the request body byte for byte, with the header set below.
+    # The key, the path, the request and the receipt body are all attacker-shaped; echo=1
+    # answers the request body byte for byte, with the header set below.
     key = "<img src=x onerror=window.__pwned=1>"
     response = await console_gateway.post(
         "/tickets/<b>x</b>?echo=1",
@@ -188,6 +483,7 @@ async def test_html_in_a_receipt_is_text_and_runs_nothing(
     assert row["key"] == key
     await page.open_operation(op_id)
     assert await page.receipt_body() == HOSTILE_BODY
+    assert await page.text_content("#request-body") == HOSTILE_BODY
     assert await page.detail_text("detail-title") == f"Operation {key}"
     await page.screenshot("hostile-receipt")
 
@@ -200,6 +496,57 @@ async def test_html_in_a_receipt_is_text_and_runs_nothing(
         " catch (e) { return e instanceof TypeError }"
     )
     assert refused is True
+
+
+AT = "2026-12-02T06:20:30.123456Z"
+EVENTS_OF_EVERY_KIND = [
+    {"type": "claimed", "attempt": 1, "token": 1, "reconstructed": True},
+    {"type": "resolved", "actor": "admin:eve", "outcome": "not_applied", "by": "admin",
+     "force": True, "share_with_owner": False, "note_redacted": True},
+    {"type": "redacted", "actor": "admin", "erased": ["request"], "reason": "<b>gdpr</b> #12"},
+    {"type": "probe", "actor": "probe", "attempt": 2, "verdict": "not_applied_too_soon",
+     "status": 404, "detail": "not found", "count": 3, "first_at": AT, "last_at": AT},
+    {"type": "truncated", "dropped": 12},
+    {"type": "from-a-newer-gateway", "detail": "<img src=x onerror=window.__pwned=1>"},
+]  # fmt: skip
+RENDER_HISTORY = """
+const [events, done] = arguments;
+import("./operation.js").then(({ historyItems }) => done(historyItems(events).map((item) => ({
+  type: item.dataset.type,
+  text: item.textContent,
+  marks: [...item.querySelectorAll(".mark")].map((mark) => mark.textContent),
+  elements: item.querySelectorAll("b, img").length,
+}))), (error) => done(String(error)));
+"""
+
+
+async def test_history_marks_reconstructed_and_erased_events(
+    page: ConsolePage, console_gateway: RunningGateway
+) -> None:
+    """Events the migration rebuilt and words a redaction erased are marked; any kind, even
+    one this page does not know, is shown as text."""
+    await page.open()
+    events = [
+        {"seq": seq, "at": AT, "actor": "gateway", "version": seq, **event}
+        for seq, event in enumerate(EVENTS_OF_EVERY_KIND, start=1)
+    ]
+    shown = await page.async_script(RENDER_HISTORY, events)
+    assert isinstance(shown, list), shown
+    claimed, resolved, redacted, probe, truncated, newer = shown
+    assert claimed["marks"] == ["reconstructed"]
+    assert resolved["marks"] == ["redacted"]
+    assert "the note was erased by a redaction" in resolved["text"]
+    assert "FORCED" in resolved["text"]
+    assert "by admin:eve" in resolved["text"]
+    assert "Reason: <b>gdpr</b> #12" in redacted["text"]
+    assert "erased: request" in redacted["text"]
+    assert "not applied, but too soon to release" in probe["text"]
+    assert "3 identical answers" in probe["text"]
+    assert "12 later probe answers were not recorded" in truncated["text"]
+    assert newer["type"] == "from-a-newer-gateway"
+    assert "detail: <img src=x onerror=window.__pwned=1>" in newer["text"]
+    assert [item["elements"] for item in shown] == [0] * len(shown), "all of it text"
+    assert await page.script("return window.__pwned === undefined") is True
 
 
 async def test_a_wrong_token_shows_the_sign_in_again(
@@ -223,6 +570,20 @@ async def test_a_wrong_token_shows_the_sign_in_again(
     assert not await page.displayed("list")
 
 
+async def test_the_empty_unknown_tab_says_nothing_waits(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """No unknown operation: the first screen says so in words, not with an empty table."""
+    await console_gateway.post("/tickets/a", key="done-1", json_body={"n": 1})
+    await page.open()
+    await page.sign_in(ADMIN_TOKEN)
+    assert await page.current_state_tab() == "unknown"
+    empty = await page.wait_text("list-empty", "Nothing waits for an operator")
+    assert empty == "Nothing waits for an operator: no operation's outcome is unknown."
+    assert await page.rows(expect=0) == []
+    await page.screenshot("nothing-unknown")
+
+
 async def test_two_operators_cannot_settle_one_operation_two_ways(
     page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
 ) -> None:
@@ -239,21 +600,101 @@ async def test_two_operators_cannot_settle_one_operation_two_ways(
         )
         other = await session.post(
             f"{console_gateway.admin_url}/admin/operations/{op_id}/resolve",
-            json={"outcome": "not_applied", "note": "operator B: nothing upstream"},
+            json={
+                "outcome": "applied",
+                "response": {"status": 201, "headers": {}, "body": "{}"},
+                "note": "operator B: payment 10 found",
+            },
             headers={**ADMIN, "If-Match": shown.headers["ETag"]},
         )
-        assert other.status == 200
+        assert other.status == 200, await other.text()
 
     await page.settle("applied", status=200, body="{}", note="operator A: it exists", wait=False)
-    assert "Someone changed this operation" in await page.detail_text("action-error")
-    assert "released" in await page.detail_text("summary"), "the page shows B's outcome now"
-    story = await page.timeline()
-    assert any("operator B" in line for line in story)
-    assert not any("operator A" in line for line in story)
+    assert "someone changed k-race" in await page.wait_text("action-error", "Nothing was changed")
+    assert "completed" in await page.detail_text("summary"), "the page shows B's outcome now"
+    history = await page.history(until=lambda events: events[-1]["type"] == "resolved")
+    assert any("operator B" in event["text"] for event in history)
+    assert not any("operator A" in event["text"] for event in history)
     await page.screenshot("conflict")
 
 
-async def test_filters_by_route_and_age_and_redaction(
+async def test_redaction_asks_for_a_reason_and_a_confirmation(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """Nothing is erased until the operator gave a reason and confirmed; then both bodies go."""
+    await console_gateway.post(
+        "/tickets/mail?echo=1", key="m-1", json_body={"to": "ops@example.org"}
+    )
+    op_id = str((await admin_operation_by_key(console_gateway, "m-1"))["id"])
+    await page.open(f"#/op/{op_id}")
+    await page.sign_in(ADMIN_TOKEN, actor="dpo")
+    assert "ops@example.org" in await page.text_content("#request-body")
+
+    await page.ask_redact(reason="")
+    assert "A reason is required" in await page.wait_text("action-error", "reason")
+    assert not await page.displayed("redact-confirm")
+
+    reason = "the body holds an e-mail address (GDPR request #12)"
+    await page.ask_redact(reason=reason)
+    assert "cannot be undone" in await page.wait_text("redact-confirm", "m-1")
+    await page.screenshot("redact-question")
+    await page.click("redact-cancel")
+    assert not await page.displayed("redact-confirm")
+    kept = await admin_operation(console_gateway, op_id)
+    assert kept["response"]["body"], "cancelled: nothing erased"
+    assert kept["request"]["body"]
+
+    await page.ask_redact(reason=reason)
+    await page.click("redact-confirm-button")
+    result = await page.wait_text("action-result", "Redacted m-1")
+    assert "The reason is kept in the history." in result
+    assert "erased by a redaction" in await page.wait_text("request", "redaction")
+    assert "the body is not retained" in await page.detail_text("receipt")
+    history = await page.history(until=lambda events: events[-1]["type"] == "redacted")
+    assert "by admin:dpo" in history[-1]["text"]
+    assert reason in history[-1]["text"]
+    await page.screenshot("redacted")
+
+    retry = await console_gateway.post(
+        "/tickets/mail?echo=1", key="m-1", json_body={"to": "ops@example.org"}
+    )
+    assert retry.status == 409
+    assert json.loads(await retry.read())["type"].endswith("/receipt-not-retained")
+
+
+async def test_a_phone_width_needs_no_sideways_scrolling(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream, tmp_path: Path
+) -> None:
+    """At 390 x 844 the list (stacked into cards) and an operation fit the screen's width."""
+    long_key = "agent-run-" + "x" * 150 + ":0"
+    op_id = await unknown_by_timeout(console_gateway, long_key, {"title": "y" * 400})
+    await console_gateway.post("/tickets/" + "p" * 120, key="ok-1", json_body={"n": 1})
+
+    await page.open()
+    await page.sign_in(ADMIN_TOKEN, actor="mobile-operator")
+    try:
+        assert await page.window(390, 844) == 390
+        await page.choose_state("all")
+        await page.rows(expect=2)
+        width = await page.script("return document.documentElement.scrollWidth")
+        assert width <= 390, f"the list is {width} px wide"
+        shot = await page.screenshot("phone-list")
+        assert shot.is_file()
+        assert shot.stat().st_size > 0
+
+        await page.open_operation(op_id)
+        await page.history()
+        width = await page.script("return document.documentElement.scrollWidth")
+        assert width <= 390, f"the operation's page is {width} px wide"
+        shot = await page.screenshot("phone-operation")
+        assert shot.is_file()
+        assert shot.stat().st_size > 0
+        assert shot.parent.is_relative_to(tmp_path)
+    finally:
+        await page.window(1280, 1000)
+
+
+async def test_filters_by_route_and_age(
     gateway_factory: GatewayFactory,
     upstream: CountingUpstream,
     chromium: webdriver.Chrome,
@@ -277,21 +718,12 @@ async def test_filters_by_route_and_age_and_redaction(
     assert row["key"] == "m-1"
     await page.filter(route="mail", older_than="1h")
     assert await page.rows(expect=0) == []
-    assert await page.displayed("list-empty")
+    assert await page.wait_text("list-empty", "No operations match.")
     await page.screenshot("filtered")
     await page.filter(route="mail", older_than="0s")
     (row,) = await page.rows(expect=1)
-
     await page.open_operation(row["id"])
     assert not await page.displayed("resolve-form")
-    await page.redact(reason="the body holds an e-mail address (GDPR request #12)")
-    assert "The receipt was erased" in await page.detail_text("action-result")
-    assert "the body is not retained" in await page.detail_text("receipt")
-    await page.screenshot("redacted")
-
-    retry = await gateway.post("/mail/send", key="m-1", json_body={"to": "ops@example.org"})
-    assert retry.status == 409
-    assert json.loads(await retry.read())["type"].endswith("/receipt-not-retained")
 
 
 async def test_console_headers_and_where_it_is_served(
@@ -305,6 +737,10 @@ async def test_console_headers_and_where_it_is_served(
         for path, kind in (
             ("/admin/", "text/html"),
             ("/admin/console.js", "text/javascript"),
+            ("/admin/api.js", "text/javascript"),
+            ("/admin/dom.js", "text/javascript"),
+            ("/admin/list.js", "text/javascript"),
+            ("/admin/operation.js", "text/javascript"),
             ("/admin/console.css", "text/css"),
             ("/admin/console.svg", "image/svg+xml"),
         ):
@@ -315,14 +751,26 @@ async def test_console_headers_and_where_it_is_served(
             assert response.headers["X-Content-Type-Options"] == "nosniff"
             assert response.headers["X-Frame-Options"] == "DENY"
             assert "Set-Cookie" not in response.headers
+            if kind == "text/javascript":
+                # No HTML from strings, no eval, no browser clock (comments may name them).
+                code = re.sub(r"//[^\n]*", "", await response.text())
+                for banned in HTML_OR_CLOCK:
+                    assert banned not in code, (path, banned)
         assert "'unsafe-inline'" not in CONTENT_SECURITY_POLICY
+        assert "'unsafe-eval'" not in CONTENT_SECURITY_POLICY
         assert "default-src 'none'" in CONTENT_SECURITY_POLICY
+        assert "frame-ancestors 'none'" in CONTENT_SECURITY_POLICY
 
         redirect = await session.get(console_gateway.admin_url + "/admin", allow_redirects=False)
         assert redirect.status == 308
         assert redirect.headers["Location"] == "/admin/"
         # Only the page's own files: nothing else of the package is reachable.
-        for path in ("/admin/console_view.py", "/admin/../app.py", "/admin/index.html.bak"):
+        for path in (
+            "/admin/console_view.py",
+            "/admin/../app.py",
+            "/admin/index.html.bak",
+            "/admin/dom.css",
+        ):
             missing = await session.get(console_gateway.admin_url + path)
             assert missing.status == 404, path
         # Never on the main listener.

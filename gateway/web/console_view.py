@@ -1,4 +1,4 @@
-"""`/admin/`: the operator console, four static files served by the admin listener.
+"""`/admin/`: the operator console, eight static files served by the admin listener.
 
 The page is public (it holds nothing secret); everything it shows comes from the
 admin API with the token the operator types. The headers make the browser hold
@@ -45,6 +45,10 @@ SECURITY_HEADERS = {
 _FILES = {
     "": ("index.html", "text/html"),
     "console.js": ("console.js", "text/javascript"),
+    "api.js": ("api.js", "text/javascript"),
+    "dom.js": ("dom.js", "text/javascript"),
+    "list.js": ("list.js", "text/javascript"),
+    "operation.js": ("operation.js", "text/javascript"),
     "console.css": ("console.css", "text/css"),
     "console.svg": ("console.svg", "image/svg+xml"),
 }
@@ -78,7 +82,7 @@ async def console_redirect(request: web.Request) -> web.Response:
 
 
 def add_console_routes(app: web.Application) -> None:
-    """`/admin` redirects to `/admin/`; the page and its three assets are below it."""
+    """`/admin` redirects to `/admin/`; the page and its assets (`_FILES`) are below it."""
     app.router.add_get("/admin", console_redirect)
     app.router.add_get("/admin/", console_file)
-    app.router.add_get("/admin/{file:console\\.(?:js|css|svg)}", console_file)
+    app.router.add_get("/admin/{file:[a-z]+\\.(?:js|css|svg)}", console_file)

@@ -2,104 +2,53 @@
 //
 // Rules this file keeps, because upstream content reaches this page:
 // - nothing from the API is ever parsed as HTML: every value goes in through
-//   `textContent` or an attribute, never `innerHTML`;
-// - the admin token travels only as an `Authorization` header (a cookie would ride
-//   along on another site's requests) and is kept in this tab's sessionStorage;
+//   `textContent` or an attribute, never `innerHTML` (dom.js);
+// - the admin token travels only as an `Authorization` header, never a cookie (api.js);
 // - every action sends `If-Match` with the ETag of the version on screen, so two
-//   operators cannot settle one operation two ways.
+//   operators cannot settle one operation two ways;
+// - the browser's clock is never read: ages and deadlines come from the server;
+// - what an action changed (or why it did not) is said at the top of the page.
+//
+// Addresses (the part after `#`): `/?state=&route=&older_than=&q=` a list or a search,
+// `/op/<id>` one operation, `/key/<key>` a key (its operation, or the scopes holding
+// it). `op=<id>` and `key=<key>` are accepted as short forms of the last two.
 
-const TOKEN_SLOT = "idempotency-gateway.admin-token";
-const STATES = ["unknown", "in_flight", "completed", "released"];
-const STATE_LABELS = {
-  unknown: "Unknown",
-  in_flight: "In flight",
-  completed: "Completed",
-  released: "Released",
-  all: "All",
-};
-const PAGE_SIZE = 50;
+import { ACTOR_PATTERN, actor, api, endSession, onRefused, operationPath, startSession, token } from "./api.js";
+import { $, readableTime, show } from "./dom.js";
+import { listAddress, listHash, listQuery, loadMore, loadOverview, showKey, showList } from "./list.js";
+import { historyItems, renderOperation } from "./operation.js";
 
-const $ = (id) => document.getElementById(id);
+// --- what the last action did: at the top of the page -----------------------------
 
-class ApiError extends Error {
-  constructor(status, problem) {
-    super(problem.detail || problem.title || `HTTP ${status}`);
-    this.status = status;
-    this.problem = problem;
-  }
+function clearNotices() {
+  show("action-result", "");
+  show("action-error", "");
+  hideForce();
 }
 
-// --- the admin API ---------------------------------------------------------------
-
-function token() {
-  return sessionStorage.getItem(TOKEN_SLOT);
+function notify(message) {
+  clearNotices();
+  show("action-result", message);
+  toTop("action-result");
 }
 
-async function api(path, { method = "GET", body, ifMatch } = {}) {
-  const headers = { Authorization: `Bearer ${token()}`, Accept: "application/json" };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  if (ifMatch) headers["If-Match"] = ifMatch;
-  const response = await fetch(path, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-    cache: "no-store",
-    credentials: "omit",
-  });
-  const text = await response.text();
-  let document_ = {};
-  try {
-    document_ = text ? JSON.parse(text) : {};
-  } catch {
-    document_ = { detail: text };
-  }
-  if (response.status === 401) {
-    signOut("The gateway refused this token. Sign in again.");
-    throw new ApiError(401, document_);
-  }
-  if (!response.ok) throw new ApiError(response.status, document_);
-  return { document: document_, etag: response.headers.get("ETag") };
+function warn(message) {
+  show("action-result", "");
+  show("action-error", message);
+  toTop("action-error");
 }
 
-// --- small DOM helpers (text only) -----------------------------------------------
-
-function el(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(props)) {
-    if (name === "text") node.textContent = value;
-    else if (name === "class") node.className = value;
-    else if (name === "data") Object.assign(node.dataset, value);
-    else node.setAttribute(name, value);
-  }
-  for (const child of children) node.append(child);
-  return node;
-}
-
-function show(id, message) {
-  const node = $(id);
-  node.textContent = message || "";
-  node.hidden = !message;
-}
-
-function ago(iso) {
-  if (!iso) return "";
-  const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
-  if (seconds < 90) return `${Math.round(seconds)} s ago`;
-  if (seconds < 90 * 60) return `${Math.round(seconds / 60)} min ago`;
-  if (seconds < 36 * 3600) return `${Math.round(seconds / 3600)} h ago`;
-  return `${Math.round(seconds / 86400)} d ago`;
-}
-
-function when(iso) {
-  return iso ? el("time", { datetime: iso, title: iso, text: ago(iso) }) : "";
+function toTop(id) {
+  window.scrollTo(0, 0);
+  $(id).focus({ preventScroll: true });
 }
 
 // --- sign in and out -------------------------------------------------------------
 
 function signOut(message) {
-  sessionStorage.removeItem(TOKEN_SLOT);
-  for (const id of ["list", "detail"]) $(id).hidden = true;
-  $("sign-out").hidden = true;
+  endSession();
+  for (const id of ["list", "detail", "search", "sign-out", "signed-in-as"]) $(id).hidden = true;
+  clearNotices();
   $("login").hidden = false;
   show("login-error", message);
   $("token").value = "";
@@ -108,7 +57,12 @@ function signOut(message) {
 
 async function signIn(event) {
   event.preventDefault();
-  sessionStorage.setItem(TOKEN_SLOT, $("token").value.trim());
+  const name = $("actor").value.trim();
+  if (name && !ACTOR_PATTERN.test(name)) {
+    show("login-error", "Your name must be plain ASCII (letters, digits, punctuation), 64 characters at most.");
+    return;
+  }
+  startSession($("token").value.trim(), name);
   $("token").value = "";
   try {
     await loadOverview();
@@ -117,236 +71,83 @@ async function signIn(event) {
     return;
   }
   show("login-error", "");
-  $("login").hidden = true;
-  $("sign-out").hidden = false;
   await route();
 }
 
-// --- the list: operations by state, unknown first --------------------------------
-
-let overview = { counts: {}, routes: [] };
-let listCursor = null;
-
-function listQuery() {
-  const params = new URLSearchParams(location.hash.replace(/^#\/?\??/, ""));
-  return {
-    state: params.get("state") || "unknown",
-    route: params.get("route") || "",
-    older_than: params.get("older_than") || "",
-  };
+function showSignedIn() {
+  $("login").hidden = true;
+  $("sign-out").hidden = false;
+  $("search").hidden = false;
+  $("signed-in-as").textContent = actor()
+    ? `Signed in as ${actor()}`
+    : "Signed in (your actions are recorded as “admin”)";
+  $("signed-in-as").hidden = false;
 }
 
-function listHash(query) {
-  const params = new URLSearchParams();
-  for (const [name, value] of Object.entries(query)) if (value) params.set(name, value);
-  return `#/?${params}`;
-}
+// --- one operation ------------------------------------------------------------------
 
-async function loadOverview() {
-  overview = (await api("/admin/overview")).document;
-}
-
-function renderStates(current) {
-  const nav = $("states");
-  nav.replaceChildren();
-  const query = listQuery();
-  for (const state of [...STATES, "all"]) {
-    const count = state === "all"
-      ? Object.values(overview.counts).reduce((a, b) => a + b, 0)
-      : overview.counts[state] ?? 0;
-    const link = el("a", { href: listHash({ ...query, state }), data: { state } });
-    link.append(el("span", { text: STATE_LABELS[state] }), " ", el("span", { class: "count", text: String(count) }));
-    if (state === current) link.setAttribute("aria-current", "page");
-    if (state === "unknown" && count > 0) link.classList.add("attention");
-    nav.append(link);
-  }
-  const select = $("route");
-  const chosen = query.route;
-  select.replaceChildren(el("option", { value: "", text: "all routes" }));
-  for (const name of overview.routes) select.append(el("option", { value: name, text: name }));
-  select.value = chosen;
-  $("older-than").value = query.older_than;
-}
-
-let lastListHash = "#/";
-
-async function showList() {
-  const query = listQuery();
-  lastListHash = location.hash || "#/";
-  $("detail").hidden = true;
-  $("list").hidden = false;
-  show("list-error", "");
-  await loadOverview();
-  renderStates(query.state);
-  $("operations").tBodies[0].replaceChildren();
-  listCursor = null;
-  await loadPage(query);
-}
-
-async function loadPage(query) {
-  const params = new URLSearchParams({ limit: String(PAGE_SIZE) });
-  if (query.state !== "all") params.set("state", query.state);
-  if (query.route) params.set("route", query.route);
-  if (query.older_than) params.set("older_than", query.older_than);
-  if (listCursor) params.set("cursor", listCursor);
-  let page;
-  try {
-    page = (await api(`/admin/operations?${params}`)).document;
-  } catch (error) {
-    if (error.status !== 401) show("list-error", error.message);
-    return;
-  }
-  const body = $("operations").tBodies[0];
-  for (const op of page.items) body.append(operationRow(op));
-  listCursor = page.next_cursor;
-  $("more").hidden = !listCursor;
-  $("list-empty").hidden = body.rows.length > 0;
-}
-
-function operationRow(op) {
-  const link = el("a", { href: `#/op/${encodeURIComponent(op.id)}`, text: op.key });
-  return el(
-    "tr",
-    { data: { id: op.id, state: op.state } },
-    el("td", {}, link),
-    el("td", {}, el("span", { class: `state ${op.state}`, text: op.state })),
-    el("td", { text: op.route }),
-    el("td", { class: "request", text: `${op.method} ${op.path}` }),
-    el("td", { text: String(op.attempts) }),
-    el("td", {}, when(op.created_at)),
-    el("td", { class: "scope", text: op.scope ?? "" }),
-  );
-}
-
-// --- one operation's story --------------------------------------------------------
-
-let shown = null; // { op, etag }
+let shown = null; // { op, etag, historyNext }
 
 async function showDetail(id) {
   $("list").hidden = true;
   $("detail").hidden = false;
-  for (const slot of ["action-error", "action-result"]) show(slot, "");
   await loadDetail(id);
 }
 
 async function loadDetail(id) {
   let answer;
   try {
-    answer = await api(`/admin/operations/${encodeURIComponent(id)}`);
+    answer = await api(operationPath(id));
   } catch (error) {
-    if (error.status !== 401) show("action-error", error.message);
+    if (error.status === 401) return;
+    $("detail").hidden = true;
+    warn(error.status === 404 ? `No operation has the id “${id}”.` : error.message);
     return;
   }
-  shown = { op: answer.document, etag: answer.etag };
-  renderDetail(shown.op);
+  display(answer);
 }
 
-function renderDetail(op) {
-  $("detail-title").textContent = `Operation ${op.key}`;
-  const facts = [
-    ["State", el("span", { class: `state ${op.state}`, text: op.state })],
-    ["Id", op.id],
-    ["Key", op.key],
-    ["Scope", op.scope ?? ""],
-    ["Route", op.route],
-    ["Request", `${op.method} ${op.path}`],
-    ["Forwarded key", op.forwarded_key ?? "none (this route forwards no key)"],
-    ["Attempts (sends upstream)", String(op.attempts)],
-    ["Fencing token", String(op.fencing_token)],
-    ["Fingerprint", op.fingerprint],
-    ["Created", op.created_at ?? ""],
-    ["Updated", op.updated_at ?? ""],
-    ["Safe to retry", op.safe_to_retry ? "yes" : "no"],
-  ];
-  if (op.state === "in_flight" && op.lease_expires_at) facts.push(["Lease expires", op.lease_expires_at]);
-  if (op.expires_at) facts.push(["Receipt kept until", op.expires_at]);
-  $("summary").replaceChildren(
-    ...facts.flatMap(([name, value]) => [el("dt", { text: name }), el("dd", {}, value)]),
-  );
-  $("timeline").replaceChildren(...timeline(op));
-  renderReceipt(op);
-  renderActions(op);
+function display(answer) {
+  shown = { op: answer.document, etag: answer.etag, historyNext: answer.document.history_next ?? null };
+  renderOperation(shown.op);
+  renderActions(shown.op);
 }
 
-function timeline(op) {
-  const events = [
-    {
-      at: op.created_at,
-      kind: "claim",
-      text: `Claimed: the key and the request's fingerprint were recorded before anything was sent (${op.method} ${op.path}).`,
-    },
-  ];
-  for (const item of op.evidence) {
-    const parts = [`${item.source}: ${item.detail}`];
-    if (item.status !== null && item.status !== undefined) parts.push(`status ${item.status}`);
-    if (item.body_sha256) parts.push(`body sha256 ${item.body_sha256}`);
-    events.push({ at: item.at, kind: `evidence ${item.source}`, text: parts.join(" · ") });
+async function moreHistory() {
+  const { op, historyNext } = shown;
+  const params = new URLSearchParams({ after: String(historyNext), limit: "200" });
+  try {
+    const page = (await api(`${operationPath(op.id, "history")}?${params}`)).document;
+    $("history").append(...historyItems(page.items));
+    shown.historyNext = page.next ?? null;
+    $("history-more").hidden = shown.historyNext === null;
+  } catch (error) {
+    if (error.status !== 401) warn(`The history could not be read: ${error.message}`);
   }
-  if (op.resolution) {
-    const note = op.resolution.note ? `: ${op.resolution.note}` : "";
-    events.push({ at: op.resolution.at, kind: "resolution", text: `Settled by ${op.resolution.by}${note}` });
-  }
-  events.sort((a, b) => (a.at ?? "").localeCompare(b.at ?? ""));
-  events.push({
-    at: op.updated_at,
-    kind: "now",
-    text: `Now ${op.state} after ${op.attempts} send(s) upstream.`,
-  });
-  return events.map((event) =>
-    el(
-      "li",
-      { class: event.kind },
-      el("time", { datetime: event.at ?? "", text: event.at ?? "" }),
-      " ",
-      el("span", { class: "event", text: event.text }),
-    ),
-  );
-}
-
-function renderReceipt(op) {
-  const box = $("receipt");
-  box.replaceChildren();
-  if ("result" in op) {
-    // An MCP operation: the tool result, shown as JSON text.
-    if (op.result === null) box.append(el("p", { text: "No tool result is stored." }));
-    else box.append(el("pre", { class: "body", text: JSON.stringify(op.result, null, 2) }));
-    return;
-  }
-  const response = op.response;
-  if (!response) {
-    const why = op.response_status
-      ? `Status ${op.response_status}; the body is not retained.`
-      : "No response is stored.";
-    box.append(el("p", { text: why }));
-    return;
-  }
-  box.append(el("p", { class: "status", text: `Status ${response.status}` }));
-  const headers = el("table", { class: "headers" });
-  for (const [name, value] of Object.entries(response.headers)) {
-    headers.append(el("tr", {}, el("th", { text: name }), el("td", { text: value })));
-  }
-  box.append(headers);
-  const label = response.body_encoding === "base64" ? "Body (base64)" : "Body";
-  box.append(el("p", { text: label }), el("pre", { class: "body", text: response.body }));
 }
 
 function renderActions(op) {
   const resolve = $("resolve-form");
-  const redact = $("redact-form");
   resolve.reset();
-  redact.reset();
+  $("redact-form").reset();
+  $("redact-confirm").hidden = true;
   resolve.hidden = op.state !== "unknown";
-  redact.hidden = !(op.state === "completed" && (op.response || op.result));
   const mcp = "result" in op;
   $("http-receipt").hidden = mcp;
   $("mcp-receipt").hidden = !mcp;
   $("receipt-fields").disabled = true;
 }
 
-function resolveBody(form, op) {
-  const data = new FormData(form);
+// --- actions ------------------------------------------------------------------------
+
+function resolveBody(op) {
+  const data = new FormData($("resolve-form"));
   const outcome = data.get("outcome");
-  const body = { outcome, note: String(data.get("note")).trim() };
+  const body = {
+    outcome,
+    note: String(data.get("note")).trim(),
+    share_with_owner: data.get("share_with_owner") === "on",
+  };
   if (outcome !== "applied") return body;
   if ("result" in op) {
     body.result = { content: [{ type: "text", text: String(data.get("result_text")) }], isError: false };
@@ -359,77 +160,205 @@ function resolveBody(form, op) {
   return body;
 }
 
-async function act(event, action) {
-  event.preventDefault();
-  const form = event.currentTarget;
-  const note = form.querySelector("textarea[required]");
-  if (!note.value.trim()) {
-    show("action-error", "A note is required: say what you checked.");
-    note.focus();
-    return;
-  }
-  show("action-error", "");
-  show("action-result", "");
+function requireText(id, message) {
+  const field = $(id);
+  if (field.value.trim()) return true;
+  warn(message);
+  field.focus();
+  return false;
+}
+
+/** POST an action on the operation shown; on success show the new version and say `message(op)`. */
+async function act(action, body, message) {
   const { op, etag } = shown;
-  const path = `/admin/operations/${encodeURIComponent(op.id)}/${action}`;
-  const body = action === "resolve" ? resolveBody(form, op) : { reason: note.value.trim() };
+  clearNotices();
   try {
-    const answer = await api(path, { method: "POST", body, ifMatch: etag });
-    shown = { op: answer.document, etag: answer.etag };
-    renderDetail(shown.op);
-    show("action-result", action === "resolve" ? `Settled: now ${shown.op.state}.` : "The receipt was erased.");
+    const answer = await api(operationPath(op.id, action), { method: "POST", body, ifMatch: etag });
+    display(answer);
+    notify(message(shown.op));
   } catch (error) {
     if (error.status === 401) return;
+    if (error.tooEarly) {
+      tooEarly(op, error.problem);
+      return;
+    }
     if (error.status === 409 || error.status === 412) {
       // Another operator (or a probe, or the owner) acted first: show what is true now.
       await loadDetail(op.id);
-      show(
-        "action-error",
-        `Someone changed this operation since you read it (${error.message}). ` +
+      warn(
+        `Nothing was changed: someone changed ${op.key} since you read it (${error.message}). ` +
           "It is reloaded: read it again before acting.",
       );
       return;
     }
-    show("action-error", error.message);
+    warn(`Nothing was changed on ${op.key}: ${error.message}`);
   }
 }
 
+function settle(event) {
+  event.preventDefault();
+  // The page checks the form itself (`novalidate`), so that what is missing is said at the top.
+  if (!new FormData($("resolve-form")).get("outcome")) {
+    warn("Choose what happened first: applied or not applied.");
+    return;
+  }
+  if (!requireText("resolve-note", "A note is required: say what you checked.")) return;
+  const body = resolveBody(shown.op);
+  act("resolve", body, (op) => settledWords(op, body));
+}
+
+function settledWords(op, sent) {
+  if (sent.outcome === "applied") {
+    return `Settled ${op.key} as applied: it is now ${op.state}, and its retries are answered ` +
+      "with the receipt you stored. Note kept in the history.";
+  }
+  if (op.state !== "released") return `Settled ${op.key}: it is now ${op.state}. Note kept in the history.`;
+  return sent.force
+    ? `Released ${op.key} with force, before the tool's grace ended: its key may be sent again. ` +
+        "The force and your note are kept in the history."
+    : `Released ${op.key}: its key may be sent again. Note kept in the history.`;
+}
+
+// A not-applied release refused as too early: the server's words and time, then the way
+// to force it, which takes two more clicks (offer, then confirm).
+let forceAllowedAt = null;
+
+function tooEarly(op, problem) {
+  forceAllowedAt = problem.allowed_at ?? null;
+  const when = forceAllowedAt ? ` A release without force is accepted from ${readableTime(forceAllowedAt)}.` : "";
+  const why = String(problem.detail || problem.title || "too early").replace(/\.$/, "");
+  warn(`Not released: ${why}.${when}`);
+  $("force-step").hidden = false;
+  $("force-ask").hidden = false;
+  $("force-confirm").hidden = true;
+}
+
+function hideForce() {
+  $("force-step").hidden = true;
+  $("force-confirm").hidden = true;
+}
+
+function askForce() {
+  const until = forceAllowedAt ? ` until ${readableTime(forceAllowedAt)}` : "";
+  $("force-question").textContent =
+    `Release ${shown.op.key} now, with force? The tool may still be applying the last send${until}; ` +
+    "the agent's retry is sent as soon as it comes. The force is recorded in the history.";
+  $("force-ask").hidden = true;
+  $("force-confirm").hidden = false;
+  $("force-confirm-button").focus();
+}
+
+function force() {
+  if (!requireText("resolve-note", "A note is required: say what you checked.")) return;
+  const body = { ...resolveBody(shown.op), outcome: "not_applied", force: true };
+  hideForce();
+  act("resolve", body, (op) => settledWords(op, body));
+}
+
+function askRedact(event) {
+  event.preventDefault();
+  if (!requireText("redact-reason", "A reason is required: say why the data must go.")) return;
+  $("redact-question").textContent =
+    `Erase the recorded request body and the receipt's headers and body of ${shown.op.key}? ` +
+    "This cannot be undone.";
+  $("redact-confirm").hidden = false;
+  $("redact-confirm-button").focus();
+}
+
+function redact() {
+  $("redact-confirm").hidden = true;
+  act("redact", { reason: $("redact-reason").value.trim() }, (op) => {
+    const last = (op.history ?? []).findLast((event) => event.type === "redacted");
+    const erased = last?.erased?.length ? ` (${last.erased.join(" and ")})` : "";
+    return `Redacted ${op.key}: the recorded request body and the receipt's headers and body are erased${erased}. ` +
+      "The reason is kept in the history.";
+  });
+}
+
+function probe() {
+  act("probe", undefined, (op) => {
+    if (op.state === "completed") {
+      return `Probed ${op.key}: the upstream has the effect. It is now completed, with the probe's answer as its receipt.`;
+    }
+    if (op.state === "released") {
+      return `Probed ${op.key}: the upstream has no such effect. Released: its key may be sent again.`;
+    }
+    return `Probed ${op.key}: the answer did not settle it; it is still ${op.state}. The answer is in the history.`;
+  });
+}
+
 // --- wiring -----------------------------------------------------------------------
+
+function target(hash) {
+  let match = hash.match(/^#\/op\/(.+)$/);
+  if (match) return { view: "op", id: decodeURIComponent(match[1]) };
+  match = hash.match(/^#\/key\/(.+)$/);
+  if (match) return { view: "key", key: decodeURIComponent(match[1]) };
+  const params = new URLSearchParams(hash.replace(/^#\/?\??/, ""));
+  if (params.get("op")) return { view: "op", id: params.get("op") };
+  if (params.get("key")) return { view: "key", key: params.get("key") };
+  return { view: "list", query: listQuery(hash) };
+}
 
 async function route() {
   if (!token()) {
     signOut("");
     return;
   }
-  $("login").hidden = true;
-  $("sign-out").hidden = false;
-  const match = location.hash.match(/^#\/op\/(.+)$/);
+  showSignedIn();
+  clearNotices();
   try {
-    if (match) await showDetail(decodeURIComponent(match[1]));
-    else await showList();
+    const where = target(location.hash);
+    if (where.view === "op") await showDetail(where.id);
+    else if (where.view === "key") {
+      const id = await showKey(where.key);
+      if (id !== null) await showDetail(id);
+    }
+    else await showList(where.query);
   } catch (error) {
-    if (error.status !== 401) show("list-error", error.message);
+    if (error.status !== 401) warn(error.message);
   }
 }
 
 function start() {
+  onRefused(() => signOut("The gateway refused this token. Sign in again."));
   $("login-form").addEventListener("submit", signIn);
   $("sign-out").addEventListener("click", () => signOut("Signed out."));
+  $("search").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const q = $("q").value.trim();
+    location.hash = q ? listHash({ state: "all", q }) : "#/";
+  });
   $("filters").addEventListener("submit", (event) => {
     event.preventDefault();
     const query = listQuery();
     location.hash = listHash({ ...query, route: $("route").value, older_than: $("older-than").value.trim() });
   });
-  $("more").addEventListener("click", () => loadPage(listQuery()));
+  $("more").addEventListener("click", loadMore);
   $("back").addEventListener("click", (event) => {
     event.preventDefault();
-    location.hash = lastListHash;
+    location.hash = listAddress();
   });
+  $("reload").addEventListener("click", () => {
+    clearNotices();
+    loadDetail(shown.op.id);
+  });
+  $("history-more").addEventListener("click", moreHistory);
+  $("probe-now").addEventListener("click", probe);
   $("resolve-form").addEventListener("change", (event) => {
-    if (event.target.name === "outcome") $("receipt-fields").disabled = event.target.value !== "applied";
+    if (event.target.name !== "outcome") return;
+    $("receipt-fields").disabled = event.target.value !== "applied";
+    if (event.target.value === "applied") hideForce();
   });
-  $("resolve-form").addEventListener("submit", (event) => act(event, "resolve"));
-  $("redact-form").addEventListener("submit", (event) => act(event, "redact"));
+  $("resolve-form").addEventListener("submit", settle);
+  $("force-ask").addEventListener("click", askForce);
+  $("force-confirm-button").addEventListener("click", force);
+  $("force-cancel").addEventListener("click", hideForce);
+  $("redact-form").addEventListener("submit", askRedact);
+  $("redact-confirm-button").addEventListener("click", redact);
+  $("redact-cancel").addEventListener("click", () => {
+    $("redact-confirm").hidden = true;
+  });
   window.addEventListener("hashchange", route);
   route();
 }

@@ -1,0 +1,279 @@
+// One operation's page: what an operator needs to decide, as text.
+//
+// The request that was sent, every event of the history (notes verbatim), where the
+// receipt came from, and, while the outcome is open, how long ago the last send was
+// and until when the tool may still be working (both from the server's clocks).
+
+import { $, duration, el, readableTime, time } from "./dom.js";
+
+const RECEIPT_SOURCES = {
+  upstream: "the upstream's answer",
+  probe: "a probe's answer",
+  operator: "an operator's statement",
+};
+
+const EVENT_LABELS = {
+  claimed: "Claimed",
+  sent: "Sent upstream",
+  answered: "Answered",
+  "timed-out": "Timed out",
+  "connection-lost": "Connection lost",
+  "lease-expired": "Lease expired",
+  probe: "Probe",
+  resolved: "Resolved",
+  released: "Released",
+  redacted: "Redacted",
+  expired: "Expired",
+  truncated: "Truncated",
+};
+
+const VERDICTS = {
+  applied: "applied: the upstream has the effect",
+  not_applied: "not applied: the upstream has no such effect",
+  not_applied_too_soon: "not applied, but too soon to release (the tool may still apply the send)",
+  inconclusive: "inconclusive",
+  superseded: "superseded: about an attempt that is no longer current",
+};
+
+const OWN_WORDS = [["note", ""], ["reason", "Reason: "]];
+const SHOWN_APART = new Set(["seq", "type", "at", "actor", "version", "reconstructed"]);
+for (const [name] of OWN_WORDS) SHOWN_APART.add(name).add(`${name}_redacted`);
+
+const GONE = {
+  too_large: (request) =>
+    `The body (${request.size} bytes) was larger than the route's record_request_max: ` +
+    "only its size and SHA-256 are kept.",
+  redacted: () => "The recorded request was erased by a redaction (see “Redacted” in the history).",
+  expired: () => "The recorded request was dropped when its retention ended.",
+};
+
+export function renderOperation(op) {
+  $("detail-title").textContent = `Operation ${op.key}`;
+  renderTiming(op);
+  $("probe-box").hidden = !(op.state === "unknown" && op.probe_available === true);
+  renderSummary(op);
+  renderRequest(op.request);
+  $("history").replaceChildren(...historyItems(op.history ?? []));
+  $("history-more").hidden = op.history_next === null || op.history_next === undefined;
+  renderReceipt(op);
+}
+
+// --- timing: only the server's numbers ---------------------------------------------
+
+function renderTiming(op) {
+  const box = $("timing");
+  const age = op.last_send_age;
+  const open = op.state === "unknown" || op.state === "in_flight";
+  box.hidden = !open || age === null || age === undefined;
+  if (box.hidden) {
+    box.replaceChildren();
+    return;
+  }
+  const sent = `Last sent ${duration(age)} ago`;
+  if (!op.may_apply_until) {
+    box.replaceChildren(`${sent}.`);
+    return;
+  }
+  box.replaceChildren(
+    `${sent}; the tool may still be working until `,
+    time(op.may_apply_until),
+    ". ",
+    op.state === "unknown"
+      ? "Releasing it (not applied) before then needs force."
+      : "The gateway is still waiting for its answer.",
+  );
+}
+
+// --- summary ---------------------------------------------------------------------
+
+function renderSummary(op) {
+  const keyLink = el("a", { href: `#/key/${encodeURIComponent(op.key)}`, text: op.key });
+  const facts = [
+    ["State", el("span", { class: `state ${op.state}`, text: op.state })],
+    ["Id", op.id],
+    ["Key", keyLink],
+    ["Scope", op.scope ?? ""],
+    ["Route", op.route],
+    ["Request", `${op.method} ${op.path}`],
+    ["Forwarded key", op.forwarded_key ?? "none (this route forwards no key)"],
+    ["Attempts (sends upstream)", String(op.attempts)],
+    ["Fencing token", String(op.fencing_token ?? "")],
+    ["Fingerprint", op.fingerprint],
+    ["Created", time(op.created_at)],
+    ["Updated", time(op.updated_at)],
+    ["Safe to retry", op.safe_to_retry ? "yes" : "no"],
+  ];
+  if (op.state === "in_flight" && op.lease_expires_at) facts.push(["Lease expires", time(op.lease_expires_at)]);
+  if (op.expires_at) facts.push(["Receipt kept until", time(op.expires_at)]);
+  $("summary").replaceChildren(
+    ...facts.flatMap(([name, value]) => [el("dt", { text: name }), el("dd", {}, value)]),
+  );
+}
+
+// --- the request that was sent -----------------------------------------------------
+
+function renderRequest(request) {
+  const box = $("request");
+  if (!request) {
+    box.replaceChildren(
+      el("p", { text: "No request was recorded for this operation (recorded before the gateway kept requests)." }),
+    );
+    return;
+  }
+  const facts = [];
+  if (request.method) facts.push(["Sent", request.target ? `${request.method} ${request.target}` : request.method]);
+  if (request.tool) facts.push(["Tool", request.tool]);
+  if (request.content_type !== undefined) facts.push(["Content type", request.content_type ?? "none"]);
+  if (request.size !== null && request.size !== undefined) facts.push(["Size", `${request.size} bytes`]);
+  if (request.sha256) facts.push(["SHA-256", request.sha256]);
+  const parts = [];
+  if (facts.length) {
+    parts.push(el("dl", {}, ...facts.flatMap(([n, v]) => [el("dt", { text: n }), el("dd", { text: v })])));
+  }
+  if (request.arguments !== null && request.arguments !== undefined) {
+    parts.push(el("p", { text: "Arguments" }));
+    parts.push(el("pre", { class: "body", id: "request-arguments", text: JSON.stringify(request.arguments, null, 2) }));
+  }
+  if (request.body !== null && request.body !== undefined) {
+    const label = request.body_encoding === "base64" ? "Body (base64: not UTF-8 text)" : "Body";
+    parts.push(el("p", { text: label }), el("pre", { class: "body", id: "request-body", text: request.body }));
+  } else if (request.body_gone) {
+    const explain = GONE[request.body_gone];
+    const words = explain ? explain(request) : `The body is not kept (${request.body_gone}).`;
+    parts.push(el("p", { class: "gone", id: "request-gone", data: { gone: request.body_gone }, text: words }));
+  } else if (!request.tool) {
+    parts.push(el("p", { text: "The request had no body." }));
+  }
+  box.replaceChildren(...parts);
+}
+
+// --- history -------------------------------------------------------------------------
+
+/** The events as list items, oldest first: time, what happened, who, details, the note verbatim. */
+export function historyItems(events) {
+  return events.map((event) => {
+    const item = el(
+      "li",
+      { class: `event ${event.type}`, data: { type: event.type, seq: String(event.seq ?? "") } },
+      time(event.at),
+      " ",
+      el("span", { class: "type", text: EVENT_LABELS[event.type] ?? event.type }),
+      " ",
+      el("span", { class: "actor", text: event.actor ? `by ${event.actor}` : "" }),
+    );
+    const details = eventDetails(event);
+    if (details.length) item.append(" ", el("span", { class: "details", text: details.join(" · ") }));
+    if (event.reconstructed) {
+      item.append(" ", el("span", { class: "mark", title: "rebuilt by the migration from an older record", text: "reconstructed" }));
+    }
+    item.append(...eventWords(event));
+    return item;
+  });
+}
+
+function attempt(event) {
+  return event.attempt === undefined || event.attempt === null ? [] : [`attempt ${event.attempt}`];
+}
+
+function eventDetails(event) {
+  switch (event.type) {
+    case "claimed":
+      return [
+        event.attempt > 1 ? `the released key started attempt ${event.attempt}` : "the key was bound (attempt 1)",
+        ...(event.token !== undefined ? [`fencing token ${event.token}`] : []),
+      ];
+    case "sent":
+      return [
+        ...attempt(event),
+        ...(event.token !== undefined ? [`fencing token ${event.token}`] : []),
+        event.forwarded_key ? `forwarded key ${event.forwarded_key}` : "no key forwarded",
+      ];
+    case "answered":
+      return [
+        ...attempt(event),
+        ...(event.status !== undefined && event.status !== null ? [`status ${event.status}`] : []),
+        ...(event.jsonrpc ? [`JSON-RPC ${event.jsonrpc}`] : []),
+      ];
+    case "timed-out":
+    case "connection-lost":
+    case "lease-expired":
+      return [...attempt(event), ...(event.detail ? [event.detail] : []), "the outcome is unknown"];
+    case "probe":
+      return [
+        ...attempt(event),
+        VERDICTS[event.verdict] ?? `verdict ${event.verdict}`,
+        ...(event.status !== undefined && event.status !== null ? [`status ${event.status}`] : []),
+        ...(event.detail ? [event.detail] : []),
+        ...(event.count > 1
+          ? [`${event.count} identical answers, ${readableTime(event.first_at)} to ${readableTime(event.last_at)}`]
+          : []),
+      ];
+    case "resolved":
+      return [
+        event.outcome === "applied" ? "applied: the effect exists" : "not applied: the key may be sent again",
+        ...(event.by ? [`as ${event.by}`] : []),
+        ...(event.force ? ["FORCED before the tool's grace ended"] : []),
+        ...(event.share_with_owner ? ["note shown to the caller"] : []),
+      ];
+    case "released":
+      return [...attempt(event), ...(event.detail ? [event.detail] : []), "the key may be sent again"];
+    case "redacted":
+    case "expired":
+      return event.erased?.length ? [`erased: ${event.erased.join(", ")}`] : [];
+    case "truncated":
+      return [`${event.dropped} later probe answers were not recorded`];
+    default:
+      return Object.entries(event)
+        .filter(([name]) => !SHOWN_APART.has(name))
+        .map(([name, value]) => `${name}: ${typeof value === "string" ? value : JSON.stringify(value)}`);
+  }
+}
+
+/** An operator's own words (a note, a redaction's reason), verbatim on their own lines, or
+ * a mark where a redaction erased them. */
+function eventWords(event) {
+  return OWN_WORDS.flatMap(([name, label]) => {
+    if (event[`${name}_redacted`]) {
+      return [
+        el("p", { class: `note ${name} redacted` }, el("span", { class: "mark", text: "redacted" }),
+          ` the ${name} was erased by a redaction`),
+      ];
+    }
+    if (typeof event[name] !== "string" || !event[name]) return [];
+    return [el("p", { class: `note ${name}` }, label ? el("span", { class: "label", text: label }) : null, event[name])];
+  });
+}
+
+// --- the receipt -------------------------------------------------------------------
+
+function renderReceipt(op) {
+  const source = $("receipt-source");
+  source.dataset.source = op.receipt_source ?? "";
+  source.textContent = op.receipt_source
+    ? `Where it came from: ${RECEIPT_SOURCES[op.receipt_source] ?? op.receipt_source}.`
+    : "No receipt: nothing has answered for this operation yet.";
+  const box = $("receipt");
+  box.replaceChildren();
+  if ("result" in op) {
+    // An MCP operation: the tool result, shown as JSON text.
+    if (op.result === null) box.append(el("p", { text: "No tool result is stored." }));
+    else box.append(el("pre", { class: "body", text: JSON.stringify(op.result, null, 2) }));
+    return;
+  }
+  const response = op.response;
+  if (!response) {
+    const why = op.response_status
+      ? `Status ${op.response_status}; the body is not retained.`
+      : "No response is stored.";
+    box.append(el("p", { text: why }));
+    return;
+  }
+  box.append(el("p", { class: "status", text: `Status ${response.status}` }));
+  const headers = el("table", { class: "headers" });
+  for (const [name, value] of Object.entries(response.headers)) {
+    headers.append(el("tr", {}, el("th", { text: name }), el("td", { text: value })));
+  }
+  box.append(headers);
+  const label = response.body_encoding === "base64" ? "Body (base64)" : "Body";
+  box.append(el("p", { text: label }), el("pre", { class: "body", text: response.body }));
+}
