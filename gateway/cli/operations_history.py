@@ -53,6 +53,9 @@ EXIT_STILL_RUNNING = 4
 PROBE_JOB_TIMEOUT = 300.0
 """Seconds `probe --route` waits for its job by default."""
 
+HISTORY_PAGE = 200
+"""Events asked for a page (the most an operation's JSON embeds)."""
+
 _POLL_FIRST = 0.25
 _POLL_MAX = 2.0
 """A short job is reported at once; a long one is asked about every 2 s, no more."""
@@ -180,7 +183,9 @@ async def read_history(
     path = f"{operation_path(operation)}/history"
     events: list[Mapping[str, Any]] = []
     while True:
-        params = {"after": str(events[-1]["seq"])} if events else {}
+        params = {"limit": str(HISTORY_PAGE)}
+        if events:
+            params["after"] = str(events[-1]["seq"])
         items, more = _history_page(await client.get(path, params))
         if events and items and items[0]["seq"] <= events[-1]["seq"]:
             raise CommandFailed(
