@@ -120,14 +120,12 @@ class StaleReleaseStore(MemoryStore):
     """Lets a release through with a stale token (a writer whose attempt was superseded)."""
 
     async def release(
-        self, operation_id: str, token: int, evidence: Evidence, *, tombstone_seconds: float
+        self, operation_id: str, token: int, evidence: Evidence, **options: Any
     ) -> Operation | None:
         current = self.db.rows.get(operation_id)
         if current is not None and current.state in (State.IN_FLIGHT, State.UNKNOWN):
             token = current.token
-        return await super().release(
-            operation_id, token, evidence, tombstone_seconds=tombstone_seconds
-        )
+        return await super().release(operation_id, token, evidence, **options)
 
 
 class ForgetfulLeaseStore(MemoryStore):
@@ -142,9 +140,9 @@ class ForgetfulLeaseStore(MemoryStore):
         return bare
 
     async def mark_unknown(
-        self, operation_id: str, token: int, evidence: Evidence
+        self, operation_id: str, token: int, evidence: Evidence, events: Any = ()
     ) -> Operation | None:
-        return self._forget(await super().mark_unknown(operation_id, token, evidence))
+        return self._forget(await super().mark_unknown(operation_id, token, evidence, events))
 
     async def expire_orphans(self, *, owner: str | None) -> int:
         count = await super().expire_orphans(owner=owner)

@@ -253,6 +253,20 @@ def _default(name: str) -> object:
     return ProbeSettings.model_fields[name].get_default(call_default_factory=True)
 
 
+DEFAULT_REQUEST_REDACTIONS = (
+    "api_key",
+    "apikey",
+    "access_token",
+    "refresh_token",
+    "token",
+    "password",
+    "secret",
+    "client_secret",
+    "authorization",
+)
+"""Secret-shaped names whose values an operator never needs to settle an operation."""
+
+
 class RouteSettings(BaseModel):
     """A path prefix mapped to one upstream, and how its calls are protected.
 
@@ -286,6 +300,16 @@ class RouteSettings(BaseModel):
     probe: ProbeSettings | None = None
     max_call: Duration = Field(default=3600.0, gt=0)
     """MCP routes: the most a protected call may take; then it is `unknown`."""
+    not_applied_after: Duration = Field(default=300.0, ge=0)
+    """How long after an attempt's last possible send (plus `timeout`) an owner or an
+    admin may release it `not_applied` without `force`: the tool may still be applying
+    a send it received late (the `too-early` guard)."""
+    record_request_max: Size = 64 << 10
+    """The largest request body recorded with its operation for operators (0: none);
+    a larger one keeps its size and SHA-256 only."""
+    redact_request: tuple[str, ...] = DEFAULT_REQUEST_REDACTIONS
+    """Query parameter names, JSON member names (at any depth, any case) and JSON
+    pointers (`/payment/card`) whose values are replaced before a request is recorded."""
 
     # MCP routes (`kind = "mcp"`): the route fronts one Streamable HTTP endpoint.
     kind: Literal["http", "mcp"] = "http"

@@ -48,6 +48,7 @@ from gateway.engine.exchange import (
 )
 from gateway.engine.graces import GraceClock
 from gateway.engine.headers import IDEMPOTENCY_KEY, Pairs
+from gateway.engine.lifecycle_events import request_claimed
 from gateway.engine.models import (
     ClaimRequest,
     Existing,
@@ -57,7 +58,7 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.engine.outcomes import OutcomeWriter
-from gateway.engine.settle import Outcome, Settler
+from gateway.engine.settle import Outcome, ReleaseWindow, Settler
 from gateway.telemetry.tracer import NO_TRACER, Span, Tracer
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class IdempotencyEngine:
         self._forwarded_keys = forwarded_keys
         self._quotas = quotas
         self._settings = settings
+        self._routes = routes
         self._observer: LifecycleObserver = observer or NoObserver()
         self._timed = StoreTimer(self._observer, clock)
         self._fault = fault
@@ -139,6 +141,7 @@ class IdempotencyEngine:
             observer=self._observer,
             timed=self._timed,
             clock=clock,
+            forwarded_key=self._forwarded_key,
             tracer=tracer,
         )
 
@@ -240,6 +243,7 @@ class IdempotencyEngine:
             owner=self._keeper.owner,
             lease_seconds=self._settings.lease,
             tombstone_seconds=request.retention or self._settings.tombstone_retention,
+            claimed=request_claimed(request.record()) if request.record is not None else None,
         )
 
     async def _attempt(
@@ -477,6 +481,9 @@ class IdempotencyEngine:
         response: StoredResponse | None = None,
         note: str | None = None,
         expected_version: int | None = None,
+        actor: str | None = None,
+        force: bool = False,
+        share_with_owner: bool = False,
     ) -> Operation:
         """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it
         (see `Settler.resolve`)."""
@@ -487,11 +494,22 @@ class IdempotencyEngine:
             response=response,
             note=note,
             expected_version=expected_version,
+            actor=actor,
+            force=force,
+            share_with_owner=share_with_owner,
         )
 
-    async def probe(self, operation: Operation) -> Operation | None:
-        """Ask the route's probe about an unknown operation and act on the answer."""
-        return await self._settler.probe(operation)
+    def release_window(self, operation: Operation) -> ReleaseWindow | None:
+        """Until when the tool may still apply the operation's last send (`Settler`)."""
+        return self._settler.release_window(operation)
+
+    def has_probe(self, route_name: str) -> bool:
+        return any(r.name == route_name and r.probe is not None for r in self._routes)
+
+    async def probe(self, operation: Operation, *, now: bool = False) -> Operation | None:
+        """Ask the route's probe about an unknown operation and act on the answer (`now`:
+        an operator asked, whatever the probe's backoff says)."""
+        return await self._settler.probe(operation, now=now)
 
     async def reconcile_unknown(self, *, batch: int = 100) -> int:
         """Probe every due unknown operation once (background sweep); count the settled."""

@@ -28,7 +28,8 @@ they occur.
     │   ├── OutcomeUnknown           409 outcome-unknown
     │   ├── ReceiptExpired           409 receipt-expired
     │   ├── ReceiptNotRetained       409 receipt-not-retained
-    │   └── NotResolvable            409 not-resolvable
+    │   ├── NotResolvable            409 not-resolvable
+    │   └── TooEarly                 409 too-early
     ├── PreconditionFailed           412 precondition-failed
     ├── QuotaExceeded                429 quota-exceeded
     ├── StoreUnavailable             503 store-unavailable
@@ -82,6 +83,8 @@ class GatewayError(Exception):
         self.state = state
         self.operation_id = operation_id
         self.retry_after = retry_after
+        self.extensions: dict[str, object] = {}
+        """More members of the problem document (RFC 9457 extensions) for this type."""
 
     def about(self, key: str, state: str, operation_id: str) -> Self:
         """Tie the error to the operation this attempt claimed, and to the state its
@@ -250,6 +253,18 @@ class ReceiptNotRetained(KeyConflict):
 class NotResolvable(KeyConflict):
     problem_type = "not-resolvable"
     title = "Only an operation whose outcome is unknown can be resolved"
+
+
+class TooEarly(KeyConflict):
+    """A `not_applied` resolve while the tool may still be applying the last send.
+
+    Releasing the key then lets the agent's retry be sent while the first send
+    may still land: two effects. `allowed_at` (and `Retry-After`) say when
+    the release is accepted; an admin may `force` it sooner, on the record.
+    """
+
+    problem_type = "too-early"
+    title = "The last send may still be applied; it is too early to release"
 
 
 class PreconditionFailed(GatewayError):

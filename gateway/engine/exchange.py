@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.headers import without
@@ -162,6 +162,9 @@ class ProxyRequest(NamedTuple):
     forward_operation_id: bool = False
     """Forward the operation id whatever the route's `forward_key` (derived MCP keys:
     the derived key names arguments, not an effect the caller chose)."""
+    record: Callable[[], dict[str, Any] | None] | None = None
+    """Builds the request as operators see it (`gateway.engine.recorded_request`): called
+    only when a claim may bind a new key, never for a replay."""
 
 
 @dataclass(frozen=True, slots=True)

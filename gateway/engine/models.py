@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from gateway.engine.history import NewEvent
 
 
 class State(enum.StrEnum):
@@ -135,6 +138,10 @@ class Operation(NamedTuple):
     resolution: Resolution | None = None
     evidence: tuple[Evidence, ...] = ()
     observed_at: float = 0.0
+    history_seq: int = 0
+    """How many history events the operation has (`gateway.engine.history`)."""
+    history_head: str = ""
+    """The hash of its last event: the end of the chain, kept with the record."""
 
     @property
     def etag(self) -> str:
@@ -192,3 +199,6 @@ class ClaimRequest(NamedTuple):
     owner: str
     lease_seconds: float
     tombstone_seconds: float
+    claimed: NewEvent | None = None
+    """The `claimed` event a new key's first attempt records (with the request kept in
+    its payload); a new attempt of a released key records a plain one."""

@@ -15,7 +15,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from gateway.engine.errors import StoreUnavailable, UpstreamError
+from gateway.engine.errors import StoreUnavailable, UpstreamError, UpstreamTimeout
+from gateway.engine.history import NewEvent
+from gateway.engine.lifecycle_events import (
+    UnknownKind,
+    answered_event,
+    released_event,
+    sent_event,
+    unknown_event,
+)
 from gateway.engine.models import Evidence, Operation, Resolution, State, StoredResponse
 from gateway.telemetry.tracer import NO_TRACER, Tracer
 
@@ -41,8 +49,10 @@ class OutcomeWriter:
         observer: LifecycleObserver,
         timed: StoreTimer,
         clock: Clock,
+        forwarded_key: Callable[[ProxyRequest, Operation], str | None],
         tracer: Tracer = NO_TRACER,
     ) -> None:
+        self._forwarded_key = forwarded_key
         self._store = store
         self._keeper = keeper
         self._settings = settings
@@ -63,6 +73,7 @@ class OutcomeWriter:
                 retention_seconds=request.retention or self._settings.retention,
                 tombstone_seconds=request.retention or self._settings.tombstone_retention,
                 resolution=Resolution(by="upstream", at=self._clock.time()),
+                events=(self._sent(request, operation), answered_event(stored.status)),
             )
 
         def evidence() -> Evidence:  # only a refused (stale) write needs it
@@ -81,7 +92,12 @@ class OutcomeWriter:
     async def release(
         self, request: ProxyRequest, operation: Operation, detail: str, *, status: int | None = None
     ) -> State:
+        """The key may be sent again: nothing was sent, or the upstream refused it with
+        `status` (then it was sent, and answered)."""
         evidence = Evidence(at=self._clock.time(), source="gateway", detail=detail, status=status)
+        events: tuple[NewEvent, ...] = (released_event(detail, status=status),)
+        if status is not None:
+            events = (self._sent(request, operation), answered_event(status), *events)
 
         async def write() -> Operation | None:
             return await self._store.release(
@@ -89,6 +105,8 @@ class OutcomeWriter:
                 operation.token,
                 evidence,
                 tombstone_seconds=request.retention or self._settings.tombstone_retention,
+                retention_seconds=request.retention or self._settings.retention,
+                events=events,
             )
 
         return await self._fenced_write(request, operation, "release", write, lambda: evidence)
@@ -98,8 +116,13 @@ class OutcomeWriter:
     ) -> State:
         evidence = Evidence(at=self._clock.time(), source="gateway", detail=error.detail)
 
+        kind: UnknownKind = "timed-out" if isinstance(error, UpstreamTimeout) else "connection-lost"
+        events = (self._sent(request, operation), unknown_event(kind, error.detail))
+
         async def write() -> Operation | None:
-            return await self._store.mark_unknown(operation.id, operation.token, evidence)
+            return await self._store.mark_unknown(
+                operation.id, operation.token, evidence, events=events
+            )
 
         self._observer.became_unknown(request.route.name, error.problem_type)
         log.warning(
@@ -108,6 +131,9 @@ class OutcomeWriter:
                    "route": request.route.name, "reason": error.problem_type},
         )  # fmt: skip
         return await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
+
+    def _sent(self, request: ProxyRequest, operation: Operation) -> NewEvent:
+        return sent_event(operation.token, self._forwarded_key(request, operation))
 
     async def _fenced_write(
         self,

@@ -11,9 +11,11 @@ attempt that is no longer current is kept as evidence and changes nothing.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from gateway.engine.errors import NotResolvable, PreconditionFailed
+from gateway.engine.errors import NotResolvable, PreconditionFailed, TooEarly
+from gateway.engine.history import NewEvent, iso
+from gateway.engine.lifecycle_events import probe_event, released_event, resolved_event
 from gateway.engine.models import Evidence, Operation, Resolution, ResolvedBy, State, StoredResponse
 from gateway.engine.probes import Applied, NotApplied
 from gateway.store.base import OperationFilter
@@ -31,6 +33,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.lifecycle")
 
 Outcome = Literal["applied", "not_applied"]
+
+
+class ReleaseWindow(NamedTuple):
+    """Until when the tool may still apply an attempt's last send (store clock)."""
+
+    sent_at: float
+    may_apply_until: float
+
+
+def iso_time(seconds: float) -> str:
+    return iso(round(seconds * 1_000_000))
 
 
 class Settler:
@@ -70,14 +83,29 @@ class Settler:
         response: StoredResponse | None = None,
         note: str | None = None,
         expected_version: int | None = None,
+        actor: str | None = None,
+        force: bool = False,
+        share_with_owner: bool = False,
+        probe_event: NewEvent | None = None,
     ) -> Operation:
         """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it.
 
         The verdict is about the attempt `operation` was read at (its token): if
         a newer attempt was sent meanwhile, or someone settled it first, nothing
         changes and `NotResolvable` (or `PreconditionFailed` for a stale
-        `expected_version`) says what the record is now.
+        `expected_version`) says what the record is now. An `in_flight`
+        operation whose lease has run out is first recorded `unknown`
+        (`lease-expired`), then judged as one.
+
+        A person's `not_applied` is refused (`TooEarly`) while the tool may still
+        be applying the last send (`release_window`), unless `force` (admins
+        only: the caller checks), which the history records.
         """
+        if operation.lease_expired():
+            await self._store.expire_orphans(owner=None)
+            operation = await self._store.get_by_id(operation.id) or operation
+            if expected_version is not None and operation.state is State.UNKNOWN:
+                expected_version = operation.version  # the expiry is not the operator's race
         if operation.state is not State.UNKNOWN:
             raise NotResolvable(
                 f"the operation is {operation.state.value}; only an unknown one can be resolved",
@@ -85,6 +113,21 @@ class Settler:
                 state=operation.state.value,
                 operation_id=operation.id,
             )
+        if outcome == "not_applied" and by in ("owner", "admin") and not force:
+            await self._refuse_early_release(operation)
+        events: list[NewEvent] = [] if probe_event is None else [probe_event]
+        events.append(
+            resolved_event(
+                outcome=outcome,
+                by=by,
+                actor=actor or by,
+                note=note,
+                force=force,
+                share_with_owner=share_with_owner,
+            )
+        )
+        if outcome == "not_applied":
+            events.append(released_event(f"resolved not applied by {actor or by}"))
         resolved = await self._timed(
             "resolve",
             self._store.resolve(
@@ -96,6 +139,7 @@ class Settler:
                 resolution=Resolution(by=by, at=self._clock.time(), note=note),
                 retention_seconds=self._settings.retention,
                 tombstone_seconds=self._settings.tombstone_retention,
+                events=events,
             ),
         )
         if resolved is None:
@@ -127,11 +171,64 @@ class Settler:
         log.info(
             "resolved",
             extra={"event": "resolution", "operation_id": operation.id, "key": operation.key,
-                   "by": by, "outcome": outcome, "state": resolved.state.value},
+                   "by": by, "actor": actor or by, "outcome": outcome, "force": force,
+                   "state": resolved.state.value},
         )  # fmt: skip
         return resolved
 
-    async def probe(self, operation: Operation) -> Operation | None:
+    def release_window(self, operation: Operation) -> ReleaseWindow | None:
+        """When the tool may stop applying the current attempt's last send, as the record
+        says (store clock); None for an operation that is not in flight or unknown.
+
+        The tool may still apply a send until the route's `timeout` has passed
+        since it, and until `not_applied_after` has passed since the grace anchor
+        (the attempt's last lease expiry: the latest moment its holder could have
+        sent or received a byte); the later of the two."""
+        if operation.state not in (State.UNKNOWN, State.IN_FLIGHT):
+            return None
+        route = self._routes.get(operation.route)
+        timeout = route.timeout if route is not None else self._settings.lease
+        grace = route.not_applied_after if route is not None else 300.0
+        sent = operation.sent_at or operation.created_at
+        until = max(self._last_send_bound(operation) + grace, sent + timeout + grace)
+        return ReleaseWindow(sent_at=sent, may_apply_until=until)
+
+    async def _refuse_early_release(self, operation: Operation) -> None:
+        """Raise `TooEarly` unless the window closed, counted so that a step of the
+        store's clock cannot shorten it (`GraceClock`)."""
+        before = self._clock.monotonic()
+        current = await self._store.get_by_id(operation.id) or operation
+        window = self.release_window(current)
+        if window is None:
+            return
+        waited = self._graces.elapsed_since(
+            window.sent_at,
+            store_now=current.observed_at,
+            before=before,
+            after=self._clock.monotonic(),
+        )
+        needed = window.may_apply_until - window.sent_at
+        if waited >= needed:
+            return
+        left = needed - waited
+        allowed_at = current.observed_at + left
+        error = TooEarly(
+            f"attempt {current.attempts} was last sent {current.observed_at - window.sent_at:.0f} "
+            f"s ago, and the tool may still be applying it until {iso_time(allowed_at)}: "
+            "releasing it now could let a retry make a second effect. Check the tool again "
+            "after that time",
+            key=current.key,
+            state=current.state.value,
+            operation_id=current.id,
+            retry_after=left,
+        )
+        error.extensions = {
+            "allowed_at": iso_time(allowed_at),
+            "last_send_age": round(current.observed_at - window.sent_at, 3),
+        }
+        raise error
+
+    async def probe(self, operation: Operation, *, now: bool = False) -> Operation | None:
         """Ask the route's probe about an unknown operation and act on the answer.
 
         A verdict is about one attempt: the one current when the probe was
@@ -145,7 +242,7 @@ class Settler:
         """
         route = self._routes.get(operation.route)
         probe = route.probe if route is not None else None
-        if route is None or probe is None or not self._prober.due(operation.id):
+        if route is None or probe is None or not (now or self._prober.due(operation.id)):
             return operation
         before = self._clock.monotonic()
         asked = await self._store.get_by_id(operation.id)
@@ -219,7 +316,13 @@ class Settler:
     ) -> Operation | None:
         try:
             settled = await self.resolve(
-                asked, outcome=outcome, by="probe", response=response, note="settled by probe"
+                asked,
+                outcome=outcome,
+                by="probe",
+                response=response,
+                note="settled by probe",
+                actor="probe",
+                probe_event=probe_event(outcome, status=status, detail="the probe settled it"),
             )
         except (NotResolvable, PreconditionFailed) as exc:
             return await self._probe_evidence(
@@ -249,7 +352,8 @@ class Settler:
                    "route": route.name, "result": result, "status": status},
         )  # fmt: skip
         evidence = Evidence(at=self._clock.time(), source="probe", detail=detail, status=status)
-        await self._store.add_evidence(operation.id, evidence)
+        event = probe_event(result, status=status, detail=detail)
+        await self._store.add_evidence(operation.id, evidence, (event,))
         return await self._store.get_by_id(operation.id)
 
     async def reconcile_unknown(self, *, batch: int = 100) -> int:

@@ -15,6 +15,7 @@ with the problem in `error.data`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from gateway.engine.exchange import ProxyRequest, Reply, UpstreamAnswer
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
 from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
+from gateway.engine.recorded_request import mcp_record
 from gateway.mcp.answers import EVENT_STREAM, McpCall
 from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call
 from gateway.mcp.jsonrpc import (
@@ -184,6 +186,14 @@ async def _tool_call(
         ),
         retention=retention,
         forward_operation_id=retention is not None,
+        record=functools.partial(
+            mcp_record,
+            tool=call.name,
+            arguments=call.arguments,
+            size=len(body),
+            limit=route.record_request_max,
+            redact=route.redact_request,
+        ),
     )
     engine, metrics = app[ENGINE], app[METRICS]
     try:

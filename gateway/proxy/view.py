@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -43,6 +44,7 @@ from gateway.engine.exchange import ProxyRequest, Reply
 from gateway.engine.fingerprint import fingerprint_request
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, Pairs
 from gateway.engine.keys import format_key_header, parse_idempotency_key
+from gateway.engine.recorded_request import http_record
 from gateway.engine.scopes import CallerScope
 from gateway.proxy.request_body import read_in_time, read_limited
 from gateway.proxy.routing import RouteMatch
@@ -160,6 +162,15 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
             request.headers.getall("Prefer", []), app[SETTINGS].idempotency.max_wait
         ),
         trace=trace,
+        record=functools.partial(
+            http_record,
+            method=request.method,
+            target=url.raw_path + ("?" + url.raw_query_string if url.raw_query_string else ""),
+            content_type=request.headers.get("Content-Type"),
+            body=body,
+            limit=route.record_request_max,
+            redact=route.redact_request,
+        ),
     )
     try:
         reply = engine.answer_from_receipt(proxy_request)

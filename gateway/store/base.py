@@ -14,11 +14,12 @@ never as a driver exception.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from gateway.engine.history import EventRow, NewEvent
     from gateway.engine.models import (
         ClaimRequest,
         ClaimResult,
@@ -51,6 +52,24 @@ class OperationFilter:
     older_than: float | None = None
     """Created at least this many seconds ago, on the store's own clock (the clock
     `created_at` was written with)."""
+    prefix: str | None = None
+    """Keys or operation ids that start with this text (`%` and `_` match themselves)."""
+
+
+def like_prefix(text: str) -> str:
+    """A `LIKE ... ESCAPE '\\'` pattern for values starting with `text`: keys may hold
+    `%` and `_`, which an operator's search means literally."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPage:
+    """Events of one operation in `seq` order, with their payloads opened (decrypted;
+    `None` where erased or unreadable)."""
+
+    events: tuple[EventRow, ...]
+    payloads: tuple[bytes | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +170,19 @@ class Store(Protocol):
         retention_seconds: float,
         tombstone_seconds: float,
         resolution: Resolution,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        """Record the receipt; `None` if the caller's token is stale."""
+        """Record the receipt; `None` if the caller's token is stale.
+
+        Every write verb appends its `events` to the operation's history in the
+        same transaction, after the change (`gateway.engine.history`)."""
 
     async def mark_unknown(
-        self, operation_id: str, token: int, evidence: Evidence
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         """The effect may have happened; hold the key for reconciliation."""
 
@@ -166,13 +193,25 @@ class Store(Protocol):
         evidence: Evidence,
         *,
         tombstone_seconds: float,
+        retention_seconds: float = 0.0,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        """The request provably did not take effect; the key may be used again."""
+        """The request provably did not take effect; the key may be used again. Its
+        recorded request is dropped `retention_seconds` from now."""
 
     async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
         """Extend the leases (operation id to token) this owner still holds; the ids renewed."""
 
-    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None: ...
+    async def add_evidence(
+        self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
+    ) -> None:
+        """Keep what a late writer or a probe learned; no new version (the ETag an
+        operator read stays valid). Past `EVIDENCE_CAP` events they are not recorded."""
+
+    async def history(
+        self, operation_id: str, *, after: int = 0, limit: int | None = None
+    ) -> HistoryPage:
+        """The operation's events after `seq` `after`, oldest first."""
 
     async def get(self, scope: str, key: str) -> Operation | None:
         """The operation for the key in the scope, `None` when never used or forgotten."""
@@ -201,6 +240,7 @@ class Store(Protocol):
         resolution: Resolution,
         retention_seconds: float,
         tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         """Settle an `unknown` operation's attempt `token` (the token grows by one).
 
@@ -232,11 +272,17 @@ class Store(Protocol):
         """Records (of any state) one scope keeps: for the `max_operations` quota."""
 
     async def redact(
-        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+        self,
+        operation_id: str,
+        evidence: Evidence,
+        *,
+        expected_version: int | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        """Erase a completed receipt's headers and body, keep the fact the key was used.
+        """Erase the recorded request and any receipt's headers and body, in any state;
+        keep the fact the key was used (a completed one stays completed, its receipt
+        no longer retained).
 
-        `None` unless the operation is completed (and, when `expected_version` is
-        given, still at that version: an operator acts on the version they read).
-        The evidence is the audit entry.
+        `None` when the operation is gone or, with `expected_version`, no longer at
+        that version (an operator acts on the version they read).
         """

@@ -31,8 +31,13 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
+import asyncpg.pool
+
 from gateway.engine.errors import StoreUnavailable
+from gateway.engine.history import NewEvent, capped
 from gateway.engine.ids import new_operation_id
+from gateway.engine.lifecycle_events import claimed_event, expired_event, lease_expired_event
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -45,22 +50,25 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
-from gateway.store.base import OperationFilter, Page, SweepReport
+from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport, like_prefix
 from gateway.store.crypto import BodyCipher
+from gateway.store.history_rows import READ_COLUMNS, read_rows
 from gateway.store.postgres_batch import StatementBatcher
 from gateway.store.postgres_connection import PostgresConnection, _translated
-from gateway.store.postgres_schema import COLUMNS, migrate
+from gateway.store.postgres_schema import COLUMNS, columns_of, migrate
 from gateway.store.postgres_statements import (
     _CLAIMS,
     _COMPLETES,
     _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
     _SELECT_BY_KEY,
+    ERASE_REQUEST,
     KEY_IN_ANY_SCOPE,
     NOW,
     SECONDS,
     _claim_existing,
     _Receipt,
+    append_events,
 )
 from gateway.store.rows import (
     WITNESS_PREFIX,
@@ -182,13 +190,45 @@ class PostgresStore(PostgresConnection):
             # The claim changes the record, or a concurrent claim's row is newer than
             # the batch's snapshot: decide again under the row's lock.
             async with self._require_pool().acquire() as connection, connection.transaction():
-                return await _claim_existing(connection, request, self._decode)
+                return await _claim_existing(connection, request, self._decode, self._cipher)
+
+    async def _changed(
+        self,
+        action: str,
+        events: Sequence[NewEvent],
+        query: str,
+        *args: Any,
+        stored: StoredResponse | None = None,
+    ) -> Operation | None:
+        """Run one write and append its events to the history, in one transaction."""
+        async with (
+            _translated(action),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            row = await connection.fetchrow(query, *args)
+            if row is None:
+                return None
+            operation = row_to_operation(row, self._cipher, stored=stored)
+            if not events:
+                return operation
+            return (await append_events(connection, [(operation, events)], self._cipher))[0]
 
     async def _run_claims(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult | None]:
-        """One statement for a batch of claims: each gets its new row, the key's row
-        as the statement saw it (when the claim would not change it), or `None`."""
+        """One statement for a batch of claims (and one for their `claimed` events): each
+        gets its new row, the key's row as the statement saw it (when the claim would
+        not change it), or `None`."""
         ids = [new_operation_id() for _ in requests]
-        rows = await self._require_pool().fetch(
+        async with self._require_pool().acquire() as connection, connection.transaction():
+            return await self._claim_batch(connection, ids, requests)
+
+    async def _claim_batch(
+        self,
+        connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+        ids: list[str],
+        requests: Sequence[ClaimRequest],
+    ) -> list[ClaimResult | None]:
+        rows = await connection.fetch(
             _CLAIMS,
             ids,
             [request.scope for request in requests],
@@ -199,14 +239,26 @@ class PostgresStore(PostgresConnection):
             [request.fingerprint for request in requests],
             [request.owner for request in requests],
             [request.lease_seconds for request in requests],
+            [
+                request.claimed is not None and request.claimed.payload is not None
+                for request in requests
+            ],
         )
         inserted = {row["id"]: row for row in rows if row["_inserted"]}
         existing = {(row["scope"], row["key"]): row for row in rows if not row["_inserted"]}
+        fresh = [
+            (self._decode(inserted[operation_id]), (claimed_event(request.claimed, 1),))
+            for operation_id, request in zip(ids, requests, strict=True)
+            if operation_id in inserted
+        ]
+        appended = {
+            operation.id: operation
+            for operation in await append_events(connection, fresh, self._cipher)
+        }
         results: list[ClaimResult | None] = []
         for operation_id, request in zip(ids, requests, strict=True):
-            row = inserted.get(operation_id)
-            if row is not None:
-                results.append(NewAttempt(self._decode(row)))
+            if operation_id in appended:
+                results.append(NewAttempt(appended[operation_id]))
                 continue
             row = existing.get((request.scope, request.key))
             if row is None:
@@ -227,6 +279,7 @@ class PostgresStore(PostgresConnection):
         retention_seconds: float,
         tombstone_seconds: float,
         resolution: Resolution,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         sealed = seal_receipt(
             response, response.body if body_retained else None, operation_id, self._cipher
@@ -242,13 +295,23 @@ class PostgresStore(PostgresConnection):
             retention_seconds=retention_seconds,
             tombstone_seconds=max(tombstone_seconds, retention_seconds),
             resolution=resolution,
+            events=tuple(events),
         )
         async with _translated("complete"):
             return await self._completes.submit(receipt)
 
     async def _run_completes(self, receipts: Sequence[_Receipt]) -> list[Operation | None]:
-        """One statement for a batch of receipts, each fenced by its own token."""
-        rows = await self._require_pool().fetch(
+        """One statement for a batch of receipts, each fenced by its own token (and one
+        for their events), in one transaction."""
+        async with self._require_pool().acquire() as connection, connection.transaction():
+            return await self._complete_batch(connection, receipts)
+
+    async def _complete_batch(
+        self,
+        connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+        receipts: Sequence[_Receipt],
+    ) -> list[Operation | None]:
+        rows = await connection.fetch(
             _COMPLETES,
             [receipt.operation_id for receipt in receipts],
             [receipt.token for receipt in receipts],
@@ -263,19 +326,27 @@ class PostgresStore(PostgresConnection):
             [receipt.storage for receipt in receipts],
         )
         written = {row["id"]: row for row in rows}
-        results: list[Operation | None] = []
-        for receipt in receipts:
-            row = written.get(receipt.operation_id)
-            results.append(
-                None if row is None else row_to_operation(row, self._cipher, stored=receipt.stored)
-            )
-        return results
+        changes = [
+            (row_to_operation(row, self._cipher, stored=receipt.stored), receipt.events)
+            for receipt in receipts
+            if (row := written.get(receipt.operation_id)) is not None
+        ]
+        appended = {
+            operation.id: operation
+            for operation in await append_events(connection, changes, self._cipher)
+        }
+        return [appended.get(receipt.operation_id) for receipt in receipts]
 
     async def mark_unknown(
-        self, operation_id: str, token: int, evidence: Evidence
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        row = await self._fetchrow(
+        return await self._changed(
             "mark_unknown",
+            events,
             "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
             f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($3::jsonb) "
@@ -284,7 +355,6 @@ class PostgresStore(PostgresConnection):
             token,
             json.dumps(evidence.as_json()),
         )
-        return None if row is None else self._decode(row)
 
     async def release(
         self,
@@ -293,20 +363,24 @@ class PostgresStore(PostgresConnection):
         evidence: Evidence,
         *,
         tombstone_seconds: float,
+        retention_seconds: float = 0.0,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        row = await self._fetchrow(
+        return await self._changed(
             "release",
+            events,
             "UPDATE operations SET state = 'released', lease_owner = NULL, "
             f"forgotten_at = {NOW} + {SECONDS.format('$4')}, "
+            f"expires_at = {NOW} + {SECONDS.format('$5')}, "
             f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($3::jsonb) "
             f"WHERE id = $1 AND token = $2 AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
             operation_id,
             token,
             json.dumps(evidence.as_json()),
-            tombstone_seconds,
+            max(tombstone_seconds, retention_seconds),
+            retention_seconds,
         )
-        return None if row is None else self._decode(row)
 
     async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
         if not leases:
@@ -327,14 +401,40 @@ class PostgresStore(PostgresConnection):
         )
         return {row["id"] for row in rows}
 
-    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None:
-        await self._fetchval(
-            "add_evidence",
-            "UPDATE operations SET evidence = evidence || jsonb_build_array($2::jsonb), "
-            "version = version + 1 WHERE id = $1",
+    async def add_evidence(
+        self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
+    ) -> None:
+        """Evidence changes no version (an operator's `If-Match` survives probes)."""
+        async with (
+            _translated("add_evidence"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            row = await connection.fetchrow(
+                "UPDATE operations SET evidence = evidence || jsonb_build_array($2::jsonb) "
+                f"WHERE id = $1 RETURNING {COLUMNS}",
+                operation_id,
+                json.dumps(evidence.as_json()),
+            )
+            if row is not None:
+                operation = row_to_operation(row, self._cipher, lenient=True)
+                await append_events(
+                    connection, [(operation, capped(operation, events))], self._cipher
+                )
+
+    async def history(
+        self, operation_id: str, *, after: int = 0, limit: int | None = None
+    ) -> HistoryPage:
+        rows = await self._fetch(
+            "history",
+            f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = $1 AND seq > $2 "
+            "ORDER BY seq LIMIT $3",
             operation_id,
-            json.dumps(evidence.as_json()),
+            after,
+            limit,
         )
+        events, payloads = read_rows([tuple(row) for row in rows], self._cipher)
+        return HistoryPage(tuple(events), tuple(payloads))
 
     async def get(self, scope: str, key: str) -> Operation | None:
         row = await self._fetchrow("get", _SELECT_BY_KEY, scope, key)
@@ -365,15 +465,17 @@ class PostgresStore(PostgresConnection):
         resolution: Resolution,
         retention_seconds: float,
         tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         sealed = seal_receipt(
             response, response.body if response else None, operation_id, self._cipher
         )
-        row = await self._fetchrow(
+        return await self._changed(
             "resolve",
+            events,
             "UPDATE operations SET state = $2, response_status = $3, response_headers = $4, "
             "response_body = $5, body_retained = $6, storage = $13, "
-            f"expires_at = CASE WHEN $2 = 'completed' THEN {NOW} + {SECONDS.format('$7')} END, "
+            f"expires_at = {NOW} + {SECONDS.format('$7')}, "
             f"forgotten_at = {NOW} + {SECONDS.format('$8')}, "
             f"resolution_by = $9, resolution_at = {NOW}, resolution_note = $10, "
             f"token = token + 1, updated_at = {NOW}, version = version + 1 "
@@ -394,7 +496,6 @@ class PostgresStore(PostgresConnection):
             token,
             sealed.storage,
         )
-        return None if row is None else self._decode(row)
 
     async def list_operations(
         self, where: OperationFilter, *, limit: int, cursor: str | None
@@ -403,6 +504,9 @@ class PostgresStore(PostgresConnection):
         # A statement of its own with a key: its condition must reach the planner as an
         # index path, never as `$6 IS NULL OR ...` in a generic plan that scans.
         by_key = f"AND {KEY_IN_ANY_SCOPE.format('$6')} " if where.key is not None else ""
+        if where.prefix is not None:
+            place = f"${7 if where.key is not None else 6}"
+            by_key += f"AND (key LIKE {place} ESCAPE '\\' OR id LIKE {place} ESCAPE '\\') "
         rows = await self._fetch(
             "list",
             f"SELECT seq, {COLUMNS} FROM operations WHERE seq > $1 "
@@ -416,6 +520,7 @@ class PostgresStore(PostgresConnection):
             where.route,
             where.older_than,
             *(() if where.key is None else (where.key,)),
+            *(() if where.prefix is None else (like_prefix(where.prefix),)),
         )
         more = len(rows) > limit
         rows = rows[:limit]
@@ -434,39 +539,70 @@ class PostgresStore(PostgresConnection):
             where, args = f"state = 'in_flight' AND lease_expires_at <= {NOW}", ()
             detail = "the lease expired before an outcome was recorded"
         evidence = json.dumps(Evidence(at=0.0, source="lease", detail=detail).as_json())
-        rows = await self._fetch(
-            "expire_orphans",
-            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-            f"updated_at = {NOW}, version = version + 1, "
-            "evidence = evidence || jsonb_build_array("
-            f"jsonb_set($1::jsonb, '{{at}}', to_jsonb(extract(epoch from {NOW})::float8))) "
-            "WHERE seq IN (SELECT seq FROM operations "
-            f"WHERE {where} LIMIT 1000 FOR UPDATE SKIP LOCKED) {_OUTCOME_RETURNING}",
-            evidence,
-            *args,
-        )
+        async with (
+            _translated("expire_orphans"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            rows = await connection.fetch(
+                "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+                f"updated_at = {NOW}, version = version + 1, "
+                "evidence = evidence || jsonb_build_array("
+                f"jsonb_set($1::jsonb, '{{at}}', to_jsonb(extract(epoch from {NOW})::float8))) "
+                "WHERE seq IN (SELECT seq FROM operations "
+                f"WHERE {where} LIMIT 1000 FOR UPDATE SKIP LOCKED) {_OUTCOME_RETURNING}",
+                evidence,
+                *args,
+            )
+            event = lease_expired_event(detail)
+            await append_events(
+                connection,
+                [(row_to_operation(row, self._cipher, lenient=True), (event,)) for row in rows],
+                self._cipher,
+            )
         return len(rows)
 
     async def sweep(self, *, batch: int) -> SweepReport:
-        async with _translated("sweep"):
-            pool = self._require_pool()
-            expired = await pool.fetchval(
+        async with (
+            _translated("sweep"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            expired = await connection.fetch(
                 "WITH due AS (SELECT seq FROM operations WHERE state = 'completed' "
                 f"AND response_body IS NOT NULL AND expires_at <= {NOW} "
-                "LIMIT $1 FOR UPDATE SKIP LOCKED), "
-                "changed AS (UPDATE operations o SET response_body = NULL, "
-                "response_headers = NULL, version = version + 1 "
-                "FROM due WHERE o.seq = due.seq RETURNING 1) SELECT count(*) FROM changed",
+                "LIMIT $1 FOR UPDATE SKIP LOCKED) "
+                "UPDATE operations o SET response_body = NULL, response_headers = NULL, "
+                f"request_kept = false, updated_at = {NOW}, version = version + 1 "
+                f"FROM due WHERE o.seq = due.seq RETURNING {columns_of('o')}",
                 batch,
             )
-            forgotten = await pool.fetchval(
-                "WITH due AS (SELECT seq FROM operations WHERE state IN ('completed', "
+            requests = await connection.fetch(
+                "WITH due AS (SELECT seq FROM operations WHERE request_kept "
+                f"AND state IN ('completed', 'released') AND expires_at <= {NOW} "
+                "LIMIT $1 FOR UPDATE SKIP LOCKED) "
+                f"UPDATE operations o SET request_kept = false, updated_at = {NOW}, "
+                f"version = version + 1 FROM due WHERE o.seq = due.seq "
+                f"RETURNING {columns_of('o')}",
+                batch,
+            )
+            changes = []
+            for rows, erased in ((expired, ["receipt", "request"]), (requests, ["request"])):
+                for row in rows:
+                    operation = row_to_operation(row, self._cipher, lenient=True)
+                    await connection.execute(ERASE_REQUEST, operation.id)
+                    changes.append((operation, (expired_event(erased),)))
+            await append_events(connection, changes, self._cipher)
+            forgotten = await connection.fetchval(
+                "WITH due AS (SELECT seq, id FROM operations WHERE state IN ('completed', "
                 f"'released') AND forgotten_at <= {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED), "
+                "events AS (DELETE FROM operation_events e USING due "
+                "WHERE e.operation_id = due.id), "
                 "gone AS (DELETE FROM operations o USING due WHERE o.seq = due.seq "
                 "RETURNING 1) SELECT count(*) FROM gone",
                 batch,
             )
-        return SweepReport(receipts_expired=int(expired), forgotten=int(forgotten))
+        return SweepReport(receipts_expired=len(expired), forgotten=int(forgotten))
 
     async def count_for_scope(self, scope: str) -> int:
         return int(
@@ -474,20 +610,34 @@ class PostgresStore(PostgresConnection):
         )
 
     async def redact(
-        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+        self,
+        operation_id: str,
+        evidence: Evidence,
+        *,
+        expected_version: int | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        row = await self._fetchrow(
-            "redact",
-            "UPDATE operations SET response_body = NULL, response_headers = NULL, "
-            f"body_retained = false, updated_at = {NOW}, version = version + 1, "
-            "evidence = evidence || jsonb_build_array($2::jsonb) "
-            "WHERE id = $1 AND state = 'completed' AND ($3::bigint IS NULL OR version = $3) "
-            f"RETURNING {COLUMNS}",
-            operation_id,
-            json.dumps(evidence.as_json()),
-            expected_version,
-        )
-        return None if row is None else self._decode(row)
+        async with (
+            _translated("redact"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            row = await connection.fetchrow(
+                "UPDATE operations SET response_body = NULL, response_headers = NULL, "
+                "body_retained = CASE WHEN state = 'completed' THEN false ELSE body_retained END, "
+                f"request_kept = false, updated_at = {NOW}, version = version + 1, "
+                "evidence = evidence || jsonb_build_array($2::jsonb) "
+                "WHERE id = $1 AND ($3::bigint IS NULL OR version = $3) "
+                f"RETURNING {COLUMNS}",
+                operation_id,
+                json.dumps(evidence.as_json()),
+                expected_version,
+            )
+            if row is None:
+                return None
+            await connection.execute(ERASE_REQUEST, operation_id)
+            operation = self._decode(row)
+            return (await append_events(connection, [(operation, events)], self._cipher))[0]
 
     async def count_by_state(self) -> dict[State, int]:
         counts = dict.fromkeys(State, 0)

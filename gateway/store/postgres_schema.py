@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -126,7 +126,59 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UPDATE operations SET storage = 'sealed' "
         "WHERE substring(response_body from 1 for 4) = '\\x49474531'::bytea",
     ),
+    # The history (gateway.engine.history): events in their own table, the chain's
+    # head in the row; `request_kept` marks rows whose recorded request the sweep
+    # must drop at `expires_at`. Existing rows get a reconstructed history (below).
+    5: (
+        "ALTER TABLE operations ADD COLUMN history_seq integer NOT NULL DEFAULT 0",
+        "ALTER TABLE operations ADD COLUMN history_head text NOT NULL DEFAULT ''",
+        "ALTER TABLE operations ADD COLUMN request_kept boolean NOT NULL DEFAULT false",
+        """
+        CREATE TABLE operation_events (
+            operation_id text NOT NULL,
+            seq integer NOT NULL,
+            type text NOT NULL,
+            at_us bigint NOT NULL,
+            actor text NOT NULL,
+            version bigint NOT NULL,
+            data text NOT NULL,
+            payload bytea,
+            storage text NOT NULL DEFAULT 'plain',
+            prev text NOT NULL,
+            hash text NOT NULL,
+            PRIMARY KEY (operation_id, seq)
+        )
+        """,
+        "CREATE INDEX operations_by_request_expiry ON operations (expires_at) WHERE request_kept",
+    ),
 }
+
+
+async def _reconstruct_histories(
+    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+) -> None:
+    """Version 5: every operation recorded before gets the history its row proves."""
+    from gateway.store.history_migration import reconstructed_rows
+    from gateway.store.history_rows import EVENT_COLUMNS
+    from gateway.store.rows import row_to_operation
+
+    for row in await connection.fetch(f"SELECT {COLUMNS} FROM operations"):
+        operation = row_to_operation(row, lenient=True)
+        events, head, seq = reconstructed_rows(operation)
+        await connection.executemany(
+            f"INSERT INTO operation_events ({EVENT_COLUMNS}) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'plain', $9, $10)",
+            [tuple(event) for event in events],
+        )
+        await connection.execute(
+            "UPDATE operations SET history_head = $2, history_seq = $3 WHERE id = $1",
+            operation.id,
+            head,
+            seq,
+        )
+
+
+_PYTHON_STEPS = {5: _reconstruct_histories}
 
 
 async def migrate(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> int:
@@ -145,6 +197,9 @@ async def migrate(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) 
         for version in range((current or 0) + 1, SCHEMA_VERSION + 1):
             for statement in _MIGRATIONS[version]:
                 await connection.execute(statement)
+            step = _PYTHON_STEPS.get(version)
+            if step is not None:
+                await step(connection)
         if current is None:
             await connection.execute(
                 "INSERT INTO gateway_schema_version (version) VALUES ($1)", SCHEMA_VERSION

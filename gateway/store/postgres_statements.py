@@ -11,13 +11,15 @@ module keeps only what each verb does.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
 
 from gateway.engine.errors import StoreUnavailable
+from gateway.engine.history import NewEvent
 from gateway.engine.ids import new_operation_id
+from gateway.engine.lifecycle_events import LEASE_EXPIRED, claimed_event, lease_expired_event
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -29,6 +31,8 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
+from gateway.store.crypto import BodyCipher
+from gateway.store.history_rows import EVENT_COLUMNS, chained_rows
 from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of
 from gateway.store.rows import is_forgotten
 
@@ -73,21 +77,22 @@ _SELECT_BY_KEY = f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $
 _INSERT_CLAIM = (
     "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
     "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-    f"sent_at) VALUES ($1, $2, $3, 'in_flight', $4, $5, $6, $7, 1, 1, 1, {NOW}, {NOW}, $8, "
-    f"{NOW} + {SECONDS.format('$9')}, {NOW}) ON CONFLICT (scope, key) DO NOTHING "
+    f"sent_at, request_kept) VALUES ($1, $2, $3, 'in_flight', $4, $5, $6, $7, 1, 1, 1, {NOW}, "
+    f"{NOW}, $8, {NOW} + {SECONDS.format('$9')}, {NOW}, $10) ON CONFLICT (scope, key) DO NOTHING "
     f"RETURNING {COLUMNS}"
 )
 """One claim's insert, under the row lock of `_claim_existing`."""
 
 _CLAIMS = (
     "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
-    "$5::text[], $6::text[], $7::text[], $8::text[], $9::float8[]) "
-    "AS v(id, scope, key, route, method, path, fingerprint, lease_owner, lease_seconds)), "
+    "$5::text[], $6::text[], $7::text[], $8::text[], $9::float8[], $10::bool[]) "
+    "AS v(id, scope, key, route, method, path, fingerprint, lease_owner, lease_seconds, "
+    "request_kept)), "
     "inserted AS (INSERT INTO operations (id, scope, key, state, route, method, path, "
     "fingerprint, attempts, token, version, created_at, updated_at, lease_owner, "
-    "lease_expires_at, sent_at) SELECT id, scope, key, 'in_flight', route, method, path, "
-    f"fingerprint, 1, 1, 1, {NOW}, {NOW}, lease_owner, "
-    f"{NOW} + {SECONDS.format('lease_seconds')}, {NOW} FROM input "
+    "lease_expires_at, sent_at, request_kept) SELECT id, scope, key, 'in_flight', route, "
+    f"method, path, fingerprint, 1, 1, 1, {NOW}, {NOW}, lease_owner, "
+    f"{NOW} + {SECONDS.format('lease_seconds')}, {NOW}, request_kept FROM input "
     f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}) "
     "SELECT *, true AS _inserted FROM inserted "
     "UNION ALL SELECT found.*, false FROM input i, "
@@ -143,6 +148,48 @@ class _Receipt(NamedTuple):
     retention_seconds: float
     tombstone_seconds: float
     resolution: Resolution
+    events: tuple[NewEvent, ...] = ()
+
+
+_APPEND = (
+    f"WITH events AS (INSERT INTO operation_events ({EVENT_COLUMNS}) SELECT * FROM unnest("
+    "$1::text[], $2::int4[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::text[], "
+    "$8::bytea[], $9::text[], $10::text[], $11::text[])) "
+    "UPDATE operations o SET history_head = h.head, history_seq = h.seq "
+    "FROM unnest($12::text[], $13::text[], $14::int4[]) AS h(id, head, seq) WHERE o.id = h.id"
+)
+"""Events of one or more operations, and each one's new head, in one statement."""
+
+ERASE_REQUEST = (
+    "UPDATE operation_events SET payload = NULL "
+    "WHERE operation_id = $1 AND type = 'claimed' AND payload IS NOT NULL"
+)
+"""Drop an operation's recorded request (retention, redaction): its commitment stays."""
+
+
+async def append_events(
+    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+    changes: Sequence[tuple[Operation, Sequence[NewEvent]]],
+    cipher: BodyCipher | None,
+) -> list[Operation]:
+    """Chain each operation's events after it (as this transaction changed it), in the
+    caller's transaction; the operations with their new heads."""
+    rows: list[tuple[Any, ...]] = []
+    heads: list[tuple[str, str, int]] = []
+    appended: list[Operation] = []
+    for operation, events in changes:
+        if not events:
+            appended.append(operation)
+            continue
+        written, after = chained_rows(operation, events, cipher)
+        rows.extend(written)
+        heads.append((after.id, after.history_head, after.history_seq))
+        appended.append(after)
+    if rows:
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        ids, head_hashes, seqs = (list(column) for column in zip(*heads, strict=True))
+        await connection.execute(_APPEND, *columns, ids, head_hashes, seqs)
+    return appended
 
 
 def _insert_args(request: ClaimRequest) -> tuple[Any, ...]:
@@ -156,6 +203,7 @@ def _insert_args(request: ClaimRequest) -> tuple[Any, ...]:
         request.fingerprint,
         request.owner,
         request.lease_seconds,
+        request.claimed is not None and request.claimed.payload is not None,
     )
 
 
@@ -163,8 +211,13 @@ async def _claim_existing(
     connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
     request: ClaimRequest,
     decode: Callable[[Any], Operation],
+    cipher: BodyCipher | None,
 ) -> ClaimResult:
     """The key exists: decide under a row lock what a claim means for it."""
+
+    async def appended(operation: Operation, event: NewEvent) -> Operation:
+        return (await append_events(connection, [(operation, (event,))], cipher))[0]
+
     for _ in range(3):
         row = await connection.fetchrow(
             f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2 FOR UPDATE",
@@ -177,14 +230,15 @@ async def _claim_existing(
         # another claim got there first, its row is read, locked, on the next turn.
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
         if inserted is not None:
-            return NewAttempt(decode(inserted))
+            return NewAttempt(await appended(decode(inserted), claimed_event(request.claimed, 1)))
     else:
         raise StoreUnavailable("the key changed under three concurrent claims; retry")
     current = decode(row)
     if is_forgotten(current):
+        await connection.execute("DELETE FROM operation_events WHERE operation_id = $1", current.id)
         await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
-        return NewAttempt(decode(inserted))
+        return NewAttempt(await appended(decode(inserted), claimed_event(request.claimed, 1)))
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
         updated = await connection.fetchrow(
             "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
@@ -195,13 +249,10 @@ async def _claim_existing(
             request.owner,
             request.lease_seconds,
         )
-        return NewAttempt(decode(updated))
+        operation = decode(updated)
+        return NewAttempt(await appended(operation, claimed_event(None, operation.token)))
     if current.lease_expired():
-        evidence = Evidence(
-            at=current.observed_at,
-            source="lease",
-            detail="the lease expired before an outcome was recorded",
-        )
+        evidence = Evidence(at=current.observed_at, source="lease", detail=LEASE_EXPIRED)
         expired = await connection.fetchrow(
             "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
             f"updated_at = {NOW}, version = version + 1, "
@@ -210,5 +261,5 @@ async def _claim_existing(
             current.id,
             json.dumps(evidence.as_json()),
         )
-        return Existing(decode(expired))
+        return Existing(await appended(decode(expired), lease_expired_event(LEASE_EXPIRED)))
     return Existing(current)

@@ -45,6 +45,8 @@ COLUMN_NAMES = (
     "resolution_note",
     "evidence",
     "storage",
+    "history_seq",
+    "history_head",
     "observed_at",
 )
 """The columns both stores select, in the order `row_to_operation` reads them.
@@ -241,6 +243,8 @@ def row_to_operation(
         resolution_note,
         evidence,
         storage,
+        history_seq,
+        history_head,
         observed_at,
     ) = tuple(row)[:_FIELD_COUNT]
     response = stored
@@ -291,4 +295,6 @@ def row_to_operation(
             else ()
         ),
         observed_at=observed_at,
+        history_seq=history_seq,
+        history_head=history_head,
     )

@@ -32,12 +32,14 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.engine.clock import SYSTEM_CLOCK, Clock
 from gateway.engine.errors import StoreUnavailable
+from gateway.engine.history import NewEvent, capped
+from gateway.engine.lifecycle_events import expired_event, lease_expired_event
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -48,8 +50,9 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
-from gateway.store.base import OperationFilter, Page, SweepReport
+from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
 from gateway.store.crypto import BodyCipher, CipherError
+from gateway.store.history_rows import READ_COLUMNS, chained_rows, read_rows
 from gateway.store.rows import (
     WITNESS_PREFIX,
     as_stored,
@@ -61,12 +64,14 @@ from gateway.store.rows import (
     seal_receipt,
 )
 from gateway.store.sqlite_connection import SharedDatabase, SqliteConnection
-from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION, migrate
+from gateway.store.sqlite_schema import COLUMNS, migrate
 from gateway.store.sqlite_statements import (
+    _INSERT_EVENT,
     _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
     _RETURNING,
     _SELECT,
+    ERASE_REQUEST,
     KEY_IN_ANY_SCOPE,
     _claim,
     load_or_create_secret,
@@ -196,7 +201,30 @@ class SqliteStore(SqliteConnection):
     # -- the state machine's verbs ------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
-        return await self._writer.run(lambda c: _claim(c, request, self._decode, self._clock))
+        return await self._writer.run(
+            lambda c: _claim(c, request, self._decode, self._clock, self._append)
+        )
+
+    def _append(
+        self, c: sqlite3.Connection, operation: Operation, events: Sequence[NewEvent]
+    ) -> Operation:
+        """Chain `events` after the operation as this transaction left it."""
+        if not events:
+            return operation
+        rows, appended = chained_rows(operation, events, self._cipher)
+        c.executemany(_INSERT_EVENT, rows)
+        c.execute(
+            "UPDATE operations SET history_head = ?, history_seq = ? WHERE id = ?",
+            (appended.history_head, appended.history_seq, operation.id),
+        )
+        return appended
+
+    def _append_row(
+        self, c: sqlite3.Connection, row: Any, events: Sequence[NewEvent], **decode: Any
+    ) -> Operation | None:
+        if row is None:
+            return None
+        return self._append(c, row_to_operation(row, self._cipher, **decode), events)
 
     async def complete(
         self,
@@ -208,6 +236,7 @@ class SqliteStore(SqliteConnection):
         retention_seconds: float,
         tombstone_seconds: float,
         resolution: Resolution,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         receipt = seal_receipt(
             response, response.body if body_retained else None, operation_id, self._cipher
@@ -238,13 +267,17 @@ class SqliteStore(SqliteConnection):
                     token,
                 ),
             ).fetchone()
-            return None if row is None else row_to_operation(row, self._cipher, stored=stored)
+            return self._append_row(c, row, events, stored=stored)
 
         stored = as_stored(response, body_retained=body_retained)
         return await self._writer.run(job)
 
     async def mark_unknown(
-        self, operation_id: str, token: int, evidence: Evidence
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
             row = c.execute(
@@ -254,7 +287,7 @@ class SqliteStore(SqliteConnection):
                 f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
                 (self._clock.time(), json.dumps(evidence.as_json()), operation_id, token),
             ).fetchone()
-            return None if row is None else self._decode(row)
+            return self._append_row(c, row, events)
 
         return await self._writer.run(job)
 
@@ -265,23 +298,26 @@ class SqliteStore(SqliteConnection):
         evidence: Evidence,
         *,
         tombstone_seconds: float,
+        retention_seconds: float = 0.0,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
             now = self._clock.time()
             row = c.execute(
                 "UPDATE operations SET state = 'released', lease_owner = NULL, "
-                "forgotten_at = ?, updated_at = ?, "
+                "forgotten_at = ?, expires_at = ?, updated_at = ?, "
                 "version = version + 1, evidence = json_insert(evidence, '$[#]', json(?)) "
                 f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
                 (
-                    now + tombstone_seconds,
+                    now + max(tombstone_seconds, retention_seconds),
+                    now + retention_seconds,
                     now,
                     json.dumps(evidence.as_json()),
                     operation_id,
                     token,
                 ),
             ).fetchone()
-            return None if row is None else self._decode(row)
+            return self._append_row(c, row, events)
 
         return await self._writer.run(job)
 
@@ -305,14 +341,33 @@ class SqliteStore(SqliteConnection):
 
         return await self._writer.run(job) if items else set()
 
-    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None:
-        await self._writer.run(
-            lambda c: c.execute(
-                "UPDATE operations SET evidence = json_insert(evidence, '$[#]', json(?)), "
-                "version = version + 1 WHERE id = ?",
+    async def add_evidence(
+        self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
+    ) -> None:
+        """Evidence changes no version (an operator's `If-Match` survives probes)."""
+
+        def job(c: sqlite3.Connection) -> None:
+            row = c.execute(
+                "UPDATE operations SET evidence = json_insert(evidence, '$[#]', json(?)) "
+                f"WHERE id = ? {_RETURNING}",
                 (json.dumps(evidence.as_json()), operation_id),
-            )
+            ).fetchone()
+            if row is not None:
+                operation = self._decode(row)
+                self._append(c, operation, capped(operation, events))
+
+        await self._writer.run(job)
+
+    async def history(
+        self, operation_id: str, *, after: int = 0, limit: int | None = None
+    ) -> HistoryPage:
+        rows = await self._read(
+            f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = ? AND seq > ? "
+            "ORDER BY seq LIMIT ?",
+            (operation_id, after, -1 if limit is None else limit),
         )
+        events, payloads = read_rows(rows, self._cipher)
+        return HistoryPage(tuple(events), tuple(payloads))
 
     async def get(self, scope: str, key: str) -> Operation | None:
         rows = await self._read(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key))
@@ -352,6 +407,7 @@ class SqliteStore(SqliteConnection):
         resolution: Resolution,
         retention_seconds: float,
         tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         receipt = seal_receipt(
             response, response.body if response else None, operation_id, self._cipher
@@ -375,7 +431,7 @@ class SqliteStore(SqliteConnection):
                     receipt.body,
                     receipt.storage,
                     int(retained),
-                    now + retention_seconds if state is State.COMPLETED else None,
+                    now + retention_seconds,
                     now + max(tombstone_seconds, retention_seconds),
                     resolution.by,
                     now,
@@ -387,7 +443,7 @@ class SqliteStore(SqliteConnection):
                     expected_version,
                 ),
             ).fetchone()
-            return None if row is None else self._decode(row)
+            return self._append_row(c, row, events)
 
         return await self._writer.run(job)
 
@@ -411,6 +467,11 @@ class SqliteStore(SqliteConnection):
             if where.key is not None:
                 clauses.append(KEY_IN_ANY_SCOPE)
                 params.append(where.key)
+            if where.prefix is not None:
+                # substr, not LIKE: SQLite's LIKE ignores case, and keys do not.
+                size = len(where.prefix)
+                clauses.append("(substr(key, 1, ?) = ? OR substr(id, 1, ?) = ?)")
+                params.extend((size, where.prefix, size, where.prefix))
             rows = c.execute(
                 f"SELECT seq, {', '.join(COLUMNS)} FROM operations "
                 f"WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",
@@ -442,9 +503,12 @@ class SqliteStore(SqliteConnection):
                 "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
                 "updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE {where} RETURNING CASE WHEN watched THEN {SETTLED_FUNCTION}(id) END",
+                f"WHERE {where} {_OUTCOME_RETURNING}",
                 (now, evidence, *params),
             ).fetchall()
+            event = lease_expired_event(detail)
+            for row in expired:
+                self._append(c, row_to_operation(row, self._cipher, lenient=True), (event,))
             return len(expired)
 
         return await self._writer.run(job, off_loop=everything)
@@ -454,18 +518,39 @@ class SqliteStore(SqliteConnection):
             now = self._clock.time()
             expired = c.execute(
                 "UPDATE operations SET response_body = NULL, response_headers = NULL, "
-                "version = version + 1 WHERE seq IN (SELECT seq FROM operations "
+                "request_kept = 0, updated_at = ?, version = version + 1 "
+                "WHERE seq IN (SELECT seq FROM operations "
                 "INDEXED BY operations_by_body_expiry WHERE response_body IS NOT NULL "
-                "AND expires_at <= ? AND state = 'completed' LIMIT ?)",
-                (now, batch),
+                "AND expires_at <= ? AND state = 'completed' LIMIT ?) "
+                f"{_RETURNING}",
+                (now, now, batch),
+            ).fetchall()
+            requests = c.execute(
+                "UPDATE operations SET request_kept = 0, updated_at = ?, version = version + 1 "
+                "WHERE seq IN (SELECT seq FROM operations "
+                "INDEXED BY operations_by_request_expiry WHERE request_kept = 1 "
+                "AND expires_at <= ? AND state IN ('completed', 'released') LIMIT ?) "
+                f"{_RETURNING}",
+                (now, now, batch),
+            ).fetchall()
+            for rows, erased in ((expired, ["receipt", "request"]), (requests, ["request"])):
+                for row in rows:
+                    operation = row_to_operation(row, self._cipher, lenient=True)
+                    c.execute(ERASE_REQUEST, (operation.id,))
+                    self._append(c, operation, (expired_event(erased),))
+            doomed = (
+                "SELECT id FROM operations INDEXED BY operations_by_forgotten_at "
+                "WHERE forgotten_at IS NOT NULL AND forgotten_at <= ? "
+                "AND state IN ('completed', 'released') LIMIT ?"
+            )
+            ids = [row[0] for row in c.execute(doomed, (now, batch))]
+            c.executemany(
+                "DELETE FROM operation_events WHERE operation_id = ?", [(i,) for i in ids]
+            )
+            forgotten = c.executemany(
+                "DELETE FROM operations WHERE id = ?", [(i,) for i in ids]
             ).rowcount
-            forgotten = c.execute(
-                "DELETE FROM operations WHERE seq IN (SELECT seq FROM operations "
-                "INDEXED BY operations_by_forgotten_at WHERE forgotten_at IS NOT NULL "
-                "AND forgotten_at <= ? AND state IN ('completed', 'released') LIMIT ?)",
-                (now, batch),
-            ).rowcount
-            return SweepReport(receipts_expired=expired, forgotten=forgotten)
+            return SweepReport(receipts_expired=len(expired), forgotten=forgotten)
 
         return await self._writer.run(job, off_loop=True)
 
@@ -480,14 +565,20 @@ class SqliteStore(SqliteConnection):
         )
 
     async def redact(
-        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+        self,
+        operation_id: str,
+        evidence: Evidence,
+        *,
+        expected_version: int | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         def job(c: sqlite3.Connection) -> Operation | None:
             row = c.execute(
                 "UPDATE operations SET response_body = NULL, response_headers = NULL, "
-                "body_retained = 0, updated_at = ?, version = version + 1, "
+                "body_retained = CASE WHEN state = 'completed' THEN 0 ELSE body_retained END, "
+                "request_kept = 0, updated_at = ?, version = version + 1, "
                 "evidence = json_insert(evidence, '$[#]', json(?)) "
-                "WHERE id = ? AND state = 'completed' AND (? IS NULL OR version = ?) "
+                "WHERE id = ? AND (? IS NULL OR version = ?) "
                 f"{_RETURNING}",
                 (
                     self._clock.time(),
@@ -497,7 +588,10 @@ class SqliteStore(SqliteConnection):
                     expected_version,
                 ),
             ).fetchone()
-            return None if row is None else self._decode(row)
+            if row is None:
+                return None
+            c.execute(ERASE_REQUEST, (operation_id,))
+            return self._append_row(c, row, events)
 
         # The old page versions would still sit in the WAL: the commit copies the new
         # ones over the database file and empties the WAL, so the bytes leave both.

@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SETTLED_FUNCTION = "gateway_settled"
 """An SQL function the writer connection registers: `gateway_settled(id)` notes that a
@@ -90,7 +90,58 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     # (`Prefer: wait`) marks the row, and outcome writes of marked rows wake it
     # (`SETTLED_FUNCTION`). Unmarked rows cost nothing.
     4: ("ALTER TABLE operations ADD COLUMN watched INTEGER NOT NULL DEFAULT 0",),
+    # The history (gateway.engine.history): events in their own table, the chain's
+    # head in the row; `request_kept` marks rows whose recorded request the sweep
+    # must drop at `expires_at`. Existing rows get a reconstructed history (below).
+    5: (
+        "ALTER TABLE operations ADD COLUMN history_seq INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE operations ADD COLUMN history_head TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE operations ADD COLUMN request_kept INTEGER NOT NULL DEFAULT 0",
+        """
+        CREATE TABLE operation_events (
+            operation_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            at_us INTEGER NOT NULL,
+            actor TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            payload BLOB,
+            storage TEXT NOT NULL DEFAULT 'plain',
+            prev TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            PRIMARY KEY (operation_id, seq)
+        ) WITHOUT ROWID
+        """,
+        "CREATE INDEX operations_by_request_expiry ON operations (expires_at) "
+        "WHERE request_kept = 1",
+    ),
 }
+
+
+def _reconstruct_histories(connection: sqlite3.Connection) -> None:
+    """Version 5: every operation recorded before gets the history its row proves."""
+    from gateway.store.history_migration import reconstructed_rows
+    from gateway.store.history_rows import EVENT_COLUMNS
+    from gateway.store.rows import row_to_operation
+
+    selected = ", ".join("updated_at" if name == "observed_at" else name for name in COLUMN_NAMES)
+    rows = connection.execute(f"SELECT {selected} FROM operations").fetchall()
+    for row in rows:
+        operation = row_to_operation(row, lenient=True)
+        events, head, seq = reconstructed_rows(operation)
+        connection.executemany(
+            f"INSERT INTO operation_events ({EVENT_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'plain', ?, ?)",
+            [tuple(event) for event in events],
+        )
+        connection.execute(
+            "UPDATE operations SET history_head = ?, history_seq = ? WHERE id = ?",
+            (head, seq, operation.id),
+        )
+
+
+_PYTHON_STEPS = {5: _reconstruct_histories}
 
 
 def migrate(connection: sqlite3.Connection) -> int:
@@ -106,6 +157,9 @@ def migrate(connection: sqlite3.Connection) -> int:
     for version in range(current + 1, SCHEMA_VERSION + 1):
         for statement in _MIGRATIONS[version]:
             connection.execute(statement)
+        step = _PYTHON_STEPS.get(version)
+        if step is not None:
+            step(connection)
     if row is None:
         connection.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
     else:

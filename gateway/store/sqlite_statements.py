@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.engine.clock import Clock
+from gateway.engine.history import NewEvent
 from gateway.engine.ids import new_operation_id
+from gateway.engine.lifecycle_events import LEASE_EXPIRED, claimed_event, lease_expired_event
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -26,10 +28,13 @@ from gateway.engine.models import (
     Operation,
     State,
 )
+from gateway.store.history_rows import EVENT_COLUMNS
 from gateway.store.rows import claim_changes, is_forgotten, scope_secret_lost
 from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION
 
 Decode = Callable[[Any], Operation]
+Append = Callable[[sqlite3.Connection, Operation, Sequence[NewEvent]], Operation]
+"""Appends events to the operation (as its change left it) in the caller's transaction."""
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM operations"
 _RETURNING = f"RETURNING {', '.join(COLUMNS)}"
@@ -39,6 +44,16 @@ _OUTCOME_RETURNING = f"{_RETURNING}, CASE WHEN watched THEN {SETTLED_FUNCTION}(i
 The row's `watched` is read as this write updates it: SQLite serializes
 writers, so a `watch` that committed first is seen, and one that commits after
 is followed by the waiter's own re-read of the record."""
+
+_INSERT_EVENT = (
+    f"INSERT INTO operation_events ({EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+ERASE_REQUEST = (
+    "UPDATE operation_events SET payload = NULL "
+    "WHERE operation_id = ? AND type = 'claimed' AND payload IS NOT NULL"
+)
+"""Drop an operation's recorded request (retention, redaction): its commitment stays."""
 
 _OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
 """Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its
@@ -62,7 +77,11 @@ looked up in each: a seek per scope, not a scan per operation."""
 
 
 def _claim(
-    c: sqlite3.Connection, request: ClaimRequest, decode: Decode, clock: Clock
+    c: sqlite3.Connection,
+    request: ClaimRequest,
+    decode: Decode,
+    clock: Clock,
+    append: Append,
 ) -> ClaimResult:
     """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
     replay, if we inserted first) costs a built row and a constraint check (profiled)."""
@@ -71,39 +90,45 @@ def _claim(
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is None:
-        return NewAttempt(_insert_claim(c, request, now))
+        return NewAttempt(_insert_claim(c, request, now, append))
     current = decode(row)
     if not claim_changes(current, request.fingerprint):
         return Existing(current)
     if is_forgotten(current):
+        c.execute("DELETE FROM operation_events WHERE operation_id = ?", (current.id,))
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        return NewAttempt(_insert_claim(c, request, now))
+        return NewAttempt(_insert_claim(c, request, now, append))
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
-        updated = c.execute(
-            "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
-            "token = token + 1, version = version + 1, lease_owner = ?, "
-            "lease_expires_at = ?, sent_at = ?, forgotten_at = NULL, updated_at = ? "
-            f"WHERE id = ? {_RETURNING}",
-            (request.owner, now + request.lease_seconds, now, now, current.id),
-        ).fetchone()
-        return NewAttempt(decode(updated))
+        updated = decode(
+            c.execute(
+                "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
+                "token = token + 1, version = version + 1, lease_owner = ?, "
+                "lease_expires_at = ?, sent_at = ?, forgotten_at = NULL, updated_at = ? "
+                f"WHERE id = ? {_RETURNING}",
+                (request.owner, now + request.lease_seconds, now, now, current.id),
+            ).fetchone()
+        )
+        return NewAttempt(append(c, updated, (claimed_event(None, updated.token),)))
     # What is left: an in-flight record whose lease has run out turns unknown.
-    evidence = Evidence(
-        at=now, source="lease", detail="the lease expired before an outcome was recorded"
+    evidence = Evidence(at=now, source="lease", detail=LEASE_EXPIRED)
+    expired = decode(
+        c.execute(
+            "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+            "updated_at = ?, version = version + 1, "
+            "evidence = json_insert(evidence, '$[#]', json(?)) "
+            f"WHERE id = ? {_RETURNING}",
+            (now, json.dumps(evidence.as_json()), current.id),
+        ).fetchone()
     )
-    expired = c.execute(
-        "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
-        "updated_at = ?, version = version + 1, "
-        "evidence = json_insert(evidence, '$[#]', json(?)) "
-        f"WHERE id = ? {_RETURNING}",
-        (now, json.dumps(evidence.as_json()), current.id),
-    ).fetchone()
-    return Existing(decode(expired))
+    return Existing(append(c, expired, (lease_expired_event(LEASE_EXPIRED),)))
 
 
-def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> Operation:
+def _insert_claim(
+    c: sqlite3.Connection, request: ClaimRequest, now: float, append: Append
+) -> Operation:
     """Insert the first attempt and return it as a read would, built from what was
     written (no `RETURNING`: every column is known here or a schema default)."""
+    claimed = claimed_event(request.claimed, 1)
     operation = Operation(
         id=new_operation_id(now),
         scope=request.scope,
@@ -126,7 +151,8 @@ def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> O
     c.execute(
         "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
         "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-        "sent_at) VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?)",
+        "sent_at, request_kept) "
+        "VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?, ?)",
         (
             operation.id,
             operation.scope,
@@ -140,9 +166,10 @@ def _insert_claim(c: sqlite3.Connection, request: ClaimRequest, now: float) -> O
             operation.lease_owner,
             operation.lease_expires_at,
             now,
+            int(claimed.payload is not None),
         ),
     )
-    return operation
+    return append(c, operation, (claimed,))
 
 
 def load_or_create_secret(c: sqlite3.Connection) -> bytes:

@@ -6,10 +6,12 @@ Answers 404 when no admin token is configured (the endpoints do not exist),
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
 import time
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,12 +24,16 @@ from gateway.engine.errors import (
     PreconditionFailed,
     Unauthorized,
 )
+from gateway.engine.history import event_json, verify_chain
+from gateway.engine.lifecycle_events import redacted_event
 from gateway.engine.models import Evidence, Operation, State
 from gateway.engine.scopes import header_bytes
 from gateway.store import OperationFilter
-from gateway.web.appkeys import ENGINE, SETTINGS, STORE
+from gateway.web.appkeys import ENGINE, PROBE_JOBS, SETTINGS, STORE
+from gateway.web.operation_document import HISTORY_PAGE, forwarded_key
 from gateway.web.operation_json import operation_json
 from gateway.web.operations_view import expected_version, operation_response, read_operator_body
+from gateway.web.probe_jobs import PARALLEL, job_url
 from gateway.web.problems import operation_url
 from gateway.web.resolve_body import StorableText, parse_resolve_body
 
@@ -35,6 +41,8 @@ log = logging.getLogger("gateway.admin")
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 100
+ADMIN_ACTOR = "X-Admin-Actor"
+NO_STORE = {"Cache-Control": "no-store"}
 
 
 def require_admin(request: web.Request) -> None:
@@ -48,19 +56,28 @@ def require_admin(request: web.Request) -> None:
         raise Unauthorized("a valid 'Authorization: Bearer <admin token>' is required")
 
 
-def _forwarded_key(request: web.Request, operation: Operation) -> str | None:
-    route = next((r for r in request.app[SETTINGS].routes if r.name == operation.route), None)
-    return None if route is None else request.app[ENGINE].forwarded_key(route, operation)
+def _actor(request: web.Request) -> str:
+    """`admin`, or `admin:<name>` from `X-Admin-Actor` (the console asks for it at sign-in)."""
+    name = request.headers.get(ADMIN_ACTOR, "").strip()
+    if not name:
+        return "admin"
+    if len(name) > 64 or not all(" " <= char <= "~" for char in name):
+        raise InvalidRequest(f"{ADMIN_ACTOR} must be 1 to 64 printable ASCII characters")
+    return f"admin:{name}"
 
 
-def _admin_response(request: web.Request, operation: Operation) -> web.Response:
-    """One operation for an operator: any scope, and the key its upstream saw."""
-    return operation_response(
-        operation,
-        include_scope=True,
-        key_headers=False,
-        extra={"forwarded_key": _forwarded_key(request, operation)},
-    )
+async def _admin_response(request: web.Request, operation: Operation) -> web.Response:
+    """One operation for an operator: any scope, its history, the request and the key its
+    upstream saw."""
+    return await operation_response(request, operation, admin=True)
+
+
+async def _operation_by_id(request: web.Request) -> Operation:
+    op_id = request.match_info["id"]
+    operation = await request.app[STORE].get_by_id(op_id)
+    if operation is None:
+        raise NotFound(f"no operation with id {op_id!r}")
+    return operation
 
 
 async def list_operations(request: web.Request) -> web.Response:
@@ -79,30 +96,49 @@ async def list_operations(request: web.Request) -> web.Response:
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}")
     older_than = _older_than(query.get("older_than"))
+    text = query.get("q") or None
+    where = OperationFilter(
+        state=state,
+        route=query.get("route") or None,
+        key=query.get("key") or None,
+        older_than=older_than,
+        prefix=text,
+    )
+    cursor = query.get("cursor") or None
+    store = request.app[STORE]
     try:
-        page = await request.app[STORE].list_operations(
-            OperationFilter(
-                state=state,
-                route=query.get("route") or None,
-                key=query.get("key") or None,
-                older_than=older_than,
-            ),
-            limit=limit,
-            cursor=query.get("cursor") or None,
-        )
+        page = await store.list_operations(where, limit=limit, cursor=cursor)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
+    items = list(page.items)
+    if text is not None and ":" in text and cursor is None:
+        # A forwarded key is `<label>:<key>` (scoped mode): search its key part, and keep
+        # the operations whose forwarded key really starts with the text.
+        rest = text.partition(":")[2]
+        more = await store.list_operations(
+            dataclasses.replace(where, prefix=rest), limit=limit, cursor=None
+        )
+        seen = {op.id for op in items}
+        items.extend(
+            op
+            for op in more.items
+            if op.id not in seen and (forwarded_key(request, op) or "").startswith(text)
+        )
     document = {
         "items": [
             {
                 **operation_json(op, lookup_url=operation_url(op.key), include_scope=True),
-                "forwarded_key": _forwarded_key(request, op),
+                "forwarded_key": forwarded_key(request, op),
             }
-            for op in page.items
+            for op in items
         ],
         "next_cursor": page.next_cursor,
     }
-    return web.Response(body=json.dumps(document).encode(), content_type="application/json")
+    return web.Response(
+        body=json.dumps(document).encode(),
+        content_type="application/json",
+        headers=NO_STORE,
+    )
 
 
 def _older_than(value: str | None) -> float | None:
@@ -132,20 +168,16 @@ async def overview(request: web.Request) -> web.Response:
 
 async def show_operation(request: web.Request) -> web.Response:
     require_admin(request)
-    op_id = request.match_info["id"]
-    operation = await request.app[STORE].get_by_id(op_id)
-    if operation is None:
-        raise NotFound(f"no operation with id {op_id!r}")
-    return _admin_response(request, operation)
+    return await _admin_response(request, await _operation_by_id(request))
 
 
 async def resolve_operation(request: web.Request) -> web.Response:
+    """Settle any scope's unknown operation; `force` releases despite `too-early`, on the
+    record, and `share_with_owner` lets the owner read the note."""
     require_admin(request)
-    op_id = request.match_info["id"]
+    actor = _actor(request)
     body = parse_resolve_body(await read_operator_body(request))
-    operation = await request.app[STORE].get_by_id(op_id)
-    if operation is None:
-        raise NotFound(f"no operation with id {op_id!r}")
+    operation = await _operation_by_id(request)
     resolved = await request.app[ENGINE].resolve(
         operation,
         outcome=body.outcome,
@@ -153,12 +185,15 @@ async def resolve_operation(request: web.Request) -> web.Response:
         response=body.receipt_for(operation),
         note=body.note,
         expected_version=expected_version(request, operation),
+        actor=actor,
+        force=body.force,
+        share_with_owner=body.share_with_owner,
     )
-    return _admin_response(request, resolved)
+    return await _admin_response(request, resolved)
 
 
 class RedactBody(BaseModel):
-    """Why the receipt is erased: kept in the audit trail."""
+    """Why the stored request and receipt are erased: kept in the history (erasable too)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -166,41 +201,151 @@ class RedactBody(BaseModel):
 
 
 async def redact_operation(request: web.Request) -> web.Response:
-    """Erase a completed receipt's headers and body (personal data); the key stays used."""
+    """Erase an operation's recorded request and any receipt's headers and body (personal
+    data), in any state; the key stays used, the history says who erased what and why."""
     require_admin(request)
-    op_id = request.match_info["id"]
+    actor = _actor(request)
     raw = await read_operator_body(request)
     try:
         body = RedactBody.model_validate_json(raw or b"null")
     except ValidationError as exc:
         raise InvalidRequest(f"invalid redact request: {exc.errors()[0]['msg']}") from exc
     store = request.app[STORE]
-    operation = await store.get_by_id(op_id)
-    if operation is None:
-        raise NotFound(f"no operation with id {op_id!r}")
+    operation = await _operation_by_id(request)
     version = expected_version(request, operation)
+    erased = ["request", "receipt"] if operation.state is State.COMPLETED else ["request"]
     evidence = Evidence(
-        at=time.time(), source="redaction", detail=f"receipt erased by admin: {body.reason}"
+        at=time.time(), source="redaction", detail=f"{', '.join(erased)} erased by {actor}"
     )
-    redacted = await store.redact(op_id, evidence, expected_version=version)
+    event = redacted_event(actor=actor, reason=body.reason, erased=erased)
+    redacted = await store.redact(operation.id, evidence, expected_version=version, events=(event,))
     if redacted is None:
-        current = await store.get_by_id(op_id) or operation
-        if version is not None and current.version != version:
-            raise PreconditionFailed(
-                "the operation changed since it was read (If-Match); read it again",
-                key=current.key,
-                state=current.state.value,
-                operation_id=op_id,
-            )
-        operation = current
-        raise NotResolvable(
-            f"the operation is {operation.state.value}; only a completed receipt can be redacted",
-            key=operation.key,
-            state=operation.state.value,
-            operation_id=op_id,
+        current = await store.get_by_id(operation.id) or operation
+        raise PreconditionFailed(
+            "the operation changed since it was read (If-Match); read it again",
+            key=current.key,
+            state=current.state.value,
+            operation_id=operation.id,
         )
     log.info(
         "redacted",
-        extra={"event": "redaction", "operation_id": op_id, "reason": body.reason},
+        extra={"event": "redaction", "operation_id": operation.id, "actor": actor,
+               "reason": body.reason},
+    )  # fmt: skip
+    return await _admin_response(request, redacted)
+
+
+async def probe_operation(request: web.Request) -> web.Response:
+    """Probe one unknown operation now (**Probe now**), whatever its backoff says."""
+    require_admin(request)
+    operation = await _operation_by_id(request)
+    if not request.app[ENGINE].has_probe(operation.route):
+        raise InvalidRequest(f"route {operation.route!r} has no probe")
+    if operation.state is not State.UNKNOWN:
+        raise NotResolvable(
+            f"the operation is {operation.state.value}; only an unknown one is probed",
+            key=operation.key,
+            state=operation.state.value,
+            operation_id=operation.id,
+        )
+    probed = await request.app[ENGINE].probe(operation, now=True)
+    return await _admin_response(request, probed or operation)
+
+
+async def probe_route(request: web.Request) -> web.Response:
+    """Start (or show) the bulk probe of every unknown operation of `?route=`: 202."""
+    require_admin(request)
+    name = request.rel_url.query.get("route", "")
+    route = next((r for r in request.app[SETTINGS].routes if r.name == name), None)
+    if route is None:
+        raise InvalidRequest(f"no route named {name!r}: give ?route=<name>")
+    if route.probe is None:
+        raise InvalidRequest(f"route {name!r} has no probe")
+    job = request.app[PROBE_JOBS].start(
+        name, request.app[STORE], request.app[ENGINE], min(PARALLEL, route.max_concurrency)
     )
-    return _admin_response(request, redacted)
+    return web.json_response(
+        job.as_json(), status=202, headers={**NO_STORE, "Location": job_url(name)}
+    )
+
+
+async def probe_job(request: web.Request) -> web.Response:
+    require_admin(request)
+    job = request.app[PROBE_JOBS].get(request.match_info["route"])
+    if job is None:
+        raise NotFound(f"no probe job for route {request.match_info['route']!r}")
+    return web.json_response(job.as_json(), headers=NO_STORE)
+
+
+async def operation_history(request: web.Request) -> web.Response:
+    """A page of one operation's history: `?after=<seq>&limit=<n>`."""
+    require_admin(request)
+    operation = await _operation_by_id(request)
+    after = _int_param(request, "after", 0, minimum=0)
+    limit = _int_param(request, "limit", HISTORY_PAGE, minimum=1, maximum=1000)
+    page = await request.app[STORE].history(operation.id, after=after, limit=limit + 1)
+    events = [
+        event_json(event, payload, for_owner=False)
+        for event, payload in zip(page.events[:limit], page.payloads[:limit], strict=True)
+    ]
+    more = len(page.events) > limit
+    document = {"items": events, "next": events[-1]["seq"] if more and events else None}
+    return web.json_response(document, headers=NO_STORE)
+
+
+async def verify_operation(request: web.Request) -> web.Response:
+    """Check one operation's hash chain: intact, or the first broken event."""
+    require_admin(request)
+    operation = await _operation_by_id(request)
+    return web.json_response(await _verified(request, operation), headers=NO_STORE)
+
+
+async def verify_all(request: web.Request) -> web.Response:
+    """Check the chains of every operation, a page at a time (`?cursor=&limit=`)."""
+    require_admin(request)
+    limit = _int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
+    try:
+        page = await request.app[STORE].list_operations(
+            OperationFilter(), limit=limit, cursor=request.rel_url.query.get("cursor") or None
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    broken, redacted = [], 0
+    for operation in page.items:
+        report = await _verified(request, operation)
+        redacted += len(report["redacted"])
+        if not report["ok"]:
+            broken.append({key: report[key] for key in ("id", "key", "scope")} | report["broken"])
+    document = {
+        "checked": len(page.items),
+        "redacted_events": redacted,
+        "broken": broken,
+        "next_cursor": page.next_cursor,
+    }
+    return web.json_response(document, headers=NO_STORE)
+
+
+async def _verified(request: web.Request, operation: Operation) -> dict[str, Any]:
+    page = await request.app[STORE].history(operation.id)
+    report = verify_chain(
+        page.events,
+        head=operation.history_head,
+        head_seq=operation.history_seq,
+        payloads=page.payloads,
+    )
+    return {"id": operation.id, "key": operation.key, "scope": operation.scope} | report.as_json()
+
+
+def _int_param(
+    request: web.Request, name: str, default: int, *, minimum: int, maximum: int = 2**62
+) -> int:
+    raw = request.rel_url.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name} must be an integer") from exc
+    if not minimum <= value <= maximum:
+        raise InvalidRequest(f"{name} must be between {minimum} and {maximum}")
+    return value

@@ -47,10 +47,16 @@ from gateway.telemetry.web import TRACER, open_tracer, tracing_middlewares
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.admin_view import (
     list_operations,
+    operation_history,
     overview,
+    probe_job,
+    probe_operation,
+    probe_route,
     redact_operation,
     resolve_operation,
     show_operation,
+    verify_all,
+    verify_operation,
 )
 from gateway.web.appkeys import (
     BACKGROUND,
@@ -62,6 +68,7 @@ from gateway.web.appkeys import (
     MCP_READER,
     MCP_SESSIONS,
     METRICS,
+    PROBE_JOBS,
     ROUTES,
     SCOPES,
     SETTINGS,
@@ -75,6 +82,7 @@ from gateway.web.metrics import GatewayMetrics
 from gateway.web.metrics_processes import SNAPSHOT_SECONDS, WorkerSnapshots
 from gateway.web.openapi import openapi_json
 from gateway.web.operations_view import lookup, resolve
+from gateway.web.probe_jobs import ProbeJobs
 from gateway.web.problems import problem_middleware
 from gateway.web.request_log import request_log_middleware
 from gateway.workers.role import RunningWorker
@@ -131,9 +139,15 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     add_console_routes(app)
     app.router.add_get("/admin/overview", overview)
     app.router.add_get("/admin/operations", list_operations)
+    app.router.add_post("/admin/operations/probe", probe_route)
     app.router.add_get("/admin/operations/{id}", show_operation)
+    app.router.add_get("/admin/operations/{id}/history", operation_history)
+    app.router.add_get("/admin/operations/{id}/verify", verify_operation)
     app.router.add_post("/admin/operations/{id}/resolve", resolve_operation)
     app.router.add_post("/admin/operations/{id}/redact", redact_operation)
+    app.router.add_post("/admin/operations/{id}/probe", probe_operation)
+    app.router.add_get("/admin/probe-jobs/{route}", probe_job)
+    app.router.add_get("/admin/verify", verify_all)
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_route("*", "/{tail:.*}", proxy)
     return app
@@ -199,9 +213,11 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         secret=scope_secret,
     )
     app[MCP_SESSIONS] = SessionTags(scope_secret)
+    app[PROBE_JOBS] = ProbeJobs()
     try:
         yield
     finally:
+        await app[PROBE_JOBS].close()
         await app[MCP_CANCELLATIONS].close()  # held cancellations are dropped, never sent late
         await _drain(app[BACKGROUND])
         if publisher is not None:

@@ -20,6 +20,7 @@ from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.metrics import GatewayMetrics
+from gateway.web.probe_jobs import ProbeJobs
 from gateway.workers.role import RunningWorker
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -33,6 +34,7 @@ ROUTES = web.AppKey("routes", RouteTable)
 SCOPES = web.AppKey("scopes", ScopeResolver)
 BACKGROUND = web.AppKey("background", set[asyncio.Task[Any]])
 MCP_HINTS = web.AppKey("mcp_hints", ReadOnlyHints)
+PROBE_JOBS = web.AppKey("probe_jobs", ProbeJobs)
 MCP_READER = web.AppKey("mcp_reader", MessageReader)
 """What each MCP route's server says is read-only, learned from its `tools/list` answers."""
 MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)

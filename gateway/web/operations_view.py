@@ -7,26 +7,23 @@ scope's keys. The key is one percent-encoded path segment, so keys containing
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from gateway.engine.errors import (
     InvalidKey,
+    InvalidRequest,
     NotFound,
     PreconditionFailed,
     UnknownKey,
 )
-from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
-from gateway.engine.keys import MAX_KEY_LENGTH, format_key_header
+from gateway.engine.keys import MAX_KEY_LENGTH
 from gateway.engine.models import Operation
 from gateway.proxy.request_body import read_in_time, read_limited
 from gateway.web.appkeys import ENGINE, SCOPES, SETTINGS, STORE
-from gateway.web.operation_json import operation_json
-from gateway.web.problems import operation_url
+from gateway.web.operation_document import document_response, operation_document
 from gateway.web.resolve_body import parse_resolve_body
 
 _PREFIX = "/operations/"
@@ -47,28 +44,12 @@ def key_from_segment(encoded: str) -> str:
     return key
 
 
-def operation_response(
-    operation: Operation,
-    *,
-    include_scope: bool = False,
-    key_headers: bool = True,
-    extra: Mapping[str, object] | None = None,
+async def operation_response(
+    request: web.Request, operation: Operation, *, admin: bool = False
 ) -> web.Response:
-    """The operation JSON with its ETag (and the key headers for a caller's own key);
-    `extra` adds members only operators see."""
-    headers = {"ETag": operation.etag, "Cache-Control": "no-store"}
-    if key_headers:
-        headers[IDEMPOTENCY_KEY] = format_key_header(operation.key)
-        headers[IDEMPOTENCY_STATUS] = operation.state.value
-    document = operation_json(
-        operation,
-        lookup_url=operation_url(operation.key),
-        include_scope=include_scope,
-    )
-    document.update(extra or {})
-    return web.Response(
-        body=json.dumps(document).encode(), content_type="application/json", headers=headers
-    )
+    """The operation JSON with its ETag (and, for a caller's own key, the key headers)."""
+    document = await operation_document(request, operation, admin=admin)
+    return document_response(document, operation, key_headers=not admin)
 
 
 # An ETag as `Operation.etag` writes it, `"<id>.<version>"` (the quotes and a
@@ -117,7 +98,7 @@ async def lookup(request: web.Request) -> web.Response:
     operation = await request.app[ENGINE].lookup(caller.scope, key)
     if operation is None:
         raise UnknownKey(f"no operation with key {key!r} in this scope", key=key)
-    return operation_response(operation)
+    return await operation_response(request, operation)
 
 
 async def resolve(request: web.Request) -> web.Response:
@@ -127,6 +108,11 @@ async def resolve(request: web.Request) -> web.Response:
     key = key_from_segment(raw_path[len(_PREFIX) : -len(_RESOLVE)])
     caller = request.app[SCOPES].resolve(request.headers)
     body = parse_resolve_body(await read_operator_body(request))
+    if body.force or body.share_with_owner:
+        raise InvalidRequest(
+            "force and share_with_owner are accepted only on the admin endpoints; "
+            "an owner's resolve is judged as sent"
+        )
     operation = await request.app[STORE].get(caller.scope, key)
     if operation is None:
         raise UnknownKey(f"no operation with key {key!r} in this scope", key=key)
@@ -138,4 +124,4 @@ async def resolve(request: web.Request) -> web.Response:
         note=body.note,
         expected_version=expected_version(request, operation),
     )
-    return operation_response(resolved)
+    return await operation_response(request, resolved)

@@ -116,6 +116,10 @@ class ResolveBody(BaseModel):
     result: dict[str, Any] | None = None
     """For an MCP operation: the tool result (`content`, `structuredContent`, `isError`)."""
     note: StorableText | None = Field(default=None, max_length=2000)
+    force: bool = False
+    """Admin endpoints only: release although the last send may still be applied."""
+    share_with_owner: bool = False
+    """Admin endpoints only: the operation's owner may read the note."""
 
     @model_validator(mode="after")
     def _response_only_when_applied(self) -> ResolveBody:

@@ -22,7 +22,7 @@ time it sees it (the answer-state invariant relies on that).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -31,6 +31,7 @@ from gateway.engine.models import NewAttempt, ReplayableReceipt
 from tests.simulation.context import CALL
 
 if TYPE_CHECKING:
+    from gateway.engine.history import NewEvent
     from gateway.engine.models import (
         ClaimRequest,
         ClaimResult,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
         State,
         StoredResponse,
     )
-    from gateway.store.base import OperationFilter, Page, SweepReport
+    from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
     from tests.simulation.clock import ReplicaClock
     from tests.simulation.memory_store import MemoryStore
 
@@ -187,6 +188,7 @@ class FaultyStore:
         retention_seconds: float,
         tombstone_seconds: float,
         resolution: Resolution,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         return await self._call(
             "complete",
@@ -198,14 +200,20 @@ class FaultyStore:
                 retention_seconds=retention_seconds,
                 tombstone_seconds=tombstone_seconds,
                 resolution=resolution,
+                events=events,
             ),
         )
 
     async def mark_unknown(
-        self, operation_id: str, token: int, evidence: Evidence
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         return await self._call(
-            "mark_unknown", lambda: self._inner.mark_unknown(operation_id, token, evidence)
+            "mark_unknown",
+            lambda: self._inner.mark_unknown(operation_id, token, evidence, events),
         )
 
     async def release(
@@ -215,11 +223,18 @@ class FaultyStore:
         evidence: Evidence,
         *,
         tombstone_seconds: float,
+        retention_seconds: float = 0.0,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         return await self._call(
             "release",
             lambda: self._inner.release(
-                operation_id, token, evidence, tombstone_seconds=tombstone_seconds
+                operation_id,
+                token,
+                evidence,
+                tombstone_seconds=tombstone_seconds,
+                retention_seconds=retention_seconds,
+                events=events,
             ),
         )
 
@@ -228,8 +243,19 @@ class FaultyStore:
             "renew", lambda: self._inner.renew(leases, owner=owner, lease_seconds=lease_seconds)
         )
 
-    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None:
-        await self._call("add_evidence", lambda: self._inner.add_evidence(operation_id, evidence))
+    async def add_evidence(
+        self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
+    ) -> None:
+        await self._call(
+            "add_evidence", lambda: self._inner.add_evidence(operation_id, evidence, events)
+        )
+
+    async def history(
+        self, operation_id: str, *, after: int = 0, limit: int | None = None
+    ) -> HistoryPage:
+        return await self._call(
+            "history", lambda: self._inner.history(operation_id, after=after, limit=limit)
+        )
 
     async def get(self, scope: str, key: str) -> Operation | None:
         return await self._call("get", lambda: self._inner.get(scope, key))
@@ -254,6 +280,7 @@ class FaultyStore:
         resolution: Resolution,
         retention_seconds: float,
         tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         return await self._call(
             "resolve",
@@ -266,6 +293,7 @@ class FaultyStore:
                 resolution=resolution,
                 retention_seconds=retention_seconds,
                 tombstone_seconds=tombstone_seconds,
+                events=events,
             ),
         )
 
@@ -290,9 +318,16 @@ class FaultyStore:
         return await self._call("count_for_scope", lambda: self._inner.count_for_scope(scope))
 
     async def redact(
-        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+        self,
+        operation_id: str,
+        evidence: Evidence,
+        *,
+        expected_version: int | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         return await self._call(
             "redact",
-            lambda: self._inner.redact(operation_id, evidence, expected_version=expected_version),
+            lambda: self._inner.redact(
+                operation_id, evidence, expected_version=expected_version, events=events
+            ),
         )

@@ -15,11 +15,18 @@ engine believed it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.engine.errors import StoreUnavailable
+from gateway.engine.history import EventRow, NewEvent, capped, chain, micros
+from gateway.engine.lifecycle_events import (
+    LEASE_EXPIRED,
+    claimed_event,
+    expired_event,
+    lease_expired_event,
+)
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -32,7 +39,7 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
-from gateway.store.base import OperationFilter, Page, SweepReport
+from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
 from gateway.store.rows import decode_cursor, encode_cursor, is_forgotten
 
 __all__ = ["MemoryDatabase", "MemoryStore", "Transition"]
@@ -85,6 +92,7 @@ class MemoryDatabase:
         self.seq: dict[str, int] = {}
         self.history: list[Transition] = []
         self.witnesses: dict[str, bytes] = {}
+        self.events: dict[str, list[EventRow]] = {}
         self.annotate: Callable[[], dict[str, Any]] | None = None
         self._next_seq = 0
         self._next_id = 0
@@ -121,9 +129,23 @@ class MemoryDatabase:
         after: Operation | None,
         *,
         token: int | None = None,
-    ) -> None:
-        """Commit one write and append it to the history."""
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        """Commit one write, with its events chained after it, and append it to the
+        write history; the record as written."""
         now = self.clock()
+        if after is not None and events:
+            rows, head, count = chain(
+                after.id,
+                head=after.history_head,
+                seq=after.history_seq,
+                version=after.version,
+                at_us=micros(after.updated_at),
+                events=events,
+                attempt=after.attempts,
+            )
+            self.events.setdefault(after.id, []).extend(rows)
+            after = after._replace(history_head=head, history_seq=count)
         if after is not None:
             if after.id not in self.seq:
                 self._next_seq += 1
@@ -133,6 +155,7 @@ class MemoryDatabase:
         elif before is not None:
             del self.rows[before.id]
             del self.seq[before.id]
+            self.events.pop(before.id, None)
             if self.by_key.get((before.scope, before.key)) == before.id:
                 del self.by_key[(before.scope, before.key)]
         op_id = (after or before).id if (after or before) is not None else "?"
@@ -140,6 +163,7 @@ class MemoryDatabase:
         self.history.append(
             Transition(len(self.history), now, verb, op_id, before, after, token, notes)
         )
+        return after
 
     def token_ok(self, operation: Operation, token: int) -> bool:
         return self.unsafe_skip_token_check or operation.token == token
@@ -229,7 +253,8 @@ class MemoryStore:
                 lease_expires_at=now + request.lease_seconds,
                 sent_at=now,
             )
-            db.put("claim", None, fresh)
+            fresh = db.put("claim", None, fresh, events=(claimed_event(request.claimed, 1),))
+            assert fresh is not None
             return NewAttempt(self._seen(fresh, now))
         if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
             again = current._replace(
@@ -243,11 +268,15 @@ class MemoryStore:
                 forgotten_at=None,
                 updated_at=now,
             )
-            db.put("claim", current, again)
+            again = db.put("claim", current, again, events=(claimed_event(None, again.token),))
+            assert again is not None
             return NewAttempt(self._seen(again, now))
         if self._lapsed(current, now):
-            expired = self._expire(current, now, "the lease expired before an outcome was recorded")
-            db.put("claim_expire", current, expired)
+            expired = self._expire(current, now, LEASE_EXPIRED)
+            expired = db.put(
+                "claim_expire", current, expired, events=(lease_expired_event(LEASE_EXPIRED),)
+            )
+            assert expired is not None
             return Existing(self._seen(expired, now))
         return Existing(self._seen(current, now))
 
@@ -290,6 +319,7 @@ class MemoryStore:
         retention_seconds: float,
         tombstone_seconds: float,
         resolution: Resolution,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         self._check_open()
         now = self.db.clock()
@@ -307,11 +337,16 @@ class MemoryStore:
             updated_at=now,
             version=current.version + 1,
         )
-        self.db.put("complete", current, done, token=token)
-        return self._seen(done, now)
+        written = self.db.put("complete", current, done, token=token, events=events)
+        assert written is not None
+        return self._seen(written, now)
 
     async def mark_unknown(
-        self, operation_id: str, token: int, evidence: Evidence
+        self,
+        operation_id: str,
+        token: int,
+        evidence: Evidence,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         self._check_open()
         now = self.db.clock()
@@ -325,8 +360,9 @@ class MemoryStore:
             version=current.version + 1,
             evidence=(*current.evidence, evidence),
         )
-        self.db.put("mark_unknown", current, marked, token=token)
-        return self._seen(marked, now)
+        written = self.db.put("mark_unknown", current, marked, token=token, events=events)
+        assert written is not None
+        return self._seen(written, now)
 
     async def release(
         self,
@@ -335,6 +371,8 @@ class MemoryStore:
         evidence: Evidence,
         *,
         tombstone_seconds: float,
+        retention_seconds: float = 0.0,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         self._check_open()
         now = self.db.clock()
@@ -344,13 +382,15 @@ class MemoryStore:
         freed = current._replace(
             state=State.RELEASED,
             lease_owner=None,
-            forgotten_at=now + tombstone_seconds,
+            forgotten_at=now + max(tombstone_seconds, retention_seconds),
+            expires_at=now + retention_seconds,
             updated_at=now,
             version=current.version + 1,
             evidence=(*current.evidence, evidence),
         )
-        self.db.put("release", current, freed, token=token)
-        return self._seen(freed, now)
+        written = self.db.put("release", current, freed, token=token, events=events)
+        assert written is not None
+        return self._seen(written, now)
 
     async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
         self._check_open()
@@ -375,15 +415,23 @@ class MemoryStore:
             renewed.add(op_id)
         return renewed
 
-    async def add_evidence(self, operation_id: str, evidence: Evidence) -> None:
+    async def add_evidence(
+        self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
+    ) -> None:
         self._check_open()
         current = self.db.rows.get(operation_id)
         if current is None:
             return
-        noted = current._replace(
-            evidence=(*current.evidence, evidence), version=current.version + 1
-        )
-        self.db.put("add_evidence", current, noted)
+        noted = current._replace(evidence=(*current.evidence, evidence), updated_at=self.db.clock())
+        self.db.put("add_evidence", current, noted, events=capped(current, events))
+
+    async def history(
+        self, operation_id: str, *, after: int = 0, limit: int | None = None
+    ) -> HistoryPage:
+        self._check_open()
+        rows = [row for row in self.db.events.get(operation_id, []) if row.seq > after]
+        rows = rows if limit is None else rows[:limit]
+        return HistoryPage(tuple(rows), tuple(row.payload for row in rows))
 
     async def get(self, scope: str, key: str) -> Operation | None:
         self._check_open()
@@ -418,6 +466,7 @@ class MemoryStore:
         resolution: Resolution,
         retention_seconds: float,
         tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         self._check_open()
         now = self.db.clock()
@@ -433,15 +482,16 @@ class MemoryStore:
             state=state,
             response=response if state is State.COMPLETED else None,
             body_retained=response is not None,
-            expires_at=now + retention_seconds if state is State.COMPLETED else None,
+            expires_at=now + retention_seconds,
             forgotten_at=now + max(tombstone_seconds, retention_seconds),
             resolution=resolution,
             token=current.token + 1,
             updated_at=now,
             version=current.version + 1,
         )
-        self.db.put("resolve", current, settled, token=token)
-        return self._seen(settled, now)
+        written = self.db.put("resolve", current, settled, token=token, events=events)
+        assert written is not None
+        return self._seen(written, now)
 
     async def list_operations(
         self, where: OperationFilter, *, limit: int, cursor: str | None
@@ -456,6 +506,11 @@ class MemoryStore:
                 and (where.route is None or op.route == where.route)
                 and (where.key is None or op.key == where.key)
                 and (where.older_than is None or op.created_at <= now - where.older_than)
+                and (
+                    where.prefix is None
+                    or op.key.startswith(where.prefix)
+                    or op.id.startswith(where.prefix)
+                )
             )
 
         matching = sorted(
@@ -482,8 +537,9 @@ class MemoryStore:
                 for op in self.db.rows.values()
                 if op.state is State.IN_FLIGHT and op.lease_owner == owner
             ]
+        event = lease_expired_event(detail)
         for operation in sorted(chosen, key=lambda op: self.db.seq[op.id]):
-            self.db.put("expire", operation, self._expire(operation, now, detail))
+            self.db.put("expire", operation, self._expire(operation, now, detail), events=(event,))
         return len(chosen)
 
     async def sweep(self, *, batch: int) -> SweepReport:
@@ -500,8 +556,13 @@ class MemoryStore:
             and op.expires_at <= now
         ][:batch]
         for operation in bodies:
-            dropped = operation._replace(response=None, version=operation.version + 1)
-            self.db.put("sweep_body", operation, dropped)
+            dropped = operation._replace(
+                response=None, updated_at=now, version=operation.version + 1
+            )
+            self._erase_request(operation.id)
+            self.db.put(
+                "sweep_body", operation, dropped, events=(expired_event(["receipt", "request"]),)
+            )
         gone = [op for op in in_order if self.db.forgotten(self.db.rows[op.id], now)][:batch]
         for operation in gone:
             self.db.put("forget", self.db.rows[operation.id], None)
@@ -518,13 +579,24 @@ class MemoryStore:
         self._check_open()
         return sum(1 for operation in self.db.rows.values() if operation.scope == scope)
 
+    def _erase_request(self, operation_id: str) -> None:
+        rows = self.db.events.get(operation_id, [])
+        for index, row in enumerate(rows):
+            if row.type == "claimed" and row.payload is not None:
+                rows[index] = row._replace(payload=None)
+
     async def redact(
-        self, operation_id: str, evidence: Evidence, *, expected_version: int | None = None
+        self,
+        operation_id: str,
+        evidence: Evidence,
+        *,
+        expected_version: int | None = None,
+        events: Sequence[NewEvent] = (),
     ) -> Operation | None:
         self._check_open()
         now = self.db.clock()
         current = self.db.rows.get(operation_id)
-        if current is None or current.state is not State.COMPLETED:
+        if current is None:
             return None
         if expected_version is not None and current.version != expected_version:
             return None
@@ -534,10 +606,12 @@ class MemoryStore:
                 if current.response is None
                 else StoredResponse(current.response.status, (), b"")
             ),
-            body_retained=False,
+            body_retained=False if current.state is State.COMPLETED else current.body_retained,
             updated_at=now,
             version=current.version + 1,
             evidence=(*current.evidence, evidence),
         )
-        self.db.put("redact", current, erased)
-        return self._seen(erased, now)
+        self._erase_request(operation_id)
+        written = self.db.put("redact", current, erased, events=events)
+        assert written is not None
+        return self._seen(written, now)

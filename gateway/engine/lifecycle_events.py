@@ -1,0 +1,86 @@
+"""The history's vocabulary: one constructor per kind of event the gateway records.
+
+Which event a transition records is decided here, once, for the engine and
+the stores (a store records the events of the transitions it decides itself:
+a lease found expired during a claim, a body dropped at retention). Each
+event's metadata is chained; notes, reasons and the recorded request are
+erasable and kept outside the chain (`gateway.engine.history`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from gateway.engine.history import NewEvent, new_event
+
+LEASE_EXPIRED = "the lease expired before an outcome was recorded"
+
+UnknownKind = Literal["timed-out", "connection-lost", "lease-expired"]
+
+
+def claimed_event(recorded: NewEvent | None, token: int) -> NewEvent:
+    """A key bound (attempt 1, with the request kept when `recorded`) or a released key's
+    new attempt."""
+    event = recorded if recorded is not None else new_event("claimed", "gateway")
+    return dataclasses.replace(event, data={**event.data, "token": token})
+
+
+def request_claimed(request: dict[str, Any] | None) -> NewEvent:
+    """The first attempt's `claimed` event, keeping the request as an erasable field."""
+    return new_event("claimed", "gateway", erasable={"request": request})
+
+
+def sent_event(token: int, forwarded_key: str | None) -> NewEvent:
+    return new_event("sent", "gateway", {"token": token, "forwarded_key": forwarded_key})
+
+
+def answered_event(status: int, *, jsonrpc: str | None = None) -> NewEvent:
+    data: dict[str, Any] = {"status": status}
+    if jsonrpc is not None:
+        data["jsonrpc"] = jsonrpc
+    return new_event("answered", "gateway", data)
+
+
+def unknown_event(kind: UnknownKind, detail: str) -> NewEvent:
+    return new_event(kind, "gateway", {"detail": detail})
+
+
+def lease_expired_event(detail: str) -> NewEvent:
+    return unknown_event("lease-expired", detail)
+
+
+def released_event(detail: str, *, status: int | None = None) -> NewEvent:
+    data: dict[str, Any] = {"detail": detail}
+    if status is not None:
+        data["status"] = status
+    return new_event("released", "gateway", data)
+
+
+def resolved_event(
+    *,
+    outcome: str,
+    by: str,
+    actor: str,
+    note: str | None,
+    force: bool = False,
+    share_with_owner: bool = False,
+) -> NewEvent:
+    return new_event(
+        "resolved",
+        actor,
+        {"outcome": outcome, "by": by, "force": force, "share_with_owner": share_with_owner},
+        erasable={"note": note},
+    )
+
+
+def probe_event(verdict: str, *, status: int | None, detail: str) -> NewEvent:
+    return new_event("probe", "probe", {"verdict": verdict, "status": status, "detail": detail})
+
+
+def redacted_event(*, actor: str, reason: str, erased: list[str]) -> NewEvent:
+    return new_event("redacted", actor, {"erased": erased}, erasable={"reason": reason})
+
+
+def expired_event(erased: list[str]) -> NewEvent:
+    return new_event("expired", "gateway", {"erased": erased})

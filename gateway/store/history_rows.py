@@ -1,0 +1,90 @@
+"""Appending and reading history events: the part both stores share.
+
+A store appends events in the transaction of the state change they record,
+after the change's own statement: that statement returns the row as it now
+stands (version, attempt, the store's clock, the chain's head), which the
+events are chained from. Payloads (erasable fields) are sealed like receipts
+when encryption keys are configured, with the marker that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gateway.engine.history import EventRow, NewEvent, chain, micros
+from gateway.engine.models import Operation
+from gateway.store.crypto import BodyCipher, CipherError
+from gateway.store.rows import PLAIN, SEALED
+
+EVENT_COLUMNS = "operation_id, seq, type, at_us, actor, version, data, payload, storage, prev, hash"
+"""The columns of `operation_events`, in the order `EventRow` plus `storage` is written."""
+
+READ_COLUMNS = "operation_id, seq, type, at_us, actor, version, data, payload, prev, hash, storage"
+
+
+def chained_rows(
+    operation: Operation, events: Iterable[NewEvent], cipher: BodyCipher | None
+) -> tuple[list[tuple[Any, ...]], Operation]:
+    """The rows to insert for `events` after `operation` (as the change left it), and
+    the operation with its new head."""
+    rows, head, seq = chain(
+        operation.id,
+        head=operation.history_head,
+        seq=operation.history_seq,
+        version=operation.version,
+        at_us=micros(operation.updated_at),
+        events=events,
+        attempt=operation.attempts,
+    )
+    written = [_as_written(row, cipher) for row in rows]
+    return written, operation._replace(history_head=head, history_seq=seq)
+
+
+def _as_written(row: EventRow, cipher: BodyCipher | None) -> tuple[Any, ...]:
+    payload, storage = row.payload, PLAIN
+    if payload is not None and cipher is not None:
+        payload, storage = cipher.seal(payload, _context(row.operation_id, row.seq)), SEALED
+    return (
+        row.operation_id, row.seq, row.type, row.at_us, row.actor, row.version, row.data,
+        payload, storage, row.prev, row.hash,
+    )  # fmt: skip
+
+
+def _context(operation_id: str, seq: int) -> str:
+    return f"{operation_id}/event/{seq}"
+
+
+def read_rows(
+    raw: Sequence[Sequence[Any]], cipher: BodyCipher | None
+) -> tuple[list[EventRow], list[bytes | None]]:
+    """Stored events (columns `READ_COLUMNS`) and their opened payloads.
+
+    A payload that cannot be opened with the configured keys reads as erased
+    for display (`None`); the rows keep the stored bytes for verification of
+    the chain itself, which never needs the payload's plaintext... except for
+    commitments, which are then reported as redacted, never as broken.
+    """
+    rows: list[EventRow] = []
+    opened: list[bytes | None] = []
+    for op_id, seq, type_, at_us, actor, version, data, payload, prev, digest, storage in raw:
+        stored = None if payload is None else bytes(payload)
+        rows.append(
+            EventRow(op_id, int(seq), type_, int(at_us), actor, int(version), data, stored,
+                     prev, digest)
+        )  # fmt: skip
+        opened.append(_open(stored, storage, op_id, int(seq), cipher))
+    return rows, opened
+
+
+def _open(
+    payload: bytes | None, storage: str, operation_id: str, seq: int, cipher: BodyCipher | None
+) -> bytes | None:
+    if payload is None or storage != SEALED:
+        return payload
+    if cipher is None:
+        return None
+    try:
+        return cipher.open(payload, _context(operation_id, seq))
+    except CipherError:
+        return None
