@@ -58,7 +58,8 @@ ACTOR_ENV_VAR = "IDEMPOTENCY_GATEWAY_ACTOR"
 It shares the config's prefix without being a setting: it is kept out of the
 environment the config loader reads (which refuses unknown names)."""
 
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+ACTOR_MAX = 64
+"""The longest `X-Admin-Actor` the gateway takes (printable ASCII only)."""
 
 _OPERATION_ID = re.compile(r"op_[0-9A-Z]{26}")
 """What `gateway.engine.ids` mints; anything else can only be a key."""
@@ -374,10 +375,11 @@ def _actor(option: str | None) -> str | None:
     name = (option if option is not None else os.environ.get(ACTOR_ENV_VAR, "")).strip()
     if not name:
         return None
-    if _CONTROL_CHARACTER.search(name):
+    if len(name) > ACTOR_MAX or not all(" " <= char <= "~" for char in name):
         source = "--actor" if option is not None else ACTOR_ENV_VAR
         raise CommandFailed(
-            f"invalid {source} {name!r}: no control characters (it is sent as a header)",
+            f"invalid {source} {name!r}: 1 to {ACTOR_MAX} printable ASCII characters "
+            "(the gateway's rule for X-Admin-Actor)",
             exit_code=2,
         )
     return name
