@@ -525,18 +525,37 @@ async def _redact(client: AdminClient, args: argparse.Namespace, out: TextIO, er
 async def _confirm(operation: Mapping[str, Any], err: TextIO) -> None:
     """Ask for the key itself, not y/n: a redaction cannot be undone, and a key is
     typed only by someone who read which operation it is."""
-    err.write(
-        f"This erases the recorded request body and the receipt's headers and body of "
-        f"{cell(operation['id'])} (key {_quoted(operation.get('key'))}, scope "
-        f"{cell(operation.get('scope'))}, {cell(operation.get('state'))}). It cannot be "
-        "undone.\nType the key to confirm: "
-    )
+    err.write(confirmation_prompt(operation))
     err.flush()
-    answer = await asyncio.to_thread(sys.stdin.readline)
+    # Read on the loop's thread, blocking it on purpose: nothing else runs while the
+    # operator types, and Ctrl-C ends the command at once (a reading worker thread would
+    # keep the process alive until Enter).
+    answer = sys.stdin.readline()
     if answer.rstrip("\r\n") != operation.get("key"):
         raise CommandFailed(
             "not confirmed (the key typed does not match): nothing was erased", exit_code=1
         )
+
+
+def confirmation_prompt(operation: Mapping[str, Any]) -> str:
+    """What a redaction erases of this operation, and the question.
+
+    >>> prompt = confirmation_prompt({"id": "op_1", "key": "k", "scope": "s",
+    ...                               "state": "completed"})
+    >>> print(prompt.splitlines()[0])
+    This erases the recorded request body, and the receipt's headers and body, of op_1 (key 'k', scope s, completed). It cannot be undone.
+    >>> prompt.endswith("\\nType the key to confirm: ")
+    True
+    """  # noqa: E501
+    state = operation.get("state")
+    erased = "the recorded request body" + (
+        ", and the receipt's headers and body," if state == "completed" else ""
+    )
+    return (
+        f"This erases {erased} of {cell(operation.get('id'))} (key "
+        f"{_quoted(operation.get('key'))}, scope {cell(operation.get('scope'))}, "
+        f"{cell(state)}). It cannot be undone.\nType the key to confirm: "
+    )
 
 
 # Usage
