@@ -208,6 +208,13 @@ class CountingUpstream:
                 self._changed.clear()
                 await self._changed.wait()
 
+    async def wait_for_effects(self, count: int, *, seconds: float = 30.0) -> None:
+        """Wait until ``count`` effects were applied; TimeoutError after ``seconds``."""
+        async with asyncio.timeout(seconds):
+            while len(self.effects) < count:
+                self._changed.clear()
+                await self._changed.wait()
+
     async def wait_for_probes(self, count: int, *, seconds: float = 30.0) -> None:
         """Wait until ``count`` probes arrived; TimeoutError after ``seconds``."""
         async with asyncio.timeout(seconds):

@@ -296,6 +296,14 @@ def opened_payload(payload: bytes | None) -> dict[str, Any]:
     return document if isinstance(document, dict) else {}
 
 
+def iso_seconds(ts: float | None) -> str | None:
+    """POSIX seconds as RFC 3339 UTC with a `Z` (milliseconds), as every operation JSON
+    time is written; `None` stays `None`."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def iso(at_us: int) -> str:
     return datetime.fromtimestamp(at_us / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 

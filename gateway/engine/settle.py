@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from gateway.engine.errors import NotResolvable, PreconditionFailed, TooEarly
-from gateway.engine.history import NewEvent, iso
+from gateway.engine.history import NewEvent, iso_seconds
 from gateway.engine.lifecycle_events import probe_event, released_event, resolved_event
 from gateway.engine.models import Evidence, Operation, Resolution, ResolvedBy, State, StoredResponse
 from gateway.engine.probes import Applied, NotApplied
@@ -43,7 +43,7 @@ class ReleaseWindow(NamedTuple):
 
 
 def iso_time(seconds: float) -> str:
-    return iso(round(seconds * 1_000_000))
+    return iso_seconds(seconds) or ""
 
 
 class Settler:
@@ -211,7 +211,9 @@ class Settler:
         if waited >= needed:
             return
         left = needed - waited
-        allowed_at = current.observed_at + left
+        stepped = waited < current.observed_at - window.sent_at
+        # Without a clock step the instant is the record's own, the same in every process.
+        allowed_at = current.observed_at + left if stepped else window.may_apply_until
         error = TooEarly(
             f"attempt {current.attempts} was last sent {current.observed_at - window.sent_at:.0f} "
             f"s ago, and the tool may still be applying it until {iso_time(allowed_at)}: "

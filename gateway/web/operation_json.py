@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
 from typing import Any
 
+from gateway.engine.history import iso_seconds
 from gateway.engine.models import Operation, State, StoredResponse
 from gateway.mcp.replies import TOOL_CALL, receipt_json
 
-
-def iso(ts: float | None) -> str | None:
-    """POSIX seconds as RFC 3339 UTC with a `Z`, or `None`."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+iso = iso_seconds
 
 
 def safe_to_retry(operation: Operation) -> bool:

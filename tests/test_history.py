@@ -1,0 +1,384 @@
+"""The history of an operation, and settling an unknown one without a second effect.
+
+Real gateways in front of the counting upstream, on SQLite and PostgreSQL:
+every state change leaves events that nothing rewrites; a row edited behind
+the gateway's back (with sqlite3, with psql) is found by `verify`; a person's
+`not_applied` is refused while the tool may still apply the last send; an
+operator finds operations by key, id or forwarded key and sees the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+import pytest
+import rfc8785
+from conftest import GatewayFactory
+from harness import ADMIN_TOKEN, RunningGateway
+from hypothesis import given
+from hypothesis import strategies as st
+from pg import PG_HOST, PG_PORT
+from upstream import CountingUpstream, effects_probe
+
+from gateway.engine.history import canonical, chain, new_event, verify_chain
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+# -- the chain itself ------------------------------------------------------------------
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | _TEXT,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text("abcdefghij_", min_size=1, max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text("abcdefghij_", min_size=1, max_size=8), _VALUES, max_size=6))
+def test_the_fast_canonical_form_is_rfc_8785_for_event_data(data: dict[str, Any]) -> None:
+    """The chain hashes the C encoder's output; for what events hold it is RFC 8785."""
+    assert canonical(data) == rfc8785.dumps(data)
+
+
+def _chained(count: int = 3, note: str = "found nothing") -> tuple[list[Any], str, int]:
+    events = [new_event("claimed", "gateway", {"token": 1})]
+    events += [
+        new_event("resolved", "admin:ana", {"outcome": "not_applied"}, erasable={"note": note})
+    ]
+    events += [new_event("released", "gateway", {"detail": "x"})][: count - 2]
+    rows, head, seq = chain(
+        "op_1", head="", seq=0, version=2, at_us=1_700_000_000_000_000, events=events, attempt=1
+    )
+    return rows, head, seq
+
+
+def test_an_intact_chain_verifies_and_an_edit_is_named() -> None:
+    rows, head, seq = _chained()
+    assert verify_chain(rows, head=head, head_seq=seq).ok
+
+    edited = list(rows)
+    edited[1] = edited[1]._replace(data=edited[1].data.replace("not_applied", "applied"))
+    report = verify_chain(edited, head=head, head_seq=seq)
+    assert (report.ok, report.broken_seq) == (False, 2)
+
+    dropped = rows[:-1]
+    report = verify_chain(dropped, head=head, head_seq=seq)
+    assert not report.ok and "head" in str(report.reason)
+
+
+def test_an_erased_note_is_redacted_not_broken_and_a_changed_one_is_broken() -> None:
+    rows, head, seq = _chained()
+    erased = list(rows)
+    erased[1] = erased[1]._replace(payload=None)
+    report = verify_chain(erased, head=head, head_seq=seq)
+    assert report.ok and report.redacted == (2,)
+
+    changed = list(rows)
+    assert changed[1].payload is not None
+    changed[1] = changed[1]._replace(
+        payload=changed[1].payload.replace(b"found nothing", b"found it")
+    )
+    report = verify_chain(changed, head=head, head_seq=seq)
+    assert (report.ok, report.broken_seq) == (False, 2)
+
+
+# -- through a gateway -------------------------------------------------------------------
+
+
+async def _admin(
+    gateway: RunningGateway, method: str, path: str, body: Any = None, **headers: str
+) -> tuple[int, Any, aiohttp.ClientResponse]:
+    assert gateway.admin_url is not None
+    async with gateway.session.request(
+        method, gateway.admin_url + path, json=body, headers={**ADMIN, **headers}
+    ) as response:
+        raw = await response.read()
+        return response.status, json.loads(raw) if raw else None, response
+
+
+async def _by_key(gateway: RunningGateway, key: str) -> dict[str, Any]:
+    status, page, _ = await _admin(gateway, "GET", f"/admin/operations?key={key}")
+    assert status == 200 and len(page["items"]) == 1, page
+    status, document, _ = await _admin(
+        gateway, "GET", f"/admin/operations/{page['items'][0]['id']}"
+    )
+    assert status == 200
+    return dict(document)
+
+
+def _types(document: dict[str, Any]) -> list[str]:
+    return [event["type"] for event in document["history"]]
+
+
+async def _guarded(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, **options: Any
+) -> RunningGateway:
+    route = {"timeout": "500ms", **options.pop("route", {})}
+    return await gateway_factory(upstream.url, route=route, admin={"token": ADMIN_TOKEN}, **options)
+
+
+async def test_the_two_refund_story_ends_with_one_refund(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """A paused tool applies the first send after the gateway's timeout: an operator who
+    releases it early is refused (too-early), so the agent's retry is never sent."""
+    gateway = await _guarded(gateway_factory, upstream)
+    first = await gateway.post("/tickets/v1/refunds?hold=1", key="r-1", json_body={"amount": 5})
+    assert first.status == 504
+    operation = await _by_key(gateway, "r-1")
+    assert operation["state"] == "unknown"
+    assert operation["last_send_age"] is not None and operation["may_apply_until"] is not None
+
+    # The operator checks the refund list, sees nothing yet, and releases it.
+    status, problem, response = await _admin(
+        gateway, "POST", f"/admin/operations/{operation['id']}/resolve",
+        {"outcome": "not_applied", "note": "no refund in the list"},
+    )  # fmt: skip
+    assert status == 409 and problem["type"].endswith("/too-early"), problem
+    assert int(response.headers["Retry-After"]) >= 1
+    assert problem["allowed_at"] == operation["may_apply_until"]
+    assert "force" not in problem["detail"]
+
+    upstream.release_held()  # the tool wakes and applies the first send
+    await upstream.wait_for_effects(1)
+    retry = await gateway.post("/tickets/v1/refunds?hold=1", key="r-1", json_body={"amount": 5})
+    assert retry.status == 409  # outcome-unknown: not sent again
+    status, settled, _ = await _admin(
+        gateway, "POST", f"/admin/operations/{operation['id']}/resolve",
+        {"outcome": "applied", "note": "refund R-1 is there now",
+         "response": {"status": 201, "body": '{"refund": "R-1"}'}},
+        **{"X-Admin-Actor": "ana"},
+    )  # fmt: skip
+    assert status == 200 and settled["state"] == "completed"
+    assert settled["receipt_source"] == "operator"
+    replay = await gateway.post("/tickets/v1/refunds?hold=1", key="r-1", json_body={"amount": 5})
+    assert replay.status == 201 and await replay.read() == b'{"refund": "R-1"}'
+    assert upstream.count == 1
+    resolved = [e for e in settled["history"] if e["type"] == "resolved"]
+    assert (
+        resolved[-1]["actor"] == "admin:ana" and resolved[-1]["note"] == "refund R-1 is there now"
+    )
+
+
+async def test_a_forced_release_is_recorded_and_its_note_outlives_the_retry(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """The operator's decision and note stay in the history after the retry completed;
+    the owner sees that an admin settled it, not who, nor the unshared note."""
+    gateway = await _guarded(gateway_factory, upstream)
+    assert (
+        await gateway.post("/tickets/v1/t?drop=after_effect", key="f-1", json_body={})
+    ).status == 502
+    operation = await _by_key(gateway, "f-1")
+
+    status, released, _ = await _admin(
+        gateway, "POST", f"/admin/operations/{operation['id']}/resolve",
+        {"outcome": "not_applied", "note": "ticket list checked: none", "force": True},
+        **{"X-Admin-Actor": "ana"},
+    )  # fmt: skip
+    assert status == 200 and released["state"] == "released"
+    retry = await gateway.post("/tickets/v1/t", key="f-1", json_body={})
+    assert retry.status == 422  # another path: still bound to the first request
+    retry = await gateway.post("/tickets/v1/t?drop=after_effect", key="f-1", json_body={})
+    assert retry.status == 502
+    await upstream.wait_for_effects(2)
+
+    after = await _by_key(gateway, "f-1")
+    types = _types(after)
+    assert types[:3] == ["claimed", "sent", "connection-lost"]
+    assert types[3:6] == ["resolved", "released", "claimed"]
+    resolved = after["history"][3]
+    assert resolved["force"] is True and resolved["note"] == "ticket list checked: none"
+    assert resolved["actor"] == "admin:ana"
+    assert [e["seq"] for e in after["history"]] == list(range(1, len(types) + 1))
+
+    owner = await gateway.get("/operations/f-1")
+    mine = await owner.json()
+    seen = [e for e in mine["history"] if e["type"] == "resolved"][0]
+    assert seen["actor"] == "admin" and "note" not in seen
+    assert "request" not in mine
+
+
+async def test_an_owner_may_not_force(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    gateway = await _guarded(gateway_factory, upstream)
+    assert (
+        await gateway.post("/tickets/v1/t?drop=after_effect", key="o-1", json_body={})
+    ).status == 502
+    response = await gateway.session.post(
+        f"{gateway.url}/operations/o-1/resolve", json={"outcome": "not_applied", "force": True}
+    )
+    assert response.status == 400
+    response = await gateway.session.post(
+        f"{gateway.url}/operations/o-1/resolve", json={"outcome": "not_applied"}
+    )
+    problem = await response.json()
+    assert response.status == 409 and problem["type"].endswith("/too-early")
+    assert "force" not in json.dumps(problem)
+
+
+async def test_an_edited_row_is_found_by_verify_sqlite(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, tmp_path: Path
+) -> None:
+    gateway = await _guarded(gateway_factory, upstream)
+    assert (await gateway.post("/tickets/v1/t", key="v-1", json_body={"n": 1})).status == 201
+    operation = await _by_key(gateway, "v-1")
+    assert _types(operation) == ["claimed", "sent", "answered"]
+    status, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert status == 200 and report["ok"] and report["events"] == 3
+
+    with sqlite3.connect(tmp_path / "gateway.db") as db:
+        db.execute(
+            "UPDATE operation_events SET data = replace(data, '201', '200') "
+            "WHERE operation_id = ? AND seq = 3",
+            (operation["id"],),
+        )
+    status, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert not report["ok"] and report["broken"]["seq"] == 3
+    status, everything, _ = await _admin(gateway, "GET", "/admin/verify")
+    assert [b["seq"] for b in everything["broken"]] == [3]
+
+
+async def test_an_edited_row_is_found_by_verify_postgres(
+    postgres_url: str, gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    gateway = await _guarded(gateway_factory, upstream, store_url=postgres_url)
+    assert (await gateway.post("/tickets/v1/t", key="v-2", json_body={"n": 2})).status == 201
+    operation = await _by_key(gateway, "v-2")
+    assert _types(operation) == ["claimed", "sent", "answered"]
+    status, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert report["ok"], report
+
+    schema = parse_qs(urlsplit(postgres_url).query)["search_path"][0]
+    subprocess.run(
+        ["psql", "-h", PG_HOST, "-p", str(PG_PORT), "-U", "postgres", "-d", "test", "-v",
+         "ON_ERROR_STOP=1", "-c",
+         f"UPDATE {schema}.operation_events SET actor = 'someone' "
+         f"WHERE operation_id = '{operation['id']}' AND seq = 2"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    status, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert not report["ok"] and report["broken"]["seq"] == 2
+
+
+async def test_search_by_prefix_takes_wildcards_literally_and_finds_forwarded_keys(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    gateway = await _guarded(gateway_factory, upstream, route={"forward_key": "scoped"})
+    for key in ("run%_1:a", "runx1:a", "other"):
+        assert (await gateway.post("/tickets/v1/t", key=key, json_body={})).status == 201
+    status, page, _ = await _admin(gateway, "GET", "/admin/operations?q=run%25_")
+    assert [item["key"] for item in page["items"]] == ["run%_1:a"]
+    status, page, _ = await _admin(gateway, "GET", "/admin/operations?q=RUN")
+    assert page["items"] == []  # keys are case-sensitive
+    forwarded = upstream.effects[-1].key
+    assert forwarded is not None and forwarded.endswith(":other")
+    status, page, _ = await _admin(gateway, "GET", f"/admin/operations?q={forwarded[:-2]}")
+    assert [item["key"] for item in page["items"]] == ["other"]
+    op_id = page["items"][0]["id"]
+    status, page, _ = await _admin(gateway, "GET", f"/admin/operations?q={op_id[:-3]}")
+    assert op_id in [item["id"] for item in page["items"]]
+
+
+async def test_the_request_is_recorded_without_secrets_and_erased_by_redaction(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    gateway = await _guarded(gateway_factory, upstream, route={"record_request_max": 256})
+    body = {"amount": 5, "card": {"token": "tok_live_1"}}
+    sent = await gateway.post("/tickets/v1/refunds?api_key=k3y&x=1", key="q-1", json_body=body)
+    assert sent.status == 201
+    operation = await _by_key(gateway, "q-1")
+    recorded = operation["request"]
+    assert recorded["method"] == "POST"
+    assert recorded["target"] == "/tickets/v1/refunds?api_key=%5Bredacted%5D&x=1"
+    assert json.loads(recorded["body"]) == {"amount": 5, "card": {"token": "[redacted]"}}
+    kept = json.dumps([recorded, operation["history"]])  # the receipt is the tool's own
+    assert "k3y" not in kept and "tok_live_1" not in kept
+
+    large = await gateway.post("/tickets/v1/big", key="q-2", data=b"x" * 1000)
+    assert large.status == 201
+    big = (await _by_key(gateway, "q-2"))["request"]
+    assert (big["body"], big["body_gone"], big["size"]) == (None, "too_large", 1000)
+
+    status, redacted, _ = await _admin(
+        gateway, "POST", f"/admin/operations/{operation['id']}/redact", {"reason": "GDPR 17"}
+    )
+    assert status == 200 and redacted["request"]["body_gone"] == "redacted"
+    assert redacted["history"][-1]["type"] == "redacted"
+    status, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert report["ok"] and report["redacted"] == [1]
+
+
+async def test_probe_now_and_a_bulk_probe_settle_unknown_operations(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    gateway = await _guarded(
+        gateway_factory, upstream, route={"probe": effects_probe(not_applied_after="0s")}
+    )
+    for key in ("p-1", "p-2", "p-3"):
+        drop = "after_effect" if key != "p-3" else "before_effect"
+        assert (
+            await gateway.post(f"/tickets/v1/t?drop={drop}", key=key, json_body={})
+        ).status == 502
+    one = await _by_key(gateway, "p-1")
+    assert one["probe_available"] is True
+    status, probed, _ = await _admin(gateway, "POST", f"/admin/operations/{one['id']}/probe")
+    assert status == 200 and probed["state"] == "completed"
+    assert probed["receipt_source"] == "probe" and "probe" in _types(probed)
+
+    status, job, response = await _admin(gateway, "POST", "/admin/operations/probe?route=tickets")
+    assert status == 202 and job["job"] == "/admin/probe-jobs/tickets"
+    for _ in range(600):  # bounded: the job probes two operations
+        status, job, _ = await _admin(gateway, "GET", "/admin/probe-jobs/tickets")
+        if job["state"] == "done":
+            break
+        await asyncio.sleep(0.05)
+    assert (job["state"], job["total"], job["applied"]) == ("done", 2, 1)
+    assert job["not_applied"] + job["still_unknown"] == 1
+    assert (await _by_key(gateway, "p-2"))["state"] == "completed"
+
+
+async def test_an_operation_from_before_the_history_gets_a_reconstructed_one(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, tmp_path: Path
+) -> None:
+    """Migration 5 on a database written by the previous schema: every operation gets the
+    events its row proves, marked as reconstructed, and verifies."""
+    gateway = await _guarded(gateway_factory, upstream)
+    assert (await gateway.post("/tickets/v1/t", key="m-1", json_body={})).status == 201
+    from harness import stop_gateway
+
+    await stop_gateway(gateway)
+    with sqlite3.connect(tmp_path / "gateway.db") as db:
+        db.execute("DROP TABLE operation_events")
+        db.execute("DROP INDEX operations_by_request_expiry")
+        for column in ("history_seq", "history_head", "request_kept"):
+            db.execute(f"ALTER TABLE operations DROP COLUMN {column}")
+        db.execute("UPDATE schema_version SET version = 4")
+    again = await _guarded(gateway_factory, upstream)
+    operation = await _by_key(again, "m-1")
+    assert _types(operation) == ["claimed", "answered"]
+    assert all(event["reconstructed"] for event in operation["history"])
+    status, report, _ = await _admin(again, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert report["ok"]
+
+
+@pytest.mark.parametrize("path", ["/admin/operations/op_x/history", "/admin/verify"])
+async def test_history_endpoints_need_the_admin_token(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, path: str
+) -> None:
+    gateway = await _guarded(gateway_factory, upstream)
+    assert gateway.admin_url is not None
+    async with gateway.session.get(gateway.admin_url + path) as response:
+        assert response.status == 401
