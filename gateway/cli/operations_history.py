@@ -39,7 +39,6 @@ from gateway.config.units import parse_duration
 __all__ = [
     "EXIT_BROKEN_CHAIN",
     "EXIT_STILL_RUNNING",
-    "format_event",
     "format_history",
     "register",
 ]
@@ -231,16 +230,6 @@ def format_history(events: list[Mapping[str, Any]]) -> str:
         for row in rows
     ]
     return "".join(line + "\n" for line in lines)
-
-
-def format_event(event: Mapping[str, Any]) -> str:
-    """One event as one line (unaligned): seq, time, type, actor, details, note.
-
-    >>> format_event({"seq": 3, "type": "redacted", "at": "T", "actor": "admin",
-    ...               "erased": ["request", "receipt"], "reason_redacted": True})
-    '3  T  redacted  admin  erased=["request","receipt"] reason_redacted=true'
-    """
-    return "  ".join(_event_columns(event)).rstrip()
 
 
 def _event_columns(event: Mapping[str, Any]) -> list[str]:
