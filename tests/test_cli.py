@@ -298,12 +298,16 @@ async def test_resolve_not_applied_releases_the_key(
     upstream: CountingUpstream,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`resolve --not-applied` releases the key, so the next retry is forwarded again."""
+    """`resolve --not-applied` releases the key, so the next retry is forwarded again.
+
+    Released at once, so `--force` (the too-early refusal has its own test, in
+    test_cli_history)."""
     await make_unknown(admin_gateway, "lost-released")
     op_id = await operation_id(admin_gateway, "lost-released")
     capsys.readouterr()
 
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--not-applied", "--note", "no")) == 0
+    argv = admin(admin_gateway, "resolve", op_id, "--not-applied", "--force", "--note", "no")
+    assert await cli(argv) == 0
 
     document = json.loads(capsys.readouterr().out)
     assert document["state"] == "released"
@@ -635,11 +639,12 @@ async def test_resolve_accepts_a_key(
     upstream: CountingUpstream,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`resolve KEY --not-applied` settles the one operation with that key."""
+    """`resolve KEY --not-applied --force` settles the one operation with that key."""
     await make_unknown(admin_gateway, "run-9:1:c1")
     capsys.readouterr()
 
-    assert await cli(admin(admin_gateway, "resolve", "run-9:1:c1", "--not-applied")) == 0
+    argv = admin(admin_gateway, "resolve", "run-9:1:c1", "--not-applied", "--force")
+    assert await cli(argv) == 0
 
     assert json.loads(capsys.readouterr().out)["state"] == "released"
     await admin_gateway.post(DROP, key="run-9:1:c1", json_body={"title": "run-9:1:c1"})
