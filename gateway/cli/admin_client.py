@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from gateway.config import Settings, load_settings
-from gateway.config.loader import config_error_message
+from gateway.config.loader import ACTOR_ENV_VAR, config_error_message
 from gateway.engine.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -52,11 +52,6 @@ _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 _TABLE_COLUMNS = ("id", "state", "route", "method", "key", "attempts", "updated_at", "scope")
 
-ACTOR_ENV_VAR = "IDEMPOTENCY_GATEWAY_ACTOR"
-"""Who runs the commands, when --actor does not say: sent as `X-Admin-Actor`.
-
-It shares the config's prefix without being a setting: it is kept out of the
-environment the config loader reads (which refuses unknown names)."""
 
 ACTOR_MAX = 64
 """The longest `X-Admin-Actor` the gateway takes (printable ASCII only)."""
@@ -386,10 +381,8 @@ def _actor(option: str | None) -> str | None:
 
 
 def _load_settings(path: str | None) -> Settings:
-    # The actor variable is the CLI's, not a setting: the loader would refuse its name.
-    environ = {name: value for name, value in os.environ.items() if name != ACTOR_ENV_VAR}
     try:
-        return load_settings(path, environ=environ)
+        return load_settings(path)
     except ConfigError as exc:
         raise CommandFailed(
             f"idempotency-gateway: {config_error_message(exc)}", exit_code=2

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
 __all__ = [
+    "ACTOR_ENV_VAR",
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_PATH",
     "ENV_PREFIX",
@@ -42,6 +43,10 @@ __all__ = [
 
 ENV_PREFIX = "IDEMPOTENCY_GATEWAY_"
 CONFIG_ENV_VAR = "IDEMPOTENCY_GATEWAY_CONFIG"
+ACTOR_ENV_VAR = "IDEMPOTENCY_GATEWAY_ACTOR"
+"""Who an operator's CLI calls are from (`X-Admin-Actor`): the CLI's, not a setting."""
+NOT_SETTINGS = frozenset({CONFIG_ENV_VAR, ACTOR_ENV_VAR})
+"""Variables with the settings' prefix that name no setting."""
 DEFAULT_CONFIG_PATH = Path("config/gateway.toml")
 
 
@@ -79,7 +84,7 @@ def load_settings(
         )
     sources: dict[_Loc, str] = {}
     for name in sorted(env):
-        if name.startswith(ENV_PREFIX) and name != CONFIG_ENV_VAR:
+        if name.startswith(ENV_PREFIX) and name not in NOT_SETTINGS:
             source = f"environment variable {name}"
             loc = _env_loc(name, source)
             sources[_assign(data, loc, _env_value(env[name], source), source)] = source
