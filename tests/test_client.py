@@ -46,6 +46,7 @@ from idempotency_gateway_client import (
     RouteSaturated,
     StoredResponse,
     StoreUnavailable,
+    TooEarly,
     Unauthorized,
     Unavailable,
     UnknownKey,
@@ -476,11 +477,20 @@ async def test_wrong_method_on_an_operation_is_method_not_allowed(gw: GatewayCli
 
 # -- resolve ------------------------------------------------------------------------------
 
+QUICK_RELEASE: dict[str, Any] = {
+    "route": {"timeout": "1s", "not_applied_after": "0s"},
+    "idempotency": {"lease": "1s"},
+}
+"""A gateway whose `not_applied` resolves are accepted about a second after the send
+(the default waits the lease, the route's timeout and five more minutes)."""
+
 
 async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
-    gw: GatewayClient, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, make_client: ClientFactory
 ) -> None:
-    """resolve settles unknown keys: applied -> completed (replayed), not_applied -> released."""
+    """resolve settles unknown keys: applied -> completed (replayed), not_applied -> released
+    once the tool can no longer be applying the last send (TooEarly before that)."""
+    gw = make_client((await gateway_factory(upstream.url, **QUICK_RELEASE)).url)
     for key in ("ra", "rn"):
         with pytest.raises(OutcomeUnknown):
             await gw.request("POST", ISSUES + "?drop=after_effect", key=key, json={})
@@ -495,6 +505,10 @@ async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
     replay = await gw.request("POST", ISSUES + "?drop=after_effect", key="ra", json={})
     assert (replay.replayed, replay.json()) == (True, {"id": "T-9"})
 
+    with pytest.raises(TooEarly) as early:
+        await gw.resolve("rn", "not_applied")
+    assert early.value.retry_after is not None
+    await asyncio.sleep(early.value.retry_after)  # the instant `allowed_at` names
     released = await gw.resolve("rn", "not_applied")
     assert released.state == "released"
     with pytest.raises(UpstreamConnectionLost):  # forwarded again (and lost again)
@@ -502,8 +516,40 @@ async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
     assert upstream.count == 3
 
 
-async def test_resolve_problems(gw: GatewayClient, upstream: CountingUpstream) -> None:
+async def test_a_not_applied_resolve_too_early_is_too_early_and_keeps_the_key_unknown(
+    gw: GatewayClient, upstream: CountingUpstream
+) -> None:
+    """409 too-early (a KeyConflict) names when the release is accepted, in `allowed_at` and
+    Retry-After, and never suggests forcing it; the key stays unknown and is not resent."""
+    with pytest.raises(OutcomeUnknown):
+        await gw.request("POST", ISSUES + "?drop=after_effect", key="te", json={})
+    operation = await gw.lookup("te")
+    assert operation is not None
+    with pytest.raises(TooEarly) as early:
+        await gw.resolve("te", "not_applied", note="nothing in the ticket list yet")
+    problem = early.value
+    assert isinstance(problem, KeyConflict)
+    assert (problem.status, problem.kind, problem.key) == (409, "too-early", "te")
+    assert (problem.state, problem.safe_to_retry) == ("unknown", False)
+    assert problem.allowed_at == (operation.model_extra or {})["not_applied_allowed_at"]
+    assert problem.last_send_age is not None
+    assert 0 <= problem.last_send_age < 60
+    assert problem.retry_after is not None
+    assert problem.retry_after > 60  # at least the route's 60 s timeout is still to come
+    assert "force" not in problem.detail
+    after = await gw.lookup("te")
+    assert after is not None
+    assert (after.state, after.etag) == ("unknown", operation.etag)
+    with pytest.raises(OutcomeUnknown):
+        await gw.request("POST", ISSUES + "?drop=after_effect", key="te", json={})
+    assert upstream.count == 1
+
+
+async def test_resolve_problems(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, make_client: ClientFactory
+) -> None:
     """Resolve raises UnknownKey, PreconditionFailed, NotResolvable and InvalidRequest."""
+    gw = make_client((await gateway_factory(upstream.url, **QUICK_RELEASE)).url)
     with pytest.raises(UnknownKey) as unknown_key:
         await gw.resolve("nobody", "not_applied")
     assert unknown_key.value.status == 404
@@ -516,6 +562,10 @@ async def test_resolve_problems(gw: GatewayClient, upstream: CountingUpstream) -
     with pytest.raises(InvalidRequest) as invalid:
         await gw.resolve("rp", "applied", response=bad_encoding)
     assert invalid.value.status == 400
+    with pytest.raises(TooEarly) as early:
+        await gw.resolve("rp", "not_applied", if_match=operation.etag)
+    assert early.value.retry_after is not None
+    await asyncio.sleep(early.value.retry_after)
     with pytest.raises(PreconditionFailed) as stale:
         await gw.resolve("rp", "not_applied", if_match=operation.etag.replace(".", ".9"))
     assert stale.value.status == 412
