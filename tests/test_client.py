@@ -46,6 +46,7 @@ from idempotency_gateway_client import (
     RouteSaturated,
     StoredResponse,
     StoreUnavailable,
+    TooEarly,
     Unauthorized,
     Unavailable,
     UnknownKey,
@@ -525,6 +526,35 @@ async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
     assert upstream.count == 3
 
 
+async def test_a_not_applied_resolve_too_early_is_too_early_and_keeps_the_key_unknown(
+    gw: GatewayClient, upstream: CountingUpstream
+) -> None:
+    """409 too-early (a KeyConflict) names when the release is accepted, in `allowed_at` and
+    Retry-After, and never suggests forcing it; the key stays unknown and is not resent."""
+    with pytest.raises(OutcomeUnknown):
+        await gw.request("POST", ISSUES + "?drop=after_effect", key="te", json={})
+    operation = await gw.lookup("te")
+    assert operation is not None
+    with pytest.raises(TooEarly) as early:
+        await gw.resolve("te", "not_applied", note="nothing in the ticket list yet")
+    problem = early.value
+    assert isinstance(problem, KeyConflict)
+    assert (problem.status, problem.kind, problem.key) == (409, "too-early", "te")
+    assert (problem.state, problem.safe_to_retry) == ("unknown", False)
+    assert problem.allowed_at == (operation.model_extra or {})["not_applied_allowed_at"]
+    assert problem.last_send_age is not None
+    assert 0 <= problem.last_send_age < 60
+    assert problem.retry_after is not None
+    assert problem.retry_after > 60  # at least the route's 60 s timeout is still to come
+    assert "force" not in problem.detail
+    after = await gw.lookup("te")
+    assert after is not None
+    assert (after.state, after.etag) == ("unknown", operation.etag)
+    with pytest.raises(OutcomeUnknown):
+        await gw.request("POST", ISSUES + "?drop=after_effect", key="te", json={})
+    assert upstream.count == 1
+
+
 async def test_resolve_problems(soon: GatewayClient, upstream: CountingUpstream) -> None:
     """Resolve raises UnknownKey, PreconditionFailed, NotResolvable and InvalidRequest."""
     gw = soon
@@ -540,6 +570,10 @@ async def test_resolve_problems(soon: GatewayClient, upstream: CountingUpstream)
     with pytest.raises(InvalidRequest) as invalid:
         await gw.resolve("rp", "applied", response=bad_encoding)
     assert invalid.value.status == 400
+    with pytest.raises(TooEarly) as early:
+        await gw.resolve("rp", "not_applied", if_match=operation.etag)
+    assert early.value.retry_after is not None
+    await asyncio.sleep(early.value.retry_after)
     with pytest.raises(PreconditionFailed) as stale:
         await gw.resolve("rp", "not_applied", if_match=operation.etag.replace(".", ".9"))
     assert stale.value.status == 412

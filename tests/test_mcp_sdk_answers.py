@@ -78,6 +78,7 @@ ROWS: dict[str, str] = {
     "unknown-key": OTHER,
     "not-resolvable": OTHER,
     "precondition-failed": OTHER,
+    "too-early": OTHER,
     "invalid-config": OTHER,
 }
 """Every problem type and what its sentence must tell the model."""

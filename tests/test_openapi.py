@@ -30,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from upstream import effects_probe
 
 from gateway.web.appkeys import STORE
 from gateway.web.openapi import openapi_document, render
@@ -88,6 +89,14 @@ async def test_served_document_is_the_document(tmp_path: Path, upstream: Countin
         await stop_gateway(gateway)
 
 
+ROUTE = "tickets"
+
+PROBED_ROUTE: dict[str, Any] = {"probe": effects_probe(not_applied_after="1h")}
+"""The fuzzed gateway's route has a probe (so probe now and the bulk probe can succeed)
+that keeps the seeded operations unknown: their sends never reached the tool, and its
+"not applied" counts only an hour after them."""
+
+
 @dataclass(frozen=True)
 class Seeded:
     """Operations made before fuzzing, so generated requests also meet existing ones."""
@@ -97,22 +106,44 @@ class Seeded:
     completed_id: str
     unknown_id: str
     """Another unknown operation than `unknown_key`'s: each resolve operation gets its own."""
+    probed_id: str
+    """A third, for probe now: a resolve cannot settle it first."""
+
+    def path_parameters(self, path: str) -> dict[str, tuple[str, ...]]:
+        """The seeded values of each path parameter of the operation at `path`."""
+        unknown_id = self.probed_id if path.endswith("/probe") else self.unknown_id
+        return {
+            "key": (self.completed_key, self.unknown_key),
+            "id": (self.completed_id, unknown_id),
+            "route": (ROUTE,),
+        }
+
+
+SEEDED_QUERY = {"route": (ROUTE,)}
+"""Query parameters that must name something real for an answer to succeed."""
 
 
 async def seed(gateway: RunningGateway) -> Seeded:
-    """A completed and two unknown operations, in the scope of the admin token's header."""
+    """A completed and three unknown operations, in the scope of the admin token's header,
+    and the route's bulk probe job."""
     done = await gateway.post("/tickets/v1/issues", key="run-77:0:c1", json_body={}, headers=ADMIN)
     assert done.status == 201
-    for key in ("run-77:1:c1", "run-77:2:c1"):
+    for key in ("run-77:1:c1", "run-77:2:c1", "run-77:3:c1"):
         lost = await gateway.post(
-            "/tickets/v1/issues?drop=after_effect", key=key, json_body={}, headers=ADMIN
+            "/tickets/v1/issues?drop=before_effect", key=key, json_body={}, headers=ADMIN
         )
         assert lost.status == 502
     ids = {}
-    for key in ("run-77:0:c1", "run-77:2:c1"):
+    for key in ("run-77:0:c1", "run-77:2:c1", "run-77:3:c1"):
         found = await gateway.get(f"/operations/{key}", headers=ADMIN)
         ids[key] = (await found.json())["id"]
-    return Seeded("run-77:0:c1", "run-77:1:c1", ids["run-77:0:c1"], ids["run-77:2:c1"])
+    async with gateway.session.post(
+        f"{gateway.admin_url}/admin/operations/probe?route={ROUTE}", headers=ADMIN
+    ) as job:
+        assert job.status == 202, await job.text()
+    return Seeded(
+        "run-77:0:c1", "run-77:1:c1", ids["run-77:0:c1"], ids["run-77:2:c1"], ids["run-77:3:c1"]
+    )
 
 
 @dataclass
@@ -162,24 +193,27 @@ def fuzz(main_url: str, admin_url: str, seeded: Seeded) -> FuzzReport:
     """Run schemathesis over every documented operation, with generated and seeded ids;
     the admin operations on the admin listener, the others on the main one."""
     report = FuzzReport()
-    seeded_values = {
-        "key": (seeded.completed_key, seeded.unknown_key),
-        "id": (seeded.completed_id, seeded.unknown_id),
-    }
     with requests.Session() as session:
         for result in load_schema().get_all_operations():
             operation = result.ok()
             base_url = admin_url if operation.path.startswith("/admin/") else main_url
             seen = report.statuses.setdefault(operation.label, set())
-            variants: list[tuple[str, str] | None] = [None]
+            seeded_values = seeded.path_parameters(operation.path)
+            variants: list[tuple[str, str, str] | None] = [None]
             for parameter in operation.path_parameters:
-                variants += [(parameter.name, v) for v in seeded_values.get(parameter.name, ())]
+                variants += [
+                    ("path_parameters", parameter.name, v)
+                    for v in seeded_values.get(parameter.name, ())
+                ]
+            for parameter in operation.query:
+                variants += [
+                    ("query", parameter.name, v) for v in SEEDED_QUERY.get(parameter.name, ())
+                ]
             for mode in GenerationMode:
                 for variant in variants:
                     # as_strategy percent-encodes the dict it is given in place: a fresh one each.
-                    strategy = operation.as_strategy(
-                        generation_mode=mode, path_parameters=dict([variant]) if variant else None
-                    )
+                    fixed = {} if variant is None else {variant[0]: {variant[1]: variant[2]}}
+                    strategy = operation.as_strategy(generation_mode=mode, **fixed)
 
                     try:
                         explore(strategy, base_url, session, seen)
@@ -200,7 +234,7 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_response(
 ) -> None:
     """Generated requests to every documented operation get only documented answers."""
     gateway = await start_gateway(
-        settings_for(tmp_path, upstream.url, admin={"token": ADMIN_TOKEN})
+        settings_for(tmp_path, upstream.url, route=PROBED_ROUTE, admin={"token": ADMIN_TOKEN})
     )
     try:
         seeded = await seed(gateway)
@@ -241,8 +275,10 @@ def send_expected(
 async def test_refusals_the_fuzz_cannot_reach_are_documented(
     tmp_path: Path, upstream: CountingUpstream
 ) -> None:
-    """401 with [[clients]], 404 with admin disabled, 413 and 503 answers match the document."""
+    """401 with [[clients]], 404 with admin disabled, 409 too-early, 400 for a route without
+    a probe, 413 and 503 answers match the document."""
     key, op_id, resolution = {"key": "k1"}, {"id": "op_1"}, {"outcome": "not_applied"}
+    route = {"route": "tickets"}
     too_large = {"outcome": "not_applied", "note": "x" * MAX_RESOLVE_BODY}
     redaction, too_large_redaction = {"reason": "GDPR"}, {"reason": "x" * MAX_RESOLVE_BODY}
     (tmp_path / "clients").mkdir()
@@ -261,6 +297,11 @@ async def test_refusals_the_fuzz_cannot_reach_are_documented(
                 ("GET", "/admin/operations/{id}", op_id, None, ADMIN, 404),
                 ("POST", "/admin/operations/{id}/resolve", op_id, resolution, ADMIN, 404),
                 ("POST", "/admin/operations/{id}/redact", op_id, redaction, ADMIN, 404),
+                ("GET", "/admin/operations/{id}/history", op_id, None, ADMIN, 404),
+                ("GET", "/admin/operations/{id}/verify", op_id, None, ADMIN, 404),
+                ("POST", "/admin/operations/{id}/probe", op_id, None, ADMIN, 404),
+                ("GET", "/admin/probe-jobs/{route}", route, None, ADMIN, 404),
+                ("GET", "/admin/verify", {}, None, ADMIN, 404),
             ],
         )
     finally:
@@ -270,12 +311,20 @@ async def test_refusals_the_fuzz_cannot_reach_are_documented(
         settings_for(tmp_path / "admin", upstream.url, admin={"token": ADMIN_TOKEN})
     )
     try:
+        # Sent a moment ago: the tool may still apply it, so a release is too early.
+        lost = await gateway.post("/tickets/v1/issues?drop=after_effect", key="k2", json_body={})
+        assert lost.status == 502
+        unknown = {"id": (await (await gateway.get("/operations/k2")).json())["id"]}
         missed += await asyncio.to_thread(
             send_expected,
             gateway.url,
             [
                 ("POST", "/admin/operations/{id}/resolve", op_id, too_large, ADMIN, 413),
                 ("POST", "/admin/operations/{id}/redact", op_id, too_large_redaction, ADMIN, 413),
+                ("POST", "/operations/{key}/resolve", {"key": "k2"}, resolution, {}, 409),
+                ("POST", "/admin/operations/{id}/resolve", unknown, resolution, ADMIN, 409),
+                ("POST", "/admin/operations/{id}/probe", unknown, None, ADMIN, 400),
+                ("GET", "/admin/probe-jobs/{route}", route, None, ADMIN, 404),
             ],
             gateway.admin_url,
         )
@@ -291,6 +340,10 @@ async def test_refusals_the_fuzz_cannot_reach_are_documented(
                 ("GET", "/admin/operations/{id}", op_id, None, ADMIN, 503),
                 ("POST", "/admin/operations/{id}/resolve", op_id, resolution, ADMIN, 503),
                 ("POST", "/admin/operations/{id}/redact", op_id, redaction, ADMIN, 503),
+                ("GET", "/admin/operations/{id}/history", op_id, None, ADMIN, 503),
+                ("GET", "/admin/operations/{id}/verify", op_id, None, ADMIN, 503),
+                ("POST", "/admin/operations/{id}/probe", op_id, None, ADMIN, 503),
+                ("GET", "/admin/verify", {}, None, ADMIN, 503),
             ],
             gateway.admin_url,
         )

@@ -120,6 +120,11 @@ SENTENCES: dict[str, str] = {
     # Operator-side answers: not a tool call's, but each has its sentence all the same.
     "not-resolvable": "Only a call whose outcome is unknown can be settled; this one is not.",
     "precondition-failed": "The call's record changed since it was read; read it again.",
+    "too-early": (
+        "The tool may still be applying this call's last attempt, so it is too early to "
+        "settle the call as not applied. Do not call it again; check the tool again after "
+        "the time given."
+    ),
     "invalid-config": "The gateway's configuration is invalid; nothing was made.",
     # The gateway's own failure, or an upstream failure with no finer type: sent or not,
     # nobody can say, so it reads as an unknown outcome.

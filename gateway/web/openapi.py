@@ -42,6 +42,7 @@ from gateway.engine.errors import (
     RequestTimeout,
     RouteSaturated,
     StoreUnavailable,
+    TooEarly,
     Unauthorized,
     UnknownKey,
     UpstreamConnectionLost,
@@ -52,6 +53,7 @@ from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTE
 from gateway.engine.models import State
 from gateway.web.admin_view import DEFAULT_LIMIT, MAX_LIMIT
 from gateway.web.openapi_components import components, header, ref
+from gateway.web.operation_document import HISTORY_PAGE
 from gateway.web.operations_view import MAX_RESOLVE_BODY
 from gateway.web.problems import PROBLEM_JSON
 from gateway.web.request_log import REQUEST_ID
@@ -99,10 +101,13 @@ _LOOKUP = (
     NoRoute,
     StoreUnavailable,
 )
-_RESOLVE = (*_LOOKUP, NotResolvable, PreconditionFailed, PayloadTooLarge)
+_RESOLVE = (*_LOOKUP, NotResolvable, TooEarly, PreconditionFailed, PayloadTooLarge)
 _ADMIN = (InvalidRequest, Unauthorized, NotFound, NoRoute, StoreUnavailable)
-_ADMIN_RESOLVE = (*_ADMIN, NotResolvable, PreconditionFailed, PayloadTooLarge)
-_ADMIN_REDACT = (*_ADMIN, NotResolvable, PreconditionFailed, PayloadTooLarge)
+_ADMIN_RESOLVE = (*_ADMIN, NotResolvable, TooEarly, PreconditionFailed, PayloadTooLarge)
+_ADMIN_REDACT = (*_ADMIN, PreconditionFailed, PayloadTooLarge)
+_ADMIN_PROBE = (*_ADMIN, NotResolvable)
+_RETRY_AFTER: tuple[type[GatewayError], ...] = (TooEarly,)
+"""Problems that carry `Retry-After` besides every 503."""
 
 
 def _problem_line(error: type[GatewayError]) -> str:
@@ -121,7 +126,7 @@ def _problems(errors: tuple[type[GatewayError], ...]) -> dict[str, Any]:
         if status != 500:
             headers[IDEMPOTENCY_KEY] = {"$ref": "#/components/headers/IdempotencyKey"}
             headers[IDEMPOTENCY_STATUS] = {"$ref": "#/components/headers/IdempotencyStatus"}
-        if status == 503:
+        if status == 503 or any(error in _RETRY_AFTER for error in group):
             headers["Retry-After"] = {"$ref": "#/components/headers/RetryAfter"}
         responses[str(status)] = {
             "description": "; ".join(_problem_line(error) for error in group),
@@ -173,6 +178,13 @@ _IF_MATCH = {
     "description": "The `ETag` of a lookup: 412 when the operation changed since.",
     "schema": {"type": "string"},
 }
+_TOO_EARLY = (
+    "`not_applied` releases the key, so that a retry is sent again. While the tool may "
+    "still be applying the last send (until the operation's `not_applied_allowed_at`: "
+    "the route's `not_applied_after` past the later of the attempt's lease expiry and its "
+    "send plus the route's `timeout`), it answers 409 `too-early` with `allowed_at`, "
+    "`last_send_age` and `Retry-After`, and the operation stays `unknown`."
+)
 _RESOLVE_BODY = {
     "required": True,
     "description": f"At most {MAX_RESOLVE_BODY} bytes; a `not_applied` outcome has no `response`.",
@@ -195,6 +207,150 @@ _WORKER_COUNTS = {
     "serving_workers": {"type": "integer", "description": "Workers serving now."},
     "workers": {"type": "integer", "description": "`[server] workers`."},
 }
+
+
+_NO_STORE = {"Cache-Control": header("Always `no-store`.", {"const": "no-store"})}
+_ADMIN_SECURITY: list[dict[str, list[str]]] = [{"adminToken": []}]
+_ADMIN_ACTOR_PARAMETER = {"$ref": "#/components/parameters/AdminActor"}
+
+
+def _query(name: str, description: str, schema: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"name": name, "in": "query", "description": description, "schema": schema, **more}
+
+
+def _limit(maximum: int, default: int) -> dict[str, Any]:
+    schema = {"type": "integer", "minimum": 1, "maximum": maximum, "default": default}
+    return _query("limit", "At most this many items.", schema)
+
+
+_CURSOR = _query("cursor", "The `next_cursor` of the previous page (opaque).", {"type": "string"})
+
+
+def _admin(
+    method: str,
+    summary: str,
+    operation_id: str,
+    parameters: list[dict[str, Any]],
+    responses: dict[str, Any],
+    errors: tuple[type[GatewayError], ...],
+    **more: Any,
+) -> dict[str, Any]:
+    """One admin operation: the admin token, a request id, its answers and problems."""
+    return {
+        method: {
+            "summary": summary,
+            "operationId": operation_id,
+            "security": _ADMIN_SECURITY,
+            "parameters": [*parameters, _REQUEST_ID_PARAMETER],
+            **more,
+            "responses": {**responses, **_problems(errors)},
+        }
+    }
+
+
+def _admin_paths() -> dict[str, Any]:
+    """History, verification and probes: what an operator settles an operation with."""
+    op_id = {"$ref": "#/components/parameters/OperationId"}
+    route = {
+        "name": "route",
+        "in": "path",
+        "required": True,
+        "description": "The route's name.",
+        "schema": {"type": "string", "minLength": 1},
+        "example": "tickets",
+    }
+    job = _ok("The job, as far as it got.", ref("ProbeJob"), _NO_STORE)
+    return {
+        "/admin/operations/{id}/history": _admin(
+            "get",
+            "A page of an operation's history, oldest first",
+            "adminOperationHistory",
+            [
+                op_id,
+                _query(
+                    "after",
+                    "Events after this `seq` (the previous page's `next`).",
+                    {"type": "integer", "minimum": 0, "default": 0},
+                ),
+                _limit(1000, HISTORY_PAGE),
+            ],
+            {"200": _ok("One page of events.", ref("HistoryPage"), _NO_STORE)},
+            _ADMIN,
+        ),
+        "/admin/operations/{id}/verify": _admin(
+            "get",
+            "Check an operation's hash chain",
+            "adminVerifyOperation",
+            [op_id],
+            {"200": _ok("What the check found.", ref("ChainReport"), _NO_STORE)},
+            _ADMIN,
+            description="An edited, dropped or reordered event breaks the chain: `ok` is "
+            "false and `broken` names the first such event. Without a key, the chain "
+            "detects accidental or naive edits only.",
+        ),
+        "/admin/verify": _admin(
+            "get",
+            "Check every operation's hash chain, a page of operations at a time",
+            "adminVerifyAll",
+            [_limit(MAX_LIMIT, DEFAULT_LIMIT), _CURSOR],
+            {"200": _ok("What the check of one page found.", ref("VerifyPage"), _NO_STORE)},
+            _ADMIN,
+        ),
+        "/admin/operations/{id}/probe": _admin(
+            "post",
+            "Probe an `unknown` operation now",
+            "adminProbeOperation",
+            [op_id],
+            {
+                "200": _ok(
+                    "The operation after the probe's answer (settled, or still `unknown` "
+                    "with the verdict in its history).",
+                    ref("AdminOperation"),
+                    _OPERATION_HEADERS,
+                )
+            },
+            _ADMIN_PROBE,
+            description="Asks the route's probe once, whatever its backoff says. 409 "
+            "`not-resolvable` when the operation is not `unknown`; 400 `invalid-request` "
+            "when its route has no probe.",
+        ),
+        "/admin/operations/probe": _admin(
+            "post",
+            "Probe every `unknown` operation of a route (a background job)",
+            "adminProbeRoute",
+            [
+                _query(
+                    "route",
+                    "The route's name; 400 when there is none such or it has no probe.",
+                    {"type": "string"},
+                    required=True,
+                )
+            ],
+            {
+                "202": _ok(
+                    "The job started, or the route's job already running.",
+                    ref("ProbeJob"),
+                    {
+                        **_NO_STORE,
+                        "Location": header("The job's URL (`/admin/probe-jobs/<route>`)."),
+                    },
+                )
+            },
+            _ADMIN,
+            description="Each operation is probed once, a few at a time (never more than "
+            "the route's `max_concurrency`). One job per route: a request while it runs "
+            "answers it.",
+        ),
+        "/admin/probe-jobs/{route}": _admin(
+            "get",
+            "A route's bulk probe job",
+            "adminProbeJob",
+            [route],
+            {"200": job},
+            _ADMIN,
+            description="404 when this process has started none for the route.",
+        ),
+    }
 
 
 def _readyz() -> Any:
@@ -223,7 +379,7 @@ def _paths() -> dict[str, Any]:
     key = {"$ref": "#/components/parameters/Key"}
     op_id = {"$ref": "#/components/parameters/OperationId"}
     scoped: list[dict[str, list[str]]] = [{}, {"clientToken": []}]
-    admin: list[dict[str, list[str]]] = [{"adminToken": []}]
+    admin = _ADMIN_SECURITY
     operation = ref("Operation")
     admin_operation = ref("AdminOperation")
     return {
@@ -260,6 +416,7 @@ def _paths() -> dict[str, Any]:
         "/operations/{key}/resolve": {
             "post": {
                 "summary": "Settle the caller's own `unknown` operation",
+                "description": _TOO_EARLY,
                 "operationId": "resolve",
                 "security": scoped,
                 "parameters": [key, _IF_MATCH, _REQUEST_ID_PARAMETER],
@@ -294,6 +451,13 @@ def _paths() -> dict[str, Any]:
                         "in": "query",
                         "description": "Only this key's operations, in every scope that used it "
                         "(exact match).",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "q",
+                        "in": "query",
+                        "description": "Only operations whose key, id or forwarded key starts "
+                        "with this text (`%` and `_` are literal).",
                         "schema": {"type": "string"},
                     },
                     {
@@ -354,9 +518,11 @@ def _paths() -> dict[str, Any]:
         "/admin/operations/{id}/resolve": {
             "post": {
                 "summary": "Settle any scope's `unknown` operation, by id",
+                "description": _TOO_EARLY + " An admin may release it sooner with "
+                "`force: true`, which the history records.",
                 "operationId": "adminResolveOperation",
                 "security": admin,
-                "parameters": [op_id, _IF_MATCH, _REQUEST_ID_PARAMETER],
+                "parameters": [op_id, _IF_MATCH, _ADMIN_ACTOR_PARAMETER, _REQUEST_ID_PARAMETER],
                 "requestBody": _RESOLVE_BODY,
                 "responses": {
                     "200": _ok("The settled operation.", admin_operation, _OPERATION_HEADERS),
@@ -366,12 +532,15 @@ def _paths() -> dict[str, Any]:
         },
         "/admin/operations/{id}/redact": {
             "post": {
-                "summary": "Erase a completed receipt's headers and body (personal data)",
-                "description": "The key stays used, the reason goes into the operation's "
-                "`evidence`; an operation that is not `completed` answers 409 `not-resolvable`.",
+                "summary": "Erase an operation's recorded request and receipt (personal data)",
+                "description": "In any state: the recorded request's body (or arguments) "
+                "and a receipt's headers and body are erased; a completed operation stays "
+                "completed (a retry then gets 409 `receipt-not-retained`) and the key stays "
+                "used. The history records who erased what and why (the reason is erasable "
+                "too).",
                 "operationId": "adminRedactOperation",
                 "security": admin,
-                "parameters": [op_id, _IF_MATCH, _REQUEST_ID_PARAMETER],
+                "parameters": [op_id, _IF_MATCH, _ADMIN_ACTOR_PARAMETER, _REQUEST_ID_PARAMETER],
                 "requestBody": {
                     "required": True,
                     "content": {JSON: {"schema": ref("RedactRequest")}},
@@ -382,6 +551,7 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+        **_admin_paths(),
     }
 
 

@@ -3,7 +3,8 @@
 Kept apart from `gateway.web.openapi` (the paths and the handler) so each stays one
 concept. The request bodies' schemas are pydantic's own (`ResolveBody`,
 `RedactBody`), so the document and the validation cannot drift; the operation JSON's schema follows
-`gateway.web.operation_json`, which schemathesis checks against real answers.
+`gateway.web.operation_json` (the record) and `gateway.web.operation_document` (its history,
+recorded request and release window), which schemathesis checks against real answers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from gateway.engine.keys import MAX_KEY_LENGTH
 from gateway.engine.models import State
-from gateway.web.admin_view import RedactBody
+from gateway.web.admin_view import ADMIN_ACTOR, RedactBody
+from gateway.web.operation_document import HISTORY_PAGE, RECEIPT_SOURCES
 from gateway.web.request_log import REQUEST_ID
 from gateway.web.resolve_body import ResolveBody
 
@@ -38,11 +40,12 @@ def header(description: str, schema: dict[str, Any] | None = None) -> dict[str, 
     return {"description": description, "schema": schema or {"type": "string"}}
 
 
-def _operation_schema() -> dict[str, Any]:
+def _record_schema() -> dict[str, Any]:
     states = [state.value for state in State]
     return {
         "type": "object",
-        "description": "What the gateway knows about one key's effect (the operation JSON).",
+        "description": "What the gateway knows about one key's effect: the record (as each "
+        "item of an operator's listing shows it; one operation's JSON adds its history).",
         "required": [
             "id",
             "key",
@@ -121,26 +124,328 @@ def _operation_schema() -> dict[str, Any]:
     }
 
 
-def components() -> dict[str, Any]:
-    resolve_schema = ResolveBody.model_json_schema(ref_template=SCHEMAS + "{model}")
-    schemas: dict[str, Any] = resolve_schema.pop("$defs")
-    schemas["ResolveRequest"] = {**resolve_schema, "title": "ResolveRequest"}
-    schemas["RedactRequest"] = {**RedactBody.model_json_schema(), "title": "RedactRequest"}
-    schemas["Operation"] = _operation_schema()
-    schemas["AdminOperation"] = {
-        "description": "An operation as operators see it: with its scope and the key "
-        "its upstream saw (`null` on a route with `forward_key = false`).",
+EVENT_TYPES = (
+    "claimed",
+    "sent",
+    "answered",
+    "timed-out",
+    "connection-lost",
+    "lease-expired",
+    "probe",
+    "resolved",
+    "released",
+    "redacted",
+    "expired",
+    "truncated",
+)
+"""The kinds of event an operation's history holds (`gateway.engine.lifecycle_events`)."""
+
+
+def _operation_schema() -> dict[str, Any]:
+    """One operation's JSON, as its owner reads it: the record, its history and when a
+    `not_applied` resolve is accepted."""
+    window = " Null unless the operation is `unknown` or `in_flight`."
+    return {
+        "description": "What the gateway knows about one key's effect (the operation JSON): "
+        "the record, its history, where its receipt came from and, while the tool may "
+        "still be applying the last send, until when.",
         "allOf": [
-            ref("Operation"),
+            ref("OperationRecord"),
             {
-                "required": ["scope", "forwarded_key"],
+                "required": [
+                    "history",
+                    "history_next",
+                    "receipt_source",
+                    "last_send_age",
+                    "may_apply_until",
+                    "not_applied_allowed_at",
+                ],
                 "properties": {
-                    "scope": {"type": "string"},
-                    "forwarded_key": nullable({"type": "string"}),
+                    "history": {
+                        "type": "array",
+                        "maxItems": HISTORY_PAGE,
+                        "description": f"The first {HISTORY_PAGE} events, oldest first "
+                        "(`history_next` pages on). An owner sees an admin's events as actor "
+                        "`admin`, without the note unless it was shared.",
+                        "items": ref("HistoryEvent"),
+                    },
+                    "history_next": nullable(
+                        {
+                            "type": "integer",
+                            "description": "The `seq` to page on from "
+                            "(`GET /admin/operations/{id}/history?after=`); null: no more.",
+                        }
+                    ),
+                    "receipt_source": nullable(
+                        {
+                            "enum": sorted(set(RECEIPT_SOURCES.values())),
+                            "description": "Who made a completed operation's receipt: the "
+                            "upstream's answer, a probe's, or an operator's statement; null "
+                            "in other states.",
+                        }
+                    ),
+                    "last_send_age": nullable(
+                        {
+                            "type": "number",
+                            "minimum": 0,
+                            "description": "Seconds since the current attempt's last "
+                            "possible send, on the server's clocks." + window,
+                        }
+                    ),
+                    "may_apply_until": nullable(
+                        _timestamp(
+                            "Until when the tool may still apply that send: the route's "
+                            "`not_applied_after` past the later of the attempt's lease expiry "
+                            "and its send plus the route's `timeout`." + window
+                        )
+                    ),
+                    "not_applied_allowed_at": nullable(
+                        _timestamp(
+                            "From when a `not_applied` resolve is accepted (the same instant "
+                            "as `may_apply_until`); before it, 409 `too-early`. Null unless "
+                            "the operation is `unknown`."
+                        )
+                    ),
                 },
             },
         ],
     }
+
+
+def _history_event_schema() -> dict[str, Any]:
+    nullable_string = nullable({"type": "string"})
+    return {
+        "type": "object",
+        "description": "One event of an operation's history: append-only and hash-chained "
+        "(`GET /admin/operations/{id}/verify`). Besides the members every event has, each "
+        "type carries its own (`claimed`: attempt, token; `sent`: forwarded_key; `answered`: "
+        "status; `timed-out`, `connection-lost`, `lease-expired`, `released`: detail; "
+        "`probe`: verdict, status, detail; `resolved`: outcome, by, note, force, "
+        "share_with_owner; `redacted`: reason, erased; `expired`: erased). An erased note "
+        "or reason reads `<name>_redacted: true`.",
+        "required": ["seq", "type", "at", "actor", "version"],
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1, "description": "1, 2, 3... per operation."},
+            "type": {"enum": list(EVENT_TYPES)},
+            "at": _timestamp("When it was recorded, on the store's clock."),
+            "actor": {
+                "type": "string",
+                "description": "`gateway`, `probe`, `owner`, `admin` or `admin:<name>` "
+                f"(from `{ADMIN_ACTOR}`).",
+            },
+            "version": {
+                "type": "integer",
+                "description": "The operation's version after the write that recorded it.",
+            },
+            "attempt": {"type": "integer", "description": "The attempt it concerns."},
+            "token": {"type": "integer", "description": "The attempt's fencing token."},
+            "forwarded_key": nullable_string,
+            "status": nullable({"type": "integer"}),
+            "jsonrpc": {"enum": ["result", "error"], "description": "MCP: what answered."},
+            "detail": {"type": "string"},
+            "verdict": {
+                "type": "string",
+                "description": "A probe's: applied, not_applied, not_applied_too_soon, "
+                "inconclusive, superseded...",
+            },
+            "outcome": {"enum": ["applied", "not_applied"]},
+            "by": {"type": "string", "description": "`owner`, `admin` or `probe`."},
+            "force": {
+                "type": "boolean",
+                "description": "An admin released it although the last send might still "
+                "be applied.",
+            },
+            "share_with_owner": {"type": "boolean"},
+            "note": nullable_string,
+            "note_redacted": {"const": True},
+            "reason": {"type": "string"},
+            "reason_redacted": {"const": True},
+            "erased": {"type": "array", "items": {"enum": ["request", "receipt"]}},
+            "reconstructed": {
+                "const": True,
+                "description": "Rebuilt by migration 5 from a record older than histories.",
+            },
+        },
+    }
+
+
+def _recorded_request_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "What was sent, as recorded with the first attempt (values named by "
+        "the route's `redact_request` replaced), for an operator to find the effect.",
+        "properties": {
+            "method": {"type": "string", "description": "`tools/call` on an MCP route."},
+            "target": {"type": "string", "description": "The path and query sent."},
+            "content_type": nullable({"type": "string"}),
+            "size": {"type": "integer", "minimum": 0, "description": "The body's bytes."},
+            "sha256": {"type": "string", "description": "Hex SHA-256 of the body as sent."},
+            "body": nullable({"type": "string"}),
+            "body_encoding": {"enum": ["utf-8", "base64"]},
+            "body_gone": nullable(
+                {
+                    "enum": ["too_large", "redacted", "expired"],
+                    "description": "Why `body` (or `arguments`) is not kept: larger than "
+                    "`record_request_max`, erased by a redaction, or dropped at retention.",
+                }
+            ),
+            "tool": nullable({"type": "string", "description": "MCP routes: the tool called."}),
+            "arguments": {"description": "MCP routes: its arguments, or null."},
+        },
+    }
+
+
+def _admin_schemas() -> dict[str, Any]:
+    """The history, verification and bulk probe answers of the admin API."""
+    broken = {
+        "type": "object",
+        "required": ["seq", "reason"],
+        "properties": {"seq": {"type": "integer"}, "reason": {"type": "string"}},
+    }
+    return {
+        "HistoryPage": {
+            "type": "object",
+            "required": ["items", "next"],
+            "properties": {
+                "items": {"type": "array", "items": ref("HistoryEvent")},
+                "next": nullable(
+                    {"type": "integer", "description": "The `after` of the next page."}
+                ),
+            },
+        },
+        "ChainReport": {
+            "type": "object",
+            "description": "One operation's hash chain checked: intact (`ok`), or the first "
+            "event that is not. An event whose erasable values were erased is `redacted`, "
+            "not broken.",
+            "required": ["id", "key", "scope", "ok", "events", "redacted", "broken"],
+            "properties": {
+                "id": {"type": "string"},
+                "key": {"type": "string"},
+                "scope": {"type": "string"},
+                "ok": {"type": "boolean"},
+                "events": {"type": "integer", "minimum": 0},
+                "redacted": {"type": "array", "items": {"type": "integer"}},
+                "broken": nullable(broken),
+            },
+        },
+        "VerifyPage": {
+            "type": "object",
+            "description": "A page of operations whose chains were checked.",
+            "required": ["checked", "redacted_events", "broken", "next_cursor"],
+            "properties": {
+                "checked": {"type": "integer", "minimum": 0},
+                "redacted_events": {"type": "integer", "minimum": 0},
+                "broken": {
+                    "type": "array",
+                    "items": {
+                        "allOf": [
+                            broken,
+                            {
+                                "required": ["id", "key", "scope"],
+                                "properties": {
+                                    "id": {"type": "string"},
+                                    "key": {"type": "string"},
+                                    "scope": {"type": "string"},
+                                },
+                            },
+                        ]
+                    },
+                },
+                "next_cursor": nullable({"type": "string"}),
+            },
+        },
+        "ProbeJob": {
+            "type": "object",
+            "description": "A route's bulk probe: every `unknown` operation of the route "
+            "probed once, a few at a time. One job per route and process.",
+            "required": [
+                "route",
+                "job",
+                "state",
+                "total",
+                "probed",
+                "applied",
+                "not_applied",
+                "still_unknown",
+                "failed",
+                "started_at",
+                "finished_at",
+            ],
+            "properties": {
+                "route": {"type": "string"},
+                "job": {"type": "string", "description": "This job's URL."},
+                "state": {"enum": ["running", "done"]},
+                "total": {"type": "integer", "minimum": 0},
+                "probed": {"type": "integer", "minimum": 0},
+                "applied": {"type": "integer", "minimum": 0},
+                "not_applied": {"type": "integer", "minimum": 0},
+                "still_unknown": {"type": "integer", "minimum": 0},
+                "failed": {"type": "integer", "minimum": 0},
+                "started_at": _timestamp("When the job started."),
+                "finished_at": nullable(_timestamp("When it finished.")),
+            },
+        },
+    }
+
+
+def _resolve_request_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The resolve body's schema (pydantic's own) and its `$defs`, with what the model's
+    fields do not say themselves."""
+    schema = ResolveBody.model_json_schema(ref_template=SCHEMAS + "{model}")
+    definitions: dict[str, Any] = schema.pop("$defs")
+    properties = schema["properties"]
+    admin_only = " Admin endpoints only: an owner's resolve with it is 400 `invalid-request`."
+    properties["force"]["description"] = (
+        "Release (`not_applied`) although the tool may still be applying the last send, "
+        "instead of 409 `too-early`; the history records it." + admin_only
+    )
+    properties["share_with_owner"]["description"] = (
+        "The operation's owner may read the note." + admin_only
+    )
+    return {**schema, "title": "ResolveRequest"}, definitions
+
+
+def components() -> dict[str, Any]:
+    resolve_schema, schemas = _resolve_request_schema()
+    schemas["ResolveRequest"] = resolve_schema
+    schemas["RedactRequest"] = {**RedactBody.model_json_schema(), "title": "RedactRequest"}
+    schemas["OperationRecord"] = _record_schema()
+    schemas["Operation"] = _operation_schema()
+    schemas["HistoryEvent"] = _history_event_schema()
+    schemas["RecordedRequest"] = _recorded_request_schema()
+    scoped = {
+        "scope": {"type": "string"},
+        "forwarded_key": nullable({"type": "string"}),
+    }
+    schemas["AdminOperation"] = {
+        "description": "An operation as operators see it: with its scope, the key its "
+        "upstream saw (`null` on a route with `forward_key = false`), the recorded request "
+        "and whether its route has a probe.",
+        "allOf": [
+            ref("Operation"),
+            {
+                "required": ["scope", "forwarded_key", "request", "probe_available"],
+                "properties": {
+                    **scoped,
+                    "request": nullable(ref("RecordedRequest")),
+                    "probe_available": {
+                        "type": "boolean",
+                        "description": "The route has a probe (`POST .../probe` asks it).",
+                    },
+                },
+            },
+        ],
+    }
+    schemas["AdminOperationItem"] = {
+        "description": "One operation of an operator's listing: the record, its scope and "
+        "the key its upstream saw (`GET /admin/operations/{id}` has the rest).",
+        "allOf": [
+            ref("OperationRecord"),
+            {"required": ["scope", "forwarded_key"], "properties": scoped},
+        ],
+    }
+    schemas.update(_admin_schemas())
     schemas["AdminOverview"] = {
         "type": "object",
         "description": "The operator console's first screen: counts by state, route names.",
@@ -158,7 +463,7 @@ def components() -> dict[str, Any]:
         "type": "object",
         "required": ["items", "next_cursor"],
         "properties": {
-            "items": {"type": "array", "items": ref("AdminOperation")},
+            "items": {"type": "array", "items": ref("AdminOperationItem")},
             "next_cursor": nullable({"type": "string"}),
         },
     }
@@ -196,6 +501,13 @@ def components() -> dict[str, Any]:
                 "type": "boolean",
                 "description": "True: the same request with the same key may be sent again.",
             },
+            "allowed_at": _timestamp(
+                "`too-early` only: from when a `not_applied` resolve is accepted."
+            ),
+            "last_send_age": {
+                "type": "number",
+                "description": "`too-early` only: seconds since the attempt's last send.",
+            },
         },
     }
     return {
@@ -223,6 +535,19 @@ def components() -> dict[str, Any]:
                 "schema": {"type": "string", "minLength": 1},
                 "example": "op_01JDZ4W6Q8X3M2K7R5T9V0B1C2",
             },
+            "AdminActor": {
+                "name": ADMIN_ACTOR,
+                "in": "header",
+                "required": False,
+                "description": "Who acts, recorded in the history as `admin:<name>` "
+                "(without it: `admin`); 1 to 64 printable ASCII characters, else 400.",
+                "schema": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "pattern": _PRINTABLE_ASCII,
+                },
+            },
             "RequestId": {
                 "name": REQUEST_ID,
                 "in": "header",
@@ -240,7 +565,10 @@ def components() -> dict[str, Any]:
             "IdempotencyStatus": header(
                 "The state of the key's operation.", {"enum": [state.value for state in State]}
             ),
-            "RetryAfter": header("Seconds to wait before retrying.", {"type": "integer"}),
+            "RetryAfter": header(
+                "Seconds to wait before retrying (`too-early`: until `allowed_at`).",
+                {"type": "integer"},
+            ),
         },
         "securitySchemes": {
             "adminToken": {

@@ -216,7 +216,9 @@ class GatewayClient:
         For an MCP operation the receipt is the tool `result` to replay (wire
         form: `content`, `structuredContent`, `isError`), not a `response`.
         `if_match` is the `etag` of the lookup the decision was based on; a
-        changed operation is then refused (`PreconditionFailed`).
+        changed operation is then refused (`PreconditionFailed`). `not_applied` is
+        refused (`TooEarly`, the operation stays `unknown`) while the tool may still
+        be applying the last send: check the tool again at its `allowed_at`.
 
         >>> op = await gw.lookup(key)
         >>> await gw.resolve(key, "not_applied", note="no such ticket", if_match=op.etag)

@@ -27,7 +27,8 @@ never breaks an older client. Each problem keeps every field the gateway sent.
     │   │   ├── InProgress             409 in-progress
     │   │   ├── ReceiptExpired         409 receipt-expired
     │   │   ├── ReceiptNotRetained     409 receipt-not-retained
-    │   │   └── NotResolvable          409 not-resolvable
+    │   │   ├── NotResolvable          409 not-resolvable
+    │   │   └── TooEarly               409 too-early: a not_applied resolve before `allowed_at`
     │   ├── OutcomeUnknown             409 outcome-unknown: stop, reconcile, never resend
     │   │   ├── UpstreamTimeout        504 upstream-timeout
     │   │   └── UpstreamConnectionLost 502 upstream-connection-lost
@@ -89,6 +90,7 @@ __all__ = [
     "RunLeaseLost",
     "RunLeased",
     "StoreUnavailable",
+    "TooEarly",
     "Unauthorized",
     "Unavailable",
     "UnknownKey",
@@ -264,6 +266,33 @@ class NotResolvable(KeyConflict):
     problem_type = "not-resolvable"
 
 
+class TooEarly(KeyConflict):
+    """A `not_applied` resolve while the tool may still be applying the last send.
+
+    Releasing the key now would let a retry be sent while the first send may
+    still land: two effects. The operation stays `unknown`. Check the tool
+    again at `allowed_at` (an ISO 8601 time; `retry_after` is the same
+    instant in seconds from the answer) and resolve then; `last_send_age` is
+    how long ago, in seconds, the last send was.
+    """
+
+    problem_type = "too-early"
+
+    def __init__(
+        self,
+        problem: dict[str, Any],
+        *,
+        status: int,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(problem, status=status, retry_after=retry_after)
+        self.allowed_at: str | None = _optional_str(problem.get("allowed_at"))
+        age = problem.get("last_send_age")
+        self.last_send_age: float | None = (
+            float(age) if isinstance(age, int | float) and not isinstance(age, bool) else None
+        )
+
+
 class OutcomeUnknown(GatewayProblem):
     """The effect may or may not have happened: stop and reconcile; never resend."""
 
@@ -411,6 +440,7 @@ PROBLEM_CLASSES: dict[str, type[GatewayProblem]] = {
         ReceiptExpired,
         ReceiptNotRetained,
         NotResolvable,
+        TooEarly,
         OutcomeUnknown,
         UpstreamTimeout,
         UpstreamConnectionLost,

@@ -179,6 +179,9 @@ export class GatewayClient {
   /**
    * Settle an `unknown` operation: `applied` (with the response as its receipt) or `not_applied`.
    *
+   * `not_applied` is refused (`TooEarly`, the operation stays `unknown`) while the tool may
+   * still be applying the last send: check the tool again at its `allowedAt`.
+   *
    * Not retried on a lost answer (a resolution is not idempotent): look the key up instead.
    */
   async resolve(key: string, outcome: "applied" | "not_applied", options: ResolveOptions = {}): Promise<Operation> {

@@ -14,7 +14,7 @@
  *     │   ├── Unauthorized (MissingCredentials), ClientNotAllowed
  *     │   ├── NotFound (NoRoute, UnknownKey)
  *     │   ├── MethodNotAllowed
- *     │   ├── KeyConflict (KeyMismatch, InProgress, ReceiptExpired, ReceiptNotRetained, NotResolvable)
+ *     │   ├── KeyConflict (KeyMismatch, InProgress, ReceiptExpired, ReceiptNotRetained, NotResolvable, TooEarly)
  *     │   ├── OutcomeUnknown (UpstreamTimeout, UpstreamConnectionLost): stop, reconcile, never resend
  *     │   ├── PreconditionFailed
  *     │   ├── QuotaExceeded
@@ -175,6 +175,30 @@ export class ReceiptNotRetained extends KeyConflict {
 export class NotResolvable extends KeyConflict {
   static override readonly problemType: string = "not-resolvable";
 }
+/**
+ * A `not_applied` resolve while the tool may still be applying the last send.
+ *
+ * Releasing the key now would let a retry be sent while the first send may still
+ * land: two effects. The operation stays `unknown`. Check the tool again at
+ * `allowedAt` (an ISO 8601 time; `retryAfter` is the same instant in seconds from
+ * the answer) and resolve then; `lastSendAge` is how long ago, in seconds, the last
+ * send was.
+ */
+export class TooEarly extends KeyConflict {
+  static override readonly problemType: string = "too-early";
+
+  /** When a `not_applied` resolve is accepted (ISO 8601), when the gateway said. */
+  readonly allowedAt: string | null;
+  /** Seconds since the attempt's last send, on the gateway's clocks, when it said. */
+  readonly lastSendAge: number | null;
+
+  constructor(problem: ProblemDocument, options: { status: number; retryAfter?: number | null }) {
+    super(problem, options);
+    this.allowedAt = stringOrNull(problem["allowed_at"]);
+    const age = problem["last_send_age"];
+    this.lastSendAge = typeof age === "number" && Number.isFinite(age) ? age : null;
+  }
+}
 /** The effect may or may not have happened: stop and reconcile; never resend. */
 export class OutcomeUnknown extends GatewayProblem {
   static override readonly problemType: string = "outcome-unknown";
@@ -237,6 +261,7 @@ export const PROBLEM_CLASSES: ReadonlyMap<string, ProblemClass> = new Map(
     ReceiptExpired,
     ReceiptNotRetained,
     NotResolvable,
+    TooEarly,
     OutcomeUnknown,
     UpstreamTimeout,
     UpstreamConnectionLost,

@@ -1,7 +1,7 @@
 // GatewayClient against the real gateway (from the project's .venv) in front of the
 // example ticket API and an upstream that holds requests until the test releases them:
-// replay, mismatch, unknown, lookup, resolve, in-progress with Retry-After and Prefer: wait,
-// and transport failures.
+// replay, mismatch, unknown, lookup, resolve (too early, then accepted), in-progress with
+// Retry-After and Prefer: wait, and transport failures.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
@@ -9,10 +9,12 @@ import {
   Backoff,
   GatewayClient,
   GatewayConnectionError,
+  KeyConflict,
   KeyMismatch,
   NotResolvable,
   OutcomeUnknown,
   PreconditionFailed,
+  TooEarly,
   UpstreamTimeout,
   bodyJson,
   deriveKey,
@@ -23,16 +25,28 @@ let tools;
 let held;
 let gateway;
 let client;
+let quick;
+let quickClient;
+
+// A not_applied resolve is accepted once the tool can no longer be applying the last send:
+// after the lease, the route's timeout and its not_applied_after. On /quick, about a second.
+const QUICK_ROUTE = '[[routes]]\nname = "quick"\nprefix = "/quick"\nupstream = "%s"\ntimeout = "300ms"\nnot_applied_after = "0s"\n';
 
 before(async () => {
   [tools, held] = await Promise.all([startToolApi(), startHeldUpstream()]);
-  gateway = await startGateway({ upstream: tools.url, heldUpstream: held.url });
+  [gateway, quick] = await Promise.all([
+    startGateway({ upstream: tools.url, heldUpstream: held.url }),
+    startGateway({ upstream: tools.url, lease: "1s", extraRoutes: [QUICK_ROUTE.replace("%s", held.url)] }),
+  ]);
   client = new GatewayClient(gateway.url);
+  quickClient = new GatewayClient(quick.url);
 });
 
 after(async () => {
-  await Promise.all([gateway?.stop(), tools?.stop(), held?.stop()]);
+  await Promise.all([gateway?.stop(), quick?.stop(), tools?.stop(), held?.stop()]);
 });
+
+const sleep = (seconds) => new Promise((resolve) => setTimeout(resolve, seconds * 1000));
 
 const unique = (name) => `${name}-${process.hrtime.bigint()}`;
 
@@ -121,14 +135,41 @@ describe("an effect whose outcome nobody knows", () => {
     await assert.rejects(client.resolve(key, "not_applied"), NotResolvable);
   });
 
-  test("resolved not_applied releases the key: the same request with the same key is sent again", async () => {
-    const key = deriveKey(unique("not-applied"), 0, "c1");
+  test("resolving not_applied while the tool may still apply the send is TooEarly; the key stays unknown", async () => {
+    const key = deriveKey(unique("too-early"), 0, "c1");
     const slowPath = `/slow/hold/${unique("never")}`; // never released: the 300 ms timeout fires
     await assert.rejects(client.post(slowPath, { key, json: {} }), OutcomeUnknown);
+    const unknown = await client.lookup(key);
+    await assert.rejects(client.resolve(key, "not_applied", { note: "no such payment yet" }), (error) => {
+      assert.ok(error instanceof TooEarly && error instanceof KeyConflict);
+      assert.deepEqual(
+        [error.status, error.kind, error.key, error.state, error.safeToRetry],
+        [409, "too-early", key, "unknown", false],
+      );
+      assert.equal(error.allowedAt, unknown.not_applied_allowed_at);
+      assert.ok(error.lastSendAge >= 0 && error.lastSendAge < 60, `lastSendAge ${error.lastSendAge}`);
+      assert.ok(error.retryAfter >= 1, `retryAfter ${error.retryAfter}`);
+      assert.doesNotMatch(error.detail, /force/);
+      return true;
+    });
+    const after = await client.lookup(key);
+    assert.deepEqual([after.state, after.etag], ["unknown", unknown.etag]);
+  });
+
+  test("resolved not_applied once allowed releases the key: the same request with the same key is sent again", async () => {
+    const key = deriveKey(unique("not-applied"), 0, "c1");
+    const quickPath = `/quick/hold/${unique("never")}`; // never released: the 300 ms timeout fires
+    await assert.rejects(quickClient.post(quickPath, { key, json: {} }), OutcomeUnknown);
     const sentBefore = held.effects();
-    const released = await client.resolve(key, "not_applied", { note: "no such payment" });
+    const early = await quickClient.resolve(key, "not_applied").then(
+      () => assert.fail("a release before the lease ran out was accepted"),
+      (error) => error,
+    );
+    assert.ok(early instanceof TooEarly, String(early));
+    await sleep(early.retryAfter); // the instant `allowedAt` names
+    const released = await quickClient.resolve(key, "not_applied", { note: "no such payment" });
     assert.deepEqual([released.state, released.resolution.by], ["released", "owner"]);
-    await assert.rejects(client.post(slowPath, { key, json: {} }), UpstreamTimeout);
+    await assert.rejects(quickClient.post(quickPath, { key, json: {} }), UpstreamTimeout);
     assert.equal(held.effects(), sentBefore + 1, "a released key is forwarded again");
   });
 });

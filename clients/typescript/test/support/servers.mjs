@@ -146,9 +146,15 @@ const toml = (value) => JSON.stringify(value);
  * The gateway, as production runs it, with route /tickets in front of `upstream`. With a
  * `heldUpstream` (`startHeldUpstream`), two routes in front of it: /slow with a short timeout
  * (its requests are never released: each times out) and /held with a timeout no test reaches
- * (its requests answer when the test releases them).
+ * (its requests answer when the test releases them). `lease` sets `[idempotency] lease`.
  */
-export async function startGateway({ upstream, heldUpstream, directory = temporaryDirectory(), extraRoutes = [] }) {
+export async function startGateway({
+  upstream,
+  heldUpstream,
+  directory = temporaryDirectory(),
+  extraRoutes = [],
+  lease = null,
+}) {
   const config = join(directory, "gateway.toml");
   // The route timeouts are not what these tests are about (but /slow's): generous, so load
   // never turns a slow answer into a 504.
@@ -166,7 +172,7 @@ export async function startGateway({ upstream, heldUpstream, directory = tempora
       `[server]\nhost = "127.0.0.1"\nport = 0\n`,
       `[store]\nurl = ${toml(`sqlite:///${join(directory, "gateway.db")}`)}\n`,
       // One agent without credentials, as most tests here: callers share one scope.
-      `[idempotency]\nshared_scope = true\n`,
+      `[idempotency]\nshared_scope = true\n${lease === null ? "" : `lease = ${toml(lease)}\n`}`,
       `[logging]\nlevel = "warning"\nformat = "text"\n`,
       ...routes,
     ].join("\n"),
