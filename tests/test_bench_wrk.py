@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sqlite3
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import closing
@@ -73,9 +74,21 @@ class Servers:
 
     def operations(self) -> int:
         """Operations in the gateway's store (read-only beside the running gateway)."""
+        return self._count("SELECT count(*) FROM operations")
+
+    def settled(self) -> None:
+        """Wait until no operation is in flight: the requests an earlier wrk run left
+        behind when it stopped have made their tickets and their receipts."""
+        for _ in range(600):  # bounded: at most CONCURRENCY requests are left over
+            if self._count("SELECT count(*) FROM operations WHERE state = 'in_flight'") == 0:
+                return
+            time.sleep(0.05)
+        raise AssertionError("operations stayed in flight after the wrk run stopped")
+
+    def _count(self, query: str) -> int:
         uri = f"file:{self.store}?mode=ro"
         with closing(sqlite3.connect(uri, uri=True, timeout=10)) as connection:
-            count: int = connection.execute("SELECT count(*) FROM operations").fetchone()[0]
+            count: int = connection.execute(query).fetchone()[0]
         return count
 
 
@@ -117,6 +130,7 @@ def _assert_clean(result: LoadResult, pid: int) -> None:
 
 @needs_wrk
 def test_new_keys_each_make_one_operation(servers: Servers) -> None:
+    servers.settled()
     operations, tickets = servers.operations(), servers.tickets()
     result = _run(servers.issues_url, "new", servers.gateway.pid)
     _assert_clean(result, servers.gateway.pid)
@@ -129,6 +143,7 @@ def test_new_keys_each_make_one_operation(servers: Servers) -> None:
 
 @needs_wrk
 def test_replay_makes_no_new_effect(servers: Servers) -> None:
+    servers.settled()
     operations, tickets = servers.operations(), servers.tickets()
     result = _run(servers.issues_url, "replay", servers.gateway.pid)
     _assert_clean(result, servers.gateway.pid)
