@@ -10,6 +10,7 @@ operator finds operations by key, id or forwarded key and sees the request.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sqlite3
 import subprocess
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 from pg import PG_HOST, PG_PORT
 from upstream import CountingUpstream, effects_probe
 
-from gateway.engine.history import canonical, chain, new_event, verify_chain
+from gateway.engine.history import canonical, chain, event_hash, new_event, verify_chain
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -47,8 +48,15 @@ _VALUES = st.recursive(
 
 @given(st.dictionaries(st.text("abcdefghij_", min_size=1, max_size=8), _VALUES, max_size=6))
 def test_the_fast_canonical_form_is_rfc_8785_for_event_data(data: dict[str, Any]) -> None:
-    """The chain hashes the C encoder's output; for what events hold it is RFC 8785."""
+    """The chain hashes the C encoder's output, and an event's form written out key by key;
+    for what events hold both are RFC 8785."""
     assert canonical(data) == rfc8785.dumps(data)
+    event = {"actor": "admin:an\u00e9", "at": 17, "data": data, "prev": "ab", "seq": 2,
+             "type": "resolved", "version": 3}  # fmt: skip
+    expected = hashlib.sha256(rfc8785.dumps(event)).hexdigest()
+    text = canonical(data).decode()
+    assert event_hash(prev="ab", seq=2, at_us=17, version=3, type="resolved",
+                      actor="admin:an\u00e9", data=text) == expected  # fmt: skip
 
 
 def _chained(count: int = 3, note: str = "found nothing") -> tuple[list[Any], str, int]:

@@ -9,7 +9,6 @@ erasable and kept outside the chain (`gateway.engine.history`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 from gateway.engine.history import NewEvent, new_event
@@ -22,8 +21,11 @@ UnknownKind = Literal["timed-out", "connection-lost", "lease-expired"]
 def claimed_event(recorded: NewEvent | None, token: int) -> NewEvent:
     """A key bound (attempt 1, with the request kept when `recorded`) or a released key's
     new attempt."""
-    event = recorded if recorded is not None else new_event("claimed", "gateway")
-    return dataclasses.replace(event, data={**event.data, "token": token})
+    if recorded is None:
+        return NewEvent("claimed", "gateway", {"token": token})
+    return NewEvent(
+        recorded.type, recorded.actor, {**recorded.data, "token": token}, recorded.payload
+    )
 
 
 def request_claimed(request: dict[str, Any] | None) -> NewEvent:

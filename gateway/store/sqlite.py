@@ -202,7 +202,7 @@ class SqliteStore(SqliteConnection):
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         return await self._writer.run(
-            lambda c: _claim(c, request, self._decode, self._clock, self._append)
+            lambda c: _claim(c, request, self._decode, self._clock, self._append, self._cipher)
         )
 
     def _append(

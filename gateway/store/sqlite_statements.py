@@ -28,7 +28,8 @@ from gateway.engine.models import (
     Operation,
     State,
 )
-from gateway.store.history_rows import EVENT_COLUMNS
+from gateway.store.crypto import BodyCipher
+from gateway.store.history_rows import EVENT_COLUMNS, chained_rows
 from gateway.store.rows import claim_changes, is_forgotten, scope_secret_lost
 from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION
 
@@ -82,6 +83,7 @@ def _claim(
     decode: Decode,
     clock: Clock,
     append: Append,
+    cipher: BodyCipher | None,
 ) -> ClaimResult:
     """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
     replay, if we inserted first) costs a built row and a constraint check (profiled)."""
@@ -90,14 +92,14 @@ def _claim(
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is None:
-        return NewAttempt(_insert_claim(c, request, now, append))
+        return NewAttempt(_insert_claim(c, request, now, cipher))
     current = decode(row)
     if not claim_changes(current, request.fingerprint):
         return Existing(current)
     if is_forgotten(current):
         c.execute("DELETE FROM operation_events WHERE operation_id = ?", (current.id,))
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        return NewAttempt(_insert_claim(c, request, now, append))
+        return NewAttempt(_insert_claim(c, request, now, cipher))
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
         updated = decode(
             c.execute(
@@ -124,10 +126,11 @@ def _claim(
 
 
 def _insert_claim(
-    c: sqlite3.Connection, request: ClaimRequest, now: float, append: Append
+    c: sqlite3.Connection, request: ClaimRequest, now: float, cipher: BodyCipher | None
 ) -> Operation:
     """Insert the first attempt and return it as a read would, built from what was
-    written (no `RETURNING`: every column is known here or a schema default)."""
+    written (no `RETURNING`: every column is known here or a schema default), its
+    `claimed` event chained before the row is written, so the row holds its head."""
     claimed = claimed_event(request.claimed, 1)
     operation = Operation(
         id=new_operation_id(now),
@@ -148,11 +151,12 @@ def _insert_claim(
         sent_at=now,
         observed_at=now,
     )
+    events, operation = chained_rows(operation, (claimed,), cipher)
     c.execute(
         "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
         "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-        "sent_at, request_kept) "
-        "VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?, ?)",
+        "sent_at, request_kept, history_seq, history_head) "
+        "VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             operation.id,
             operation.scope,
@@ -167,9 +171,12 @@ def _insert_claim(
             operation.lease_expires_at,
             now,
             int(claimed.payload is not None),
+            operation.history_seq,
+            operation.history_head,
         ),
     )
-    return append(c, operation, (claimed,))
+    c.executemany(_INSERT_EVENT, events)
+    return operation
 
 
 def load_or_create_secret(c: sqlite3.Connection) -> bytes:
