@@ -10,6 +10,7 @@ operator finds operations by key, id or forwarded key and sees the request.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import sqlite3
@@ -275,7 +276,11 @@ async def test_an_edited_row_is_found_by_verify_sqlite(
 async def test_an_edited_row_is_found_by_verify_postgres(
     postgres_url: str, gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream, store_url=postgres_url)
+    # With a history key: PostgreSQL chains with HMAC too (the key is recorded, signed, once).
+    key = base64.b64encode(bytes(range(32))).decode()
+    gateway = await _guarded(
+        gateway_factory, upstream, store_url=postgres_url, store={"history_key": key}
+    )
     assert (await gateway.post("/tickets/v1/t", key="v-2", json_body={"n": 2})).status == 201
     operation = await _by_key(gateway, "v-2")
     assert _types(operation) == ["claimed", "sent", "answered"]
@@ -412,3 +417,52 @@ async def test_history_endpoints_need_the_admin_token(
     assert gateway.admin_url is not None
     async with gateway.session.get(gateway.admin_url + path) as response:
         assert response.status == 401
+
+
+def _forge(db_path: Path, operation_id: str) -> None:
+    """Rewrite the answered status and recompute every hash after it and the row's head,
+    as someone with write access and the format (but no history key) would."""
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute(
+            "SELECT seq, type, at_us, actor, version, data, prev FROM operation_events "
+            "WHERE operation_id = ? ORDER BY seq",
+            (operation_id,),
+        ).fetchall()
+        head = ""
+        for seq, type_, at_us, actor, version, data, _ in rows:
+            data = data.replace("201", "500")
+            digest = event_hash(
+                prev=head, seq=seq, at_us=at_us, version=version, type=type_, actor=actor,
+                data=data,
+            )  # fmt: skip
+            db.execute(
+                "UPDATE operation_events SET data = ?, prev = ?, hash = ? "
+                "WHERE operation_id = ? AND seq = ?",
+                (data, head, digest, operation_id, seq),
+            )
+            head = digest
+        db.execute("UPDATE operations SET history_head = ? WHERE id = ?", (head, operation_id))
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "history-key"])
+async def test_a_history_key_catches_a_forger_who_recomputes_the_hashes(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, tmp_path: Path, keyed: bool
+) -> None:
+    """Without a key the chain shows naive edits only (the docs say so): a forger who
+    recomputes the hashes passes. With `[store] history_key` every event is HMAC-chained,
+    and a recomputed plain chain is named broken."""
+    store = {"history_key": base64.b64encode(bytes(range(32))).decode()} if keyed else {}
+    gateway = await _guarded(gateway_factory, upstream, store=store)
+    assert (await gateway.post("/tickets/v1/t", key="k-1", json_body={})).status == 201
+    operation = await _by_key(gateway, "k-1")
+    _, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert report["ok"], report
+
+    _forge(tmp_path / "gateway.db", operation["id"])
+    _, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    if keyed:
+        assert not report["ok"]
+        assert report["broken"]["seq"] == 1
+        assert "not keyed" in report["broken"]["reason"]
+    else:
+        assert report["ok"]  # the limit the docs state: no key, no defence against this

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 import schemathesis
 from harness import ADMIN_TOKEN, ROOT, RunningGateway, settings_for, start_gateway, stop_gateway
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis.errors import Unsatisfiable
 from openapi_spec_validator import validate
 from schemathesis.checks import not_a_server_error
@@ -154,6 +154,9 @@ class FuzzReport:
     statuses: dict[str, set[int]] = field(default_factory=dict)
 
 
+FRAMING = frozenset({"transfer-encoding", "content-length"})
+
+
 def is_parser_refusal(response: requests.Response) -> bool:
     """aiohttp's HTTP parser refused the bytes before any gateway code ran (a negative case
     can send e.g. `Content-Length: eL9`); the contract allows its plain 400 there."""
@@ -180,6 +183,10 @@ def explore(strategy: Any, base_url: str, session: requests.Session, seen: set[i
     )
     @given(case=strategy)
     def run(case: schemathesis.Case) -> None:
+        # Request framing is aiohttp's parser's, tested in tests/test_malformed_http.py: a
+        # generated Transfer-Encoding beside a Content-Length is refused before any gateway
+        # code runs, or not, depending on how the bytes arrive (a flaky oracle here).
+        assume(not FRAMING & {name.lower() for name in (case.headers or {})})
         response = case.call(base_url=base_url, session=session, headers=ADMIN)
         seen.add(response.status_code)
         if is_parser_refusal(response):

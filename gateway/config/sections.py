@@ -70,6 +70,13 @@ class ServerSettings(BaseModel):
     more run under a supervisor (`gateway.workers`); "auto" is one per core."""
 
 
+def _base64_bytes(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+
+
 class StoreSettings(BaseModel):
     """Where operations are recorded: an SQLite file or a PostgreSQL database.
 
@@ -89,6 +96,20 @@ class StoreSettings(BaseModel):
     busy_timeout: Duration = Field(default=5.0, ge=0)
     encryption_keys: tuple[SecretStr, ...] = ()
     """Base64 AES-256 keys for stored bodies; the first encrypts, all decrypt (rotation)."""
+    history_key: SecretStr | None = None
+    """Base64 of 32 random bytes, kept outside the store: operations' histories are then
+    chained with HMAC, so editing one needs the key as well as the database. Not rotated:
+    a store that met one key reports chains made with another as broken."""
+
+    @field_validator("history_key")
+    @classmethod
+    def _check_history_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and len(_base64_bytes(key.get_secret_value())) != 32:
+            raise ValueError(
+                "must be 32 random bytes in base64 (make one: python -c 'import os,base64;"
+                "print(base64.b64encode(os.urandom(32)).decode())')"
+            )
+        return key
 
     @field_validator("encryption_keys")
     @classmethod

@@ -32,6 +32,7 @@ True
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
 import json
 import secrets
@@ -162,10 +163,24 @@ class EventRow(NamedTuple):
     hash: str
 
 
+KEYED = "hmac:"
+"""How a hash made with the history key begins (a plain one is bare hex)."""
+
+
 def event_hash(
-    *, prev: str, seq: int, at_us: int, version: int, type: str, actor: str, data: str
+    *,
+    prev: str,
+    seq: int,
+    at_us: int,
+    version: int,
+    type: str,
+    actor: str,
+    data: str,
+    key: bytes | None = None,
 ) -> str:
-    """The SHA-256 (hex) of an event's canonical form: what the chain links.
+    """The digest of an event's canonical form: what the chain links. SHA-256 (hex), or
+    with a history `key` HMAC-SHA256 marked `hmac:`, which nobody without the key can
+    recompute after an edit.
 
     The form is the RFC 8785 JSON of `{"actor", "at", "data", "prev", "seq", "type",
     "version"}` (`data` being the event's canonical data text, kept as stored):
@@ -173,8 +188,10 @@ def event_hash(
     form = (
         f'{{"actor":{_quoted(actor)},"at":{at_us},"data":{data},"prev":{_quoted(prev)},'
         f'"seq":{seq},"type":{_quoted(type)},"version":{version}}}'
-    )
-    return hashlib.sha256(form.encode()).hexdigest()
+    ).encode()
+    if key is not None:
+        return KEYED + hmac.new(key, form, hashlib.sha256).hexdigest()
+    return hashlib.sha256(form).hexdigest()
 
 
 def _quoted(text: str) -> str:
@@ -194,6 +211,7 @@ def chain(
     at_us: int,
     events: Iterable[NewEvent],
     attempt: int,
+    key: bytes | None = None,
 ) -> tuple[list[EventRow], str, int]:
     """Place `events` after (`head`, `seq`): the rows to insert, the new head and seq.
 
@@ -209,7 +227,7 @@ def chain(
         text = canonical(data).decode()
         digest = event_hash(
             prev=head, seq=seq, at_us=at_us, version=version, type=event.type,
-            actor=event.actor, data=text,
+            actor=event.actor, data=text, key=key,
         )  # fmt: skip
         rows.append(
             EventRow(operation_id, seq, event.type, at_us, event.actor, version, text,
@@ -247,12 +265,20 @@ class ChainReport:
 
 
 def verify_chain(
-    rows: Sequence[EventRow], *, head: str, head_seq: int, payloads: Sequence[bytes | None] = ()
+    rows: Sequence[EventRow],
+    *,
+    head: str,
+    head_seq: int,
+    payloads: Sequence[bytes | None] = (),
+    key: bytes | None = None,
+    keyed_since_us: int | None = None,
 ) -> ChainReport:
     """Check every link, every hash and every commitment whose value is still kept.
 
     `payloads` are the events' opened payloads (decrypted), when the caller
-    opened them; otherwise the rows' own are used.
+    opened them; otherwise the rows' own are used. With a history `key`, every
+    event written since `keyed_since_us` (when the key was first used) must
+    carry a keyed hash: a plain one there was rewritten by someone without it.
     """
     prev, redacted = "", []
     for index, row in enumerate(rows):
@@ -265,11 +291,18 @@ def verify_chain(
             data = json.loads(row.data)
         except ValueError:
             return _broken(index, row.seq, "its data is not JSON")
+        keyed = row.hash.startswith(KEYED)
+        if keyed and key is None:
+            return _broken(index, row.seq, "it was hashed with a history key this gateway lacks")
+        if not keyed and key is not None and row.at_us >= (keyed_since_us or 0):
+            return _broken(
+                index, row.seq, "its hash is not keyed, though the history key was set before it"
+            )
         digest = event_hash(
             prev=row.prev, seq=row.seq, at_us=row.at_us, version=row.version, type=row.type,
-            actor=row.actor, data=row.data,
+            actor=row.actor, data=row.data, key=key if keyed else None,
         )  # fmt: skip
-        if digest != row.hash:
+        if not hmac.compare_digest(digest, row.hash):
             return _broken(index, row.seq, "its content does not match its hash (edited)")
         payload = payloads[index] if index < len(payloads) else row.payload
         erased = _check_commitments(data, payload)

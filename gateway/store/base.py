@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         State,
         StoredResponse,
     )
+    from gateway.store.history_rows import HistorySeal
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +213,10 @@ class Store(Protocol):
         self, operation_id: str, *, after: int = 0, limit: int | None = None
     ) -> HistoryPage:
         """The operation's events after `seq` `after`, oldest first."""
+
+    def history_seal(self) -> HistorySeal | None:
+        """The history key this store chains with and since when, once open (None: no key;
+        the chains are plain SHA-256)."""
 
     async def get(self, scope: str, key: str) -> Operation | None:
         """The operation for the key in the scope, `None` when never used or forgotten."""

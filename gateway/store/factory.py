@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 
 from gateway.config import StoreSettings
@@ -22,6 +23,11 @@ def make_store(
     an SQLite file; PostgreSQL workers are replicas and need nothing)."""
     keys = [key.get_secret_value() for key in settings.encryption_keys]
     cipher = BodyCipher(keys) if keys else None
+    history_key = (
+        None
+        if settings.history_key is None
+        else base64.b64decode(settings.history_key.get_secret_value())
+    )
     path = settings.sqlite_path
     if path is not None:
         return SqliteStore(
@@ -30,9 +36,12 @@ def make_store(
             on_batch=on_batch,
             cipher=cipher,
             shared=shared,
+            history_key=history_key,
         )
     if settings.is_postgres:
         from gateway.store.postgres import PostgresStore  # asyncpg only when it is used
 
-        return PostgresStore(settings.url, pool_size=settings.pool_size, cipher=cipher)
+        return PostgresStore(
+            settings.url, pool_size=settings.pool_size, cipher=cipher, history_key=history_key
+        )
     raise ConfigError(f"store.url: no store implementation for {settings.url!r}")

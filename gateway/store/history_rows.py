@@ -9,8 +9,10 @@ when encryption keys are configured, with the marker that says so.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.engine.history import EventRow, NewEvent, chain, micros
 from gateway.engine.models import Operation
@@ -23,8 +25,42 @@ EVENT_COLUMNS = "operation_id, seq, type, at_us, actor, version, data, payload, 
 READ_COLUMNS = "operation_id, seq, type, at_us, actor, version, data, payload, prev, hash, storage"
 
 
+class HistorySeal(NamedTuple):
+    """The history key a store chains with, and since when (store clock, microseconds)
+    every event must carry a keyed hash."""
+
+    key: bytes
+    since_us: int
+
+
+KEY_SINCE = "history_key_since"
+"""The `gateway_meta` row that says when the history key was first used, signed by it."""
+
+
+def key_since_record(key: bytes, since_us: int) -> bytes:
+    return f"{since_us}:{_sign(key, since_us)}".encode()
+
+
+def key_since(key: bytes, record: bytes) -> int:
+    """When the key was first used, from its signed record; 0 (every event must be keyed)
+    when the record was not signed by this key: edited, or written with another key."""
+    since, _, signature = record.decode(errors="replace").partition(":")
+    try:
+        moment = int(since)
+    except ValueError:
+        return 0
+    return moment if hmac.compare_digest(signature, _sign(key, moment)) else 0
+
+
+def _sign(key: bytes, since_us: int) -> str:
+    return hmac.new(key, f"{KEY_SINCE}:{since_us}".encode(), hashlib.sha256).hexdigest()
+
+
 def chained_rows(
-    operation: Operation, events: Iterable[NewEvent], cipher: BodyCipher | None
+    operation: Operation,
+    events: Iterable[NewEvent],
+    cipher: BodyCipher | None,
+    seal: HistorySeal | None = None,
 ) -> tuple[list[tuple[Any, ...]], Operation]:
     """The rows to insert for `events` after `operation` (as the change left it), and
     the operation with its new head."""
@@ -36,6 +72,7 @@ def chained_rows(
         at_us=micros(operation.updated_at),
         events=events,
         attempt=operation.attempts,
+        key=None if seal is None else seal.key,
     )
     written = [_as_written(row, cipher) for row in rows]
     return written, operation._replace(history_head=head, history_seq=seq)

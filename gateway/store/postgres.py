@@ -35,7 +35,7 @@ import asyncpg
 import asyncpg.pool
 
 from gateway.engine.errors import StoreUnavailable
-from gateway.engine.history import NewEvent, capped
+from gateway.engine.history import NewEvent, capped, micros
 from gateway.engine.ids import new_operation_id
 from gateway.engine.lifecycle_events import claimed_event, expired_event, lease_expired_event
 from gateway.engine.models import (
@@ -52,7 +52,14 @@ from gateway.engine.models import (
 )
 from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport, like_prefix
 from gateway.store.crypto import BodyCipher
-from gateway.store.history_rows import READ_COLUMNS, read_rows
+from gateway.store.history_rows import (
+    KEY_SINCE,
+    READ_COLUMNS,
+    HistorySeal,
+    key_since,
+    key_since_record,
+    read_rows,
+)
 from gateway.store.postgres_batch import StatementBatcher
 from gateway.store.postgres_connection import PostgresConnection, _translated
 from gateway.store.postgres_schema import COLUMNS, columns_of, migrate
@@ -97,9 +104,12 @@ class PostgresStore(PostgresConnection):
         pool_size: int = 10,
         command_timeout: float = 10.0,
         cipher: BodyCipher | None = None,
+        history_key: bytes | None = None,
     ) -> None:
         super().__init__(url, pool_size=pool_size, command_timeout=command_timeout)
         self._cipher = cipher
+        self._history_key = history_key
+        self._seal: HistorySeal | None = None
         self._secret: bytes | None = None
         self._claims = StatementBatcher(self._run_claims)
         self._completes = StatementBatcher(self._run_completes)
@@ -112,6 +122,8 @@ class PostgresStore(PostgresConnection):
             async with _translated("migration"), pool.acquire() as connection:
                 await migrate(connection)
             self._secret = await self._load_or_create_secret()
+            if self._history_key is not None:
+                self._seal = await self._history_seal(self._history_key)
         except BaseException:
             await self.close()
             raise
@@ -123,6 +135,24 @@ class PostgresStore(PostgresConnection):
 
     def _decode(self, row: Any) -> Operation:
         return row_to_operation(row, self._cipher)
+
+    def history_seal(self) -> HistorySeal | None:
+        return self._seal
+
+    async def _history_seal(self, key: bytes) -> HistorySeal:
+        """The key, and since when it signs every event: recorded once (insert-if-absent,
+        read back, so replicas agree), signed by the key."""
+        now_us = micros(await self.now())
+        await self._fetchval(
+            "history_key",
+            "INSERT INTO gateway_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+            KEY_SINCE,
+            key_since_record(key, now_us),
+        )
+        record = await self._fetchval(
+            "history_key", "SELECT value FROM gateway_meta WHERE name = $1", KEY_SINCE
+        )
+        return HistorySeal(key, key_since(key, bytes(record)))
 
     async def _load_or_create_secret(self) -> bytes:
         """The scope secret; made on first start only (see `scope_secret_lost`).
@@ -190,7 +220,9 @@ class PostgresStore(PostgresConnection):
             # The claim changes the record, or a concurrent claim's row is newer than
             # the batch's snapshot: decide again under the row's lock.
             async with self._require_pool().acquire() as connection, connection.transaction():
-                return await _claim_existing(connection, request, self._decode, self._cipher)
+                return await _claim_existing(
+                    connection, request, self._decode, self._cipher, self._seal
+                )
 
     async def _changed(
         self,
@@ -212,7 +244,9 @@ class PostgresStore(PostgresConnection):
             operation = row_to_operation(row, self._cipher, stored=stored)
             if not events:
                 return operation
-            return (await append_events(connection, [(operation, events)], self._cipher))[0]
+            return (
+                await append_events(connection, [(operation, events)], self._cipher, self._seal)
+            )[0]
 
     async def _run_claims(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult | None]:
         """One statement for a batch of claims (and one for their `claimed` events): each
@@ -253,7 +287,7 @@ class PostgresStore(PostgresConnection):
         ]
         appended = {
             operation.id: operation
-            for operation in await append_events(connection, fresh, self._cipher)
+            for operation in await append_events(connection, fresh, self._cipher, self._seal)
         }
         results: list[ClaimResult | None] = []
         for operation_id, request in zip(ids, requests, strict=True):
@@ -333,7 +367,7 @@ class PostgresStore(PostgresConnection):
         ]
         appended = {
             operation.id: operation
-            for operation in await append_events(connection, changes, self._cipher)
+            for operation in await append_events(connection, changes, self._cipher, self._seal)
         }
         return [appended.get(receipt.operation_id) for receipt in receipts]
 
@@ -559,6 +593,7 @@ class PostgresStore(PostgresConnection):
                 connection,
                 [(row_to_operation(row, self._cipher, lenient=True), (event,)) for row in rows],
                 self._cipher,
+                self._seal,
             )
         return len(rows)
 
@@ -592,7 +627,7 @@ class PostgresStore(PostgresConnection):
                     operation = row_to_operation(row, self._cipher, lenient=True)
                     await connection.execute(ERASE_REQUEST, operation.id)
                     changes.append((operation, (expired_event(erased),)))
-            await append_events(connection, changes, self._cipher)
+            await append_events(connection, changes, self._cipher, self._seal)
             forgotten = await connection.fetchval(
                 "WITH due AS (SELECT seq, id FROM operations WHERE state IN ('completed', "
                 f"'released') AND forgotten_at <= {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED), "
@@ -637,7 +672,9 @@ class PostgresStore(PostgresConnection):
                 return None
             await connection.execute(ERASE_REQUEST, operation_id)
             operation = self._decode(row)
-            return (await append_events(connection, [(operation, events)], self._cipher))[0]
+            return (
+                await append_events(connection, [(operation, events)], self._cipher, self._seal)
+            )[0]
 
     async def count_by_state(self) -> dict[State, int]:
         counts = dict.fromkeys(State, 0)

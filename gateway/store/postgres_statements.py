@@ -32,7 +32,7 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.store.crypto import BodyCipher
-from gateway.store.history_rows import EVENT_COLUMNS, chained_rows
+from gateway.store.history_rows import EVENT_COLUMNS, HistorySeal, chained_rows
 from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of
 from gateway.store.rows import is_forgotten
 
@@ -171,6 +171,7 @@ async def append_events(
     connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
     changes: Sequence[tuple[Operation, Sequence[NewEvent]]],
     cipher: BodyCipher | None,
+    seal: HistorySeal | None = None,
 ) -> list[Operation]:
     """Chain each operation's events after it (as this transaction changed it), in the
     caller's transaction; the operations with their new heads."""
@@ -181,7 +182,7 @@ async def append_events(
         if not events:
             appended.append(operation)
             continue
-        written, after = chained_rows(operation, events, cipher)
+        written, after = chained_rows(operation, events, cipher, seal)
         rows.extend(written)
         heads.append((after.id, after.history_head, after.history_seq))
         appended.append(after)
@@ -212,11 +213,12 @@ async def _claim_existing(
     request: ClaimRequest,
     decode: Callable[[Any], Operation],
     cipher: BodyCipher | None,
+    seal: HistorySeal | None = None,
 ) -> ClaimResult:
     """The key exists: decide under a row lock what a claim means for it."""
 
     async def appended(operation: Operation, event: NewEvent) -> Operation:
-        return (await append_events(connection, [(operation, (event,))], cipher))[0]
+        return (await append_events(connection, [(operation, (event,))], cipher, seal))[0]
 
     for _ in range(3):
         row = await connection.fetchrow(

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from gateway.engine.clock import SYSTEM_CLOCK, Clock
 from gateway.engine.errors import StoreUnavailable
-from gateway.engine.history import NewEvent, capped
+from gateway.engine.history import NewEvent, capped, micros
 from gateway.engine.lifecycle_events import expired_event, lease_expired_event
 from gateway.engine.models import (
     ClaimRequest,
@@ -52,7 +52,13 @@ from gateway.engine.models import (
 )
 from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
 from gateway.store.crypto import BodyCipher, CipherError
-from gateway.store.history_rows import READ_COLUMNS, chained_rows, read_rows
+from gateway.store.history_rows import (
+    READ_COLUMNS,
+    HistorySeal,
+    chained_rows,
+    key_since,
+    read_rows,
+)
 from gateway.store.rows import (
     WITNESS_PREFIX,
     as_stored,
@@ -74,6 +80,7 @@ from gateway.store.sqlite_statements import (
     ERASE_REQUEST,
     KEY_IN_ANY_SCOPE,
     _claim,
+    load_key_since,
     load_or_create_secret,
 )
 
@@ -108,6 +115,7 @@ class SqliteStore(SqliteConnection):
         cipher: BodyCipher | None = None,
         clock: Clock = SYSTEM_CLOCK,
         shared: SharedDatabase | None = None,
+        history_key: bytes | None = None,
     ) -> None:
         super().__init__(
             path=path,
@@ -118,6 +126,8 @@ class SqliteStore(SqliteConnection):
             shared=shared,
         )
         self._cipher = cipher
+        self._history_key = history_key
+        self._seal: HistorySeal | None = None
         self._secret: bytes | None = None
         self.orphans_at_start = 0
 
@@ -133,6 +143,10 @@ class SqliteStore(SqliteConnection):
             await self._writer.start()
             await self._writer.run(migrate, off_loop=True)
             self._secret = await self._writer.run(load_or_create_secret)
+            if history_key := self._history_key:
+                now_us = micros(self._clock.time())
+                record = await self._writer.run(lambda c: load_key_since(c, history_key, now_us))
+                self._seal = HistorySeal(history_key, key_since(history_key, record))
             if self._shared is None or self._shared.first:
                 # This gateway holds the file: whatever is in flight, nobody sends.
                 self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
@@ -170,6 +184,9 @@ class SqliteStore(SqliteConnection):
             )
         )
 
+    def history_seal(self) -> HistorySeal | None:
+        return self._seal
+
     async def ping(self) -> None:
         await self._writer.run(lambda c: c.execute("SELECT version FROM schema_version").fetchone())
 
@@ -202,7 +219,9 @@ class SqliteStore(SqliteConnection):
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         return await self._writer.run(
-            lambda c: _claim(c, request, self._decode, self._clock, self._append, self._cipher)
+            lambda c: _claim(
+                c, request, self._decode, self._clock, self._append, self._cipher, self._seal
+            )
         )
 
     def _append(
@@ -211,7 +230,7 @@ class SqliteStore(SqliteConnection):
         """Chain `events` after the operation as this transaction left it."""
         if not events:
             return operation
-        rows, appended = chained_rows(operation, events, self._cipher)
+        rows, appended = chained_rows(operation, events, self._cipher, self._seal)
         c.executemany(_INSERT_EVENT, rows)
         c.execute(
             "UPDATE operations SET history_head = ?, history_seq = ? WHERE id = ?",

@@ -29,7 +29,13 @@ from gateway.engine.models import (
     State,
 )
 from gateway.store.crypto import BodyCipher
-from gateway.store.history_rows import EVENT_COLUMNS, chained_rows
+from gateway.store.history_rows import (
+    EVENT_COLUMNS,
+    KEY_SINCE,
+    HistorySeal,
+    chained_rows,
+    key_since_record,
+)
 from gateway.store.rows import claim_changes, is_forgotten, scope_secret_lost
 from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION
 
@@ -84,6 +90,7 @@ def _claim(
     clock: Clock,
     append: Append,
     cipher: BodyCipher | None,
+    seal: HistorySeal | None = None,
 ) -> ClaimResult:
     """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
     replay, if we inserted first) costs a built row and a constraint check (profiled)."""
@@ -92,14 +99,14 @@ def _claim(
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is None:
-        return NewAttempt(_insert_claim(c, request, now, cipher))
+        return NewAttempt(_insert_claim(c, request, now, cipher, seal))
     current = decode(row)
     if not claim_changes(current, request.fingerprint):
         return Existing(current)
     if is_forgotten(current):
         c.execute("DELETE FROM operation_events WHERE operation_id = ?", (current.id,))
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        return NewAttempt(_insert_claim(c, request, now, cipher))
+        return NewAttempt(_insert_claim(c, request, now, cipher, seal))
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
         updated = decode(
             c.execute(
@@ -126,7 +133,11 @@ def _claim(
 
 
 def _insert_claim(
-    c: sqlite3.Connection, request: ClaimRequest, now: float, cipher: BodyCipher | None
+    c: sqlite3.Connection,
+    request: ClaimRequest,
+    now: float,
+    cipher: BodyCipher | None,
+    seal: HistorySeal | None,
 ) -> Operation:
     """Insert the first attempt and return it as a read would, built from what was
     written (no `RETURNING`: every column is known here or a schema default), its
@@ -151,7 +162,7 @@ def _insert_claim(
         sent_at=now,
         observed_at=now,
     )
-    events, operation = chained_rows(operation, (claimed,), cipher)
+    events, operation = chained_rows(operation, (claimed,), cipher, seal)
     c.execute(
         "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
         "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
@@ -177,6 +188,16 @@ def _insert_claim(
     )
     c.executemany(_INSERT_EVENT, events)
     return operation
+
+
+def load_key_since(c: sqlite3.Connection, key: bytes, now_us: int) -> bytes:
+    """The signed record of when the history key was first used, made now if absent."""
+    c.execute(
+        "INSERT INTO gateway_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+        (KEY_SINCE, key_since_record(key, now_us)),
+    )
+    row = c.execute("SELECT value FROM gateway_meta WHERE name = ?", (KEY_SINCE,)).fetchone()
+    return bytes(row[0])
 
 
 def load_or_create_secret(c: sqlite3.Connection) -> bytes:

@@ -326,12 +326,16 @@ async def verify_all(request: web.Request) -> web.Response:
 
 
 async def _verified(request: web.Request, operation: Operation) -> dict[str, Any]:
-    page = await request.app[STORE].history(operation.id)
+    store = request.app[STORE]
+    page = await store.history(operation.id)
+    seal = store.history_seal()
     report = verify_chain(
         page.events,
         head=operation.history_head,
         head_seq=operation.history_seq,
         payloads=page.payloads,
+        key=None if seal is None else seal.key,
+        keyed_since_us=None if seal is None else seal.since_us,
     )
     return {"id": operation.id, "key": operation.key, "scope": operation.scope} | report.as_json()
 

@@ -250,6 +250,9 @@ class FaultyStore:
             "add_evidence", lambda: self._inner.add_evidence(operation_id, evidence, events)
         )
 
+    def history_seal(self) -> None:
+        return None
+
     async def history(
         self, operation_id: str, *, after: int = 0, limit: int | None = None
     ) -> HistoryPage:

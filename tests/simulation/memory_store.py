@@ -425,6 +425,9 @@ class MemoryStore:
         noted = current._replace(evidence=(*current.evidence, evidence), updated_at=self.db.clock())
         self.db.put("add_evidence", current, noted, events=capped(current, events))
 
+    def history_seal(self) -> None:
+        return None
+
     async def history(
         self, operation_id: str, *, after: int = 0, limit: int | None = None
     ) -> HistoryPage:
