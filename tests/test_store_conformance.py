@@ -8,6 +8,7 @@ with the store's own clock (`store.now()`), as the lifecycle does.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import Counter
@@ -20,6 +21,8 @@ import pytest_asyncio
 from pg import drop_schema, fresh_schema, require_postgres, url_for
 from worker_stores import GatewayLock, TwoWorkers
 
+from gateway.engine.history import verify_chain
+from gateway.engine.lifecycle_events import probe_event
 from gateway.engine.models import (
     ClaimRequest,
     Evidence,
@@ -1154,3 +1157,32 @@ def test_claim_changes_only_forgotten_same_released_and_lapsed_records() -> None
     ]
     for operation, fingerprint, expected in cases:
         assert claim_changes(operation, fingerprint) is expected, (operation, fingerprint)
+
+
+async def test_identical_probe_verdicts_are_one_event_with_a_count(store: Store) -> None:
+    """A probe that keeps giving the same verdict about the same attempt leaves one event
+    with a count (the chain's head, rewritten with it); another verdict is a new event.
+    The chain verifies either way, and evidence changes no version."""
+    marked = await unknown(store, "k")
+    same = probe_event("not_applied_too_soon", status=404, detail="too soon")
+    for _ in range(3):
+        await store.add_evidence(marked.id, evidence("probe: 404"), (same,))
+    await store.add_evidence(
+        marked.id, evidence("probe: 200"), (probe_event("error", status=500, detail="x"),)
+    )
+    current = await store.get_by_id(marked.id)
+    assert current is not None
+    assert current.version == marked.version
+    page = await store.history(marked.id)
+    probes = [json.loads(row.data) for row in page.events if row.type == "probe"]
+    assert [(p["verdict"], p.get("count", 1)) for p in probes] == [
+        ("not_applied_too_soon", 3),
+        ("error", 1),
+    ]
+    report = verify_chain(
+        page.events,
+        head=current.history_head,
+        head_seq=current.history_seq,
+        payloads=page.payloads,
+    )
+    assert report.ok, report

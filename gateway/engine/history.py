@@ -128,6 +128,35 @@ def capped(operation: Any, events: Sequence[NewEvent]) -> Sequence[NewEvent]:
     return ()
 
 
+def coalesced(
+    last: EventRow, event: NewEvent, *, at_us: int, attempt: int, key: bytes | None = None
+) -> EventRow | None:
+    """The chain's last event standing for `event` too, when both are the same probe
+    verdict about the same attempt (a probe that keeps answering "not yet" for a week
+    is one event with a count, not thousands); None when `event` must be appended.
+
+    Only the head can be coalesced: nothing links to it yet but the operation's row,
+    whose head the caller rewrites with the event in the same transaction."""
+    if event.type != "probe" or last.type != "probe":
+        return None
+    try:
+        data = json.loads(last.data)
+    except ValueError:
+        return None
+    if data.get("attempt") != attempt or any(
+        data.get(name) != event.data.get(name) for name in ("verdict", "status", "detail")
+    ):
+        return None
+    data["count"] = int(data.get("count", 1)) + 1
+    data["last_at_us"] = at_us
+    text = canonical(data).decode()
+    digest = event_hash(
+        prev=last.prev, seq=last.seq, at_us=last.at_us, version=last.version, type=last.type,
+        actor=last.actor, data=text, key=key,
+    )  # fmt: skip
+    return last._replace(data=text, hash=digest)
+
+
 def _commit(salt: str, value: Any) -> str:
     return hashlib.sha256(salt.encode() + canonical(value)).hexdigest()
 
@@ -387,6 +416,9 @@ def event_json(row: EventRow, payload: bytes | None, *, for_owner: bool) -> dict
         document["actor"] = "admin"
         hide_text = not data.get("share_with_owner", False)
     for name, value in data.items():
+        if name == "last_at_us" and isinstance(value, int):
+            document["last_at"] = iso(value)
+            continue
         if not name.endswith(COMMITMENT):
             document[name] = value
             continue

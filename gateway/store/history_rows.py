@@ -14,7 +14,7 @@ import hmac
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from gateway.engine.history import EventRow, NewEvent, chain, micros
+from gateway.engine.history import EventRow, NewEvent, chain, coalesced, micros
 from gateway.engine.models import Operation
 from gateway.store.crypto import BodyCipher, CipherError
 from gateway.store.rows import PLAIN, SEALED
@@ -61,21 +61,43 @@ def chained_rows(
     events: Iterable[NewEvent],
     cipher: BodyCipher | None,
     seal: HistorySeal | None = None,
+    *,
+    at: float | None = None,
 ) -> tuple[list[tuple[Any, ...]], Operation]:
     """The rows to insert for `events` after `operation` (as the change left it), and
-    the operation with its new head."""
+    the operation with its new head. The events' time is the change's (`updated_at`),
+    or `at` for a change that leaves `updated_at` as it was (evidence)."""
     rows, head, seq = chain(
         operation.id,
         head=operation.history_head,
         seq=operation.history_seq,
         version=operation.version,
-        at_us=micros(operation.updated_at),
+        at_us=micros(operation.updated_at if at is None else at),
         events=events,
         attempt=operation.attempts,
         key=None if seal is None else seal.key,
     )
     written = [_as_written(row, cipher) for row in rows]
     return written, operation._replace(history_head=head, history_seq=seq)
+
+
+def probe_merge(
+    operation: Operation,
+    events: Sequence[NewEvent],
+    last: EventRow | None,
+    seal: HistorySeal | None,
+) -> EventRow | None:
+    """The operation's last event rewritten to count `events` too (one probe verdict, the
+    same as the last), or None when they are to be appended."""
+    if last is None or len(events) != 1 or last.seq != operation.history_seq:
+        return None
+    return coalesced(
+        last,
+        events[0],
+        at_us=micros(operation.observed_at),
+        attempt=operation.attempts,
+        key=None if seal is None else seal.key,
+    )
 
 
 def _as_written(row: EventRow, cipher: BodyCipher | None) -> tuple[Any, ...]:

@@ -58,6 +58,7 @@ from gateway.store.history_rows import (
     HistorySeal,
     key_since,
     key_since_record,
+    probe_merge,
     read_rows,
 )
 from gateway.store.postgres_batch import StatementBatcher
@@ -450,11 +451,34 @@ class PostgresStore(PostgresConnection):
                 operation_id,
                 json.dumps(evidence.as_json()),
             )
-            if row is not None:
-                operation = row_to_operation(row, self._cipher, lenient=True)
-                await append_events(
-                    connection, [(operation, capped(operation, events))], self._cipher
+            if row is None:
+                return
+            operation = row_to_operation(row, self._cipher, lenient=True)
+            last = await connection.fetchrow(
+                f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = $1 AND seq = $2",
+                operation.id,
+                operation.history_seq,
+            )
+            previous = None if last is None else read_rows([tuple(last)], None)[0][0]
+            merged = probe_merge(operation, events, previous, self._seal)
+            if merged is not None:
+                await connection.execute(
+                    "WITH event AS (UPDATE operation_events SET data = $3, hash = $4 "
+                    "WHERE operation_id = $1 AND seq = $2) "
+                    "UPDATE operations SET history_head = $4 WHERE id = $1",
+                    operation.id,
+                    merged.seq,
+                    merged.data,
+                    merged.hash,
                 )
+                return
+            await append_events(
+                connection,
+                [(operation, capped(operation, events))],
+                self._cipher,
+                self._seal,
+                at=operation.observed_at,
+            )
 
     async def history(
         self, operation_id: str, *, after: int = 0, limit: int | None = None

@@ -172,6 +172,8 @@ async def append_events(
     changes: Sequence[tuple[Operation, Sequence[NewEvent]]],
     cipher: BodyCipher | None,
     seal: HistorySeal | None = None,
+    *,
+    at: float | None = None,
 ) -> list[Operation]:
     """Chain each operation's events after it (as this transaction changed it), in the
     caller's transaction; the operations with their new heads."""
@@ -182,7 +184,7 @@ async def append_events(
         if not events:
             appended.append(operation)
             continue
-        written, after = chained_rows(operation, events, cipher, seal)
+        written, after = chained_rows(operation, events, cipher, seal, at=at)
         rows.extend(written)
         heads.append((after.id, after.history_head, after.history_seq))
         appended.append(after)

@@ -57,6 +57,7 @@ from gateway.store.history_rows import (
     HistorySeal,
     chained_rows,
     key_since,
+    probe_merge,
     read_rows,
 )
 from gateway.store.rows import (
@@ -225,12 +226,17 @@ class SqliteStore(SqliteConnection):
         )
 
     def _append(
-        self, c: sqlite3.Connection, operation: Operation, events: Sequence[NewEvent]
+        self,
+        c: sqlite3.Connection,
+        operation: Operation,
+        events: Sequence[NewEvent],
+        *,
+        at: float | None = None,
     ) -> Operation:
         """Chain `events` after the operation as this transaction left it."""
         if not events:
             return operation
-        rows, appended = chained_rows(operation, events, self._cipher, self._seal)
+        rows, appended = chained_rows(operation, events, self._cipher, self._seal, at=at)
         c.executemany(_INSERT_EVENT, rows)
         c.execute(
             "UPDATE operations SET history_head = ?, history_seq = ? WHERE id = ?",
@@ -371,9 +377,31 @@ class SqliteStore(SqliteConnection):
                 f"WHERE id = ? {_RETURNING}",
                 (json.dumps(evidence.as_json()), operation_id),
             ).fetchone()
-            if row is not None:
-                operation = self._decode(row)
-                self._append(c, operation, capped(operation, events))
+            if row is None:
+                return
+            operation = self._decode(row)
+            last = c.execute(
+                f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = ? AND seq = ?",
+                (operation.id, operation.history_seq),
+            ).fetchone()
+            merged = probe_merge(
+                operation,
+                events,
+                None if last is None else read_rows([last], None)[0][0],
+                self._seal,
+            )
+            if merged is not None:
+                c.execute(
+                    "UPDATE operation_events SET data = ?, hash = ? WHERE operation_id = ? "
+                    "AND seq = ?",
+                    (merged.data, merged.hash, operation.id, merged.seq),
+                )
+                c.execute(
+                    "UPDATE operations SET history_head = ? WHERE id = ?",
+                    (merged.hash, operation.id),
+                )
+                return
+            self._append(c, operation, capped(operation, events), at=operation.observed_at)
 
         await self._writer.run(job)
 

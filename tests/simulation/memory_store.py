@@ -40,6 +40,7 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
+from gateway.store.history_rows import probe_merge
 from gateway.store.rows import decode_cursor, encode_cursor, is_forgotten
 
 __all__ = ["MemoryDatabase", "MemoryStore", "Transition"]
@@ -130,6 +131,7 @@ class MemoryDatabase:
         *,
         token: int | None = None,
         events: Sequence[NewEvent] = (),
+        at: float | None = None,
     ) -> Operation | None:
         """Commit one write, with its events chained after it, and append it to the
         write history; the record as written."""
@@ -140,7 +142,7 @@ class MemoryDatabase:
                 head=after.history_head,
                 seq=after.history_seq,
                 version=after.version,
-                at_us=micros(after.updated_at),
+                at_us=micros(after.updated_at if at is None else at),
                 events=events,
                 attempt=after.attempts,
             )
@@ -422,8 +424,15 @@ class MemoryStore:
         current = self.db.rows.get(operation_id)
         if current is None:
             return
-        noted = current._replace(evidence=(*current.evidence, evidence), updated_at=self.db.clock())
-        self.db.put("add_evidence", current, noted, events=capped(current, events))
+        now = self.db.clock()
+        noted = current._replace(evidence=(*current.evidence, evidence), observed_at=now)
+        rows = self.db.events.get(operation_id, [])
+        merged = probe_merge(noted, events, rows[-1] if rows else None, None)
+        if merged is not None:
+            rows[-1] = merged
+            self.db.put("add_evidence", current, noted._replace(history_head=merged.hash))
+            return
+        self.db.put("add_evidence", current, noted, events=capped(current, events), at=now)
 
     def history_seal(self) -> None:
         return None
