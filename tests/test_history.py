@@ -466,3 +466,32 @@ async def test_a_history_key_catches_a_forger_who_recomputes_the_hashes(
         assert "not keyed" in report["broken"]["reason"]
     else:
         assert report["ok"]  # the limit the docs state: no key, no defence against this
+
+
+async def test_probe_verdicts_are_chained_with_the_history_key_on_postgres(
+    postgres_url: str, gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """Evidence events (probe verdicts that settle nothing) are keyed like the rest, and a
+    repeated verdict is counted on one event: the chain still verifies."""
+    key = base64.b64encode(bytes(range(32))).decode()
+    gateway = await _guarded(
+        gateway_factory,
+        upstream,
+        store_url=postgres_url,
+        store={"history_key": key},
+        route={"probe": effects_probe(not_applied_after="1h")},
+    )
+    status = (
+        await gateway.post("/tickets/v1/t?drop=before_effect", key="e-1", json_body={})
+    ).status
+    assert status == 502
+    operation = await _by_key(gateway, "e-1")
+    for _ in range(2):
+        status, probed, _ = await _admin(
+            gateway, "POST", f"/admin/operations/{operation['id']}/probe"
+        )
+        assert (status, probed["state"]) == (200, "unknown")
+    probes = [event for event in probed["history"] if event["type"] == "probe"]
+    assert [(p["verdict"], p.get("count")) for p in probes] == [("not_applied_too_soon", 2)]
+    _, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert report["ok"], report
