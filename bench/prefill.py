@@ -149,7 +149,7 @@ def _rows(
         )  # fmt: skip
         answered, head, seq = chain(
             operation_id, head=head, seq=1, version=2, at_us=micros(completed), attempt=1,
-            events=(sent_event(1, operation_id), answered_event(201)),
+            events=(sent_event(1, operation_id, attempt=1), answered_event(201, attempt=1)),
         )  # fmt: skip
         events.extend((*row[:8], "plain", *row[8:]) for row in (*claimed, *answered))
         yield (

@@ -22,7 +22,7 @@ from pg import drop_schema, fresh_schema, require_postgres, url_for
 from worker_stores import GatewayLock, TwoWorkers
 
 from gateway.engine.history import verify_chain
-from gateway.engine.lifecycle_events import probe_event
+from gateway.engine.lifecycle_events import answered_event, probe_event, sent_event
 from gateway.engine.models import (
     ClaimRequest,
     Evidence,
@@ -1184,5 +1184,35 @@ async def test_identical_probe_verdicts_are_one_event_with_a_count(store: Store)
         head=current.history_head,
         head_seq=current.history_seq,
         payloads=page.payloads,
+    )
+    assert report.ok, report
+
+
+async def test_a_receipt_and_its_events_are_written_together_and_fenced(store: Store) -> None:
+    """The hot path's receipt with its `sent` and `answered` events (on PostgreSQL one
+    statement whose chain the database computes): a stale token writes neither; the
+    current one writes both, after the claim's event, and the chain verifies."""
+    operation = await new_attempt(store, "k")
+    events = (
+        sent_event(operation.token, operation.id, attempt=operation.attempts),
+        answered_event(201, attempt=operation.attempts),
+    )
+
+    async def write(token: int) -> Operation | None:
+        return await store.complete(
+            operation.id, token, RESPONSE, body_retained=True, retention_seconds=3600,
+            tombstone_seconds=7200, resolution=upstream(), events=events,
+        )  # fmt: skip
+
+    assert await write(operation.token + 1) is None
+    done = await write(operation.token)
+    assert done is not None
+    assert (done.state, done.version, done.history_seq) == (State.COMPLETED, 2, 3)
+    page = await store.history(operation.id)
+    assert [row.type for row in page.events] == ["claimed", "sent", "answered"]
+    assert {row.version for row in page.events[1:]} == {2}
+    assert done.history_head == page.events[-1].hash
+    report = verify_chain(
+        page.events, head=done.history_head, head_seq=done.history_seq, payloads=page.payloads
     )
     assert report.ok, report

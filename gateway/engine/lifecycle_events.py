@@ -33,12 +33,13 @@ def request_claimed(request: dict[str, Any] | None) -> NewEvent:
     return new_event("claimed", "gateway", erasable={"request": request})
 
 
-def sent_event(token: int, forwarded_key: str | None) -> NewEvent:
-    return new_event("sent", "gateway", {"token": token, "forwarded_key": forwarded_key})
+def sent_event(token: int, forwarded_key: str | None, *, attempt: int) -> NewEvent:
+    data = {"attempt": attempt, "token": token, "forwarded_key": forwarded_key}
+    return new_event("sent", "gateway", data)
 
 
-def answered_event(status: int, *, jsonrpc: str | None = None) -> NewEvent:
-    data: dict[str, Any] = {"status": status}
+def answered_event(status: int, *, attempt: int, jsonrpc: str | None = None) -> NewEvent:
+    data: dict[str, Any] = {"attempt": attempt, "status": status}
     if jsonrpc is not None:
         data["jsonrpc"] = jsonrpc
     return new_event("answered", "gateway", data)

@@ -73,7 +73,10 @@ class OutcomeWriter:
                 retention_seconds=request.retention or self._settings.retention,
                 tombstone_seconds=request.retention or self._settings.tombstone_retention,
                 resolution=Resolution(by="upstream", at=self._clock.time()),
-                events=(self._sent(request, operation), answered_event(stored.status)),
+                events=(
+                    self._sent(request, operation),
+                    answered_event(stored.status, attempt=operation.attempts),
+                ),
             )
 
         def evidence() -> Evidence:  # only a refused (stale) write needs it
@@ -97,7 +100,11 @@ class OutcomeWriter:
         evidence = Evidence(at=self._clock.time(), source="gateway", detail=detail, status=status)
         events: tuple[NewEvent, ...] = (released_event(detail, status=status),)
         if status is not None:
-            events = (self._sent(request, operation), answered_event(status), *events)
+            events = (
+                self._sent(request, operation),
+                answered_event(status, attempt=operation.attempts),
+                *events,
+            )
 
         async def write() -> Operation | None:
             return await self._store.release(
@@ -133,7 +140,8 @@ class OutcomeWriter:
         return await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
 
     def _sent(self, request: ProxyRequest, operation: Operation) -> NewEvent:
-        return sent_event(operation.token, self._forwarded_key(request, operation))
+        forwarded = self._forwarded_key(request, operation)
+        return sent_event(operation.token, forwarded, attempt=operation.attempts)
 
     async def _fenced_write(
         self,

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -150,6 +150,27 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         )
         """,
         "CREATE INDEX operations_by_request_expiry ON operations (expires_at) WHERE request_kept",
+    ),
+    # The hot path's receipts chain their events in the statement that writes them
+    # (`gateway.store.postgres_statements._COMPLETES`): the database computes the
+    # digest `gateway.engine.history.event_hash` computes, from the same canonical form
+    # (an HMAC given the key's inner and outer pads, as RFC 2104 builds it).
+    6: (
+        """
+        CREATE FUNCTION gateway_event_hash(
+            actor text, at_us bigint, data text, prev text, seq integer, type text,
+            version bigint, inner_pad bytea, outer_pad bytea
+        ) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+            SELECT CASE WHEN inner_pad IS NULL THEN encode(sha256(form), 'hex')
+                   ELSE 'hmac:' || encode(sha256(outer_pad || sha256(inner_pad || form)), 'hex')
+                   END
+            FROM (SELECT convert_to(
+                '{"actor":' || to_json(actor)::text || ',"at":' || at_us
+                || ',"data":' || data || ',"prev":' || to_json(prev)::text
+                || ',"seq":' || seq || ',"type":' || to_json(type)::text
+                || ',"version":' || version || '}', 'UTF8') AS form) AS canonical
+        $$
+        """,
     ),
 }
 

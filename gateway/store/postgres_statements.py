@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from gateway.engine.errors import StoreUnavailable
-from gateway.engine.history import NewEvent
+from gateway.engine.history import NewEvent, canonical
 from gateway.engine.ids import new_operation_id
 from gateway.engine.lifecycle_events import LEASE_EXPIRED, claimed_event, lease_expired_event
 from gateway.engine.models import (
@@ -135,6 +135,82 @@ _COMPLETES = (
 a write that is refused (stale) returns no row, as `complete` alone would."""
 
 
+def _event_hash(t: str, *, data: str, prev: str, n: int, type: str) -> str:
+    """The SQL digest of event `n` of a receipt, from the columns of CTE `t`."""
+    return (
+        f"gateway_event_hash({t}.actor, {t}.at_us, {t}.{data}, {t}.{prev}, {t}.s0 + {n}, "
+        f"'{type}', {t}.version, $15, $16)"
+    )
+
+
+_COMPLETES_CHAINED = (
+    "WITH v AS (SELECT * FROM unnest($1::text[], $2::int8[], $3::int4[], $4::text[], "
+    "$5::bytea[], $6::bool[], $7::float8[], $8::float8[], $9::text[], $10::text[], "
+    "$11::text[], $12::text[], $13::text[], $14::text[]) "
+    "AS v(id, token, status, headers, body, retained, retention, tombstone, resolved_by, note, "
+    f"storage, actor, data1, data2)), clock AS (SELECT {NOW} AS now), "
+    # The rows this batch may write, locked: their chain heads are read under the lock.
+    "cur AS (SELECT o.id, o.token, o.state, o.history_head, o.history_seq, o.version "
+    "FROM operations o WHERE o.id = ANY($1::text[]) FOR UPDATE), "
+    "e AS (SELECT cur.id, cur.history_head AS h0, cur.history_seq AS s0, "
+    "cur.version + 1 AS version, "
+    "(extract(epoch from clock.now) * 1000000)::bigint AS at_us, v.actor, v.data1, v.data2 "
+    "FROM cur JOIN v ON v.id = cur.id AND v.token = cur.token "
+    "AND cur.state IN ('in_flight', 'unknown') CROSS JOIN clock), "
+    f"e1 AS (SELECT e.*, {_event_hash('e', data='data1', prev='h0', n=1, type='sent')} "
+    "AS h1 FROM e), "
+    f"e2 AS (SELECT e1.*, {_event_hash('e1', data='data2', prev='h1', n=2, type='answered')} "
+    "AS h2 FROM e1), "
+    "events AS (INSERT INTO operation_events (operation_id, seq, type, at_us, actor, version, "
+    "data, payload, storage, prev, hash) "
+    "SELECT id, s0 + 1, 'sent', at_us, actor, version, data1, NULL::bytea, 'plain', h0, h1 "
+    "FROM e2 "
+    "UNION ALL SELECT id, s0 + 2, 'answered', at_us, actor, version, data2, NULL::bytea, 'plain', "
+    "h1, h2 FROM e2) "
+    "UPDATE operations o SET state = 'completed', response_status = v.status, "
+    "response_headers = v.headers, response_body = v.body, storage = v.storage, "
+    "body_retained = v.retained, "
+    f"expires_at = clock.now + {SECONDS.format('v.retention')}, "
+    f"forgotten_at = clock.now + {SECONDS.format('v.tombstone')}, "
+    "resolution_by = v.resolved_by, resolution_at = clock.now, resolution_note = v.note, "
+    "lease_owner = NULL, updated_at = clock.now, version = e2.version, "
+    "history_head = e2.h2, history_seq = e2.s0 + 2 "
+    "FROM v, e2, clock WHERE o.id = ANY($1::text[]) AND o.id = v.id AND o.id = e2.id "
+    f"RETURNING {columns_of('o')}, "
+    f"CASE WHEN o.watched THEN pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified"
+)
+"""Receipts of a batch and their `sent` and `answered` events, chained by the database
+(`gateway_event_hash`, the same digest as `gateway.engine.history.event_hash`), in one
+statement: a receipt's write costs one round trip and one commit, as before the history.
+
+The rows are locked first (`cur`), and their chain heads and versions read under that
+lock; the update then writes exactly those that pass the fence (`e`). Rows are found by
+`id = ANY(...)`: an index lookup in any plan, where a join with `unnest` could become a
+scan of the whole table in the generic plan a prepared statement keeps (measured: 2-3 ms
+a statement at 6,000 operations)."""
+
+
+def chained_receipt_events(events: Sequence[NewEvent]) -> tuple[str, str, str] | None:
+    """(actor, sent data, answered data) when a receipt's events are the hot path's own
+    `sent` and `answered` (naming their attempt, with nothing erasable); None otherwise."""
+    if len(events) != 2 or [event.type for event in events] != ["sent", "answered"]:
+        return None
+    sent, answered = events
+    if sent.actor != answered.actor or sent.payload or answered.payload:
+        return None
+    if "attempt" not in sent.data or "attempt" not in answered.data:
+        return None
+    return sent.actor, canonical(dict(sent.data)).decode(), canonical(dict(answered.data)).decode()
+
+
+def hmac_pads(seal: HistorySeal | None) -> tuple[bytes | None, bytes | None]:
+    """The key's inner and outer pads (RFC 2104), for the database to compute an HMAC."""
+    if seal is None:
+        return None, None
+    block = seal.key.ljust(64, b"\0") if len(seal.key) <= 64 else seal.key
+    return bytes(b ^ 0x36 for b in block), bytes(b ^ 0x5C for b in block)
+
+
 class _Receipt(NamedTuple):
     """One `complete` call, encoded for `_COMPLETES` (`stored` is what it returns)."""
 
@@ -155,8 +231,10 @@ _APPEND = (
     f"WITH events AS (INSERT INTO operation_events ({EVENT_COLUMNS}) SELECT * FROM unnest("
     "$1::text[], $2::int4[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::text[], "
     "$8::bytea[], $9::text[], $10::text[], $11::text[])) "
-    "UPDATE operations o SET history_head = h.head, history_seq = h.seq "
-    "FROM unnest($12::text[], $13::text[], $14::int4[]) AS h(id, head, seq) WHERE o.id = h.id"
+    "UPDATE operations SET "
+    "history_head = ($13::text[])[array_position($12::text[], id)], "
+    "history_seq = ($14::int4[])[array_position($12::text[], id)] "
+    "WHERE id = ANY($12::text[])"
 )
 """Events of one or more operations, and each one's new head, in one statement."""
 
