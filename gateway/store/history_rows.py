@@ -77,7 +77,7 @@ def chained_rows(
         attempt=operation.attempts,
         key=None if seal is None else seal.key,
     )
-    written = [_as_written(row, cipher) for row in rows]
+    written = [as_written(row, cipher) for row in rows]
     return written, operation._replace(history_head=head, history_seq=seq)
 
 
@@ -100,7 +100,7 @@ def probe_merge(
     )
 
 
-def _as_written(row: EventRow, cipher: BodyCipher | None) -> tuple[Any, ...]:
+def as_written(row: EventRow, cipher: BodyCipher | None) -> tuple[Any, ...]:
     payload, storage = row.payload, PLAIN
     if payload is not None and cipher is not None:
         payload, storage = cipher.seal(payload, _context(row.operation_id, row.seq)), SEALED

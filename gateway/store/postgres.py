@@ -79,6 +79,7 @@ from gateway.store.postgres_statements import (
     _Receipt,
     append_events,
     chained_receipt_events,
+    claimed_row,
     hmac_pads,
 )
 from gateway.store.rows import (
@@ -253,20 +254,16 @@ class PostgresStore(PostgresConnection):
             )[0]
 
     async def _run_claims(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult | None]:
-        """One statement for a batch of claims (and one for their `claimed` events): each
-        gets its new row, the key's row as the statement saw it (when the claim would
-        not change it), or `None`."""
+        """One statement for a batch of claims and their `claimed` events: each gets its
+        new row, the key's row as the statement saw it (when the claim would not change
+        it), or `None`."""
         ids = [new_operation_id() for _ in requests]
-        async with self._require_pool().acquire() as connection, connection.transaction():
-            return await self._claim_batch(connection, ids, requests)
-
-    async def _claim_batch(
-        self,
-        connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
-        ids: list[str],
-        requests: Sequence[ClaimRequest],
-    ) -> list[ClaimResult | None]:
-        rows = await connection.fetch(
+        events = [
+            claimed_row(operation_id, claimed_event(request.claimed, 1), self._cipher)
+            for operation_id, request in zip(ids, requests, strict=True)
+        ]
+        inner, outer = hmac_pads(self._seal)
+        rows = await self._require_pool().fetch(
             _CLAIMS,
             ids,
             [request.scope for request in requests],
@@ -281,22 +278,20 @@ class PostgresStore(PostgresConnection):
                 request.claimed is not None and request.claimed.payload is not None
                 for request in requests
             ],
+            [event[0] for event in events],
+            [event[1] for event in events],
+            [event[2] for event in events],
+            [event[3] for event in events],
+            inner,
+            outer,
         )
         inserted = {row["id"]: row for row in rows if row["_inserted"]}
         existing = {(row["scope"], row["key"]): row for row in rows if not row["_inserted"]}
-        fresh = [
-            (self._decode(inserted[operation_id]), (claimed_event(request.claimed, 1),))
-            for operation_id, request in zip(ids, requests, strict=True)
-            if operation_id in inserted
-        ]
-        appended = {
-            operation.id: operation
-            for operation in await append_events(connection, fresh, self._cipher, self._seal)
-        }
         results: list[ClaimResult | None] = []
         for operation_id, request in zip(ids, requests, strict=True):
-            if operation_id in appended:
-                results.append(NewAttempt(appended[operation_id]))
+            row = inserted.get(operation_id)
+            if row is not None:
+                results.append(NewAttempt(self._decode(row)))
                 continue
             row = existing.get((request.scope, request.key))
             if row is None:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from gateway.engine.errors import StoreUnavailable
-from gateway.engine.history import NewEvent, canonical
+from gateway.engine.history import EventRow, NewEvent, canonical
 from gateway.engine.ids import new_operation_id
 from gateway.engine.lifecycle_events import LEASE_EXPIRED, claimed_event, lease_expired_event
 from gateway.engine.models import (
@@ -32,7 +32,7 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.store.crypto import BodyCipher
-from gateway.store.history_rows import EVENT_COLUMNS, HistorySeal, chained_rows
+from gateway.store.history_rows import EVENT_COLUMNS, HistorySeal, as_written, chained_rows
 from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of
 from gateway.store.rows import is_forgotten
 
@@ -85,15 +85,25 @@ _INSERT_CLAIM = (
 
 _CLAIMS = (
     "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
-    "$5::text[], $6::text[], $7::text[], $8::text[], $9::float8[], $10::bool[]) "
+    "$5::text[], $6::text[], $7::text[], $8::text[], $9::float8[], $10::bool[], "
+    "$11::text[], $12::text[], $13::bytea[], $14::text[]) "
     "AS v(id, scope, key, route, method, path, fingerprint, lease_owner, lease_seconds, "
-    "request_kept)), "
+    "request_kept, actor, data, payload, storage)), "
+    f"clock AS (SELECT {NOW} AS now, "
+    f"(extract(epoch from {NOW}) * 1000000)::bigint AS at_us), "
     "inserted AS (INSERT INTO operations (id, scope, key, state, route, method, path, "
     "fingerprint, attempts, token, version, created_at, updated_at, lease_owner, "
-    "lease_expires_at, sent_at, request_kept) SELECT id, scope, key, 'in_flight', route, "
-    f"method, path, fingerprint, 1, 1, 1, {NOW}, {NOW}, lease_owner, "
-    f"{NOW} + {SECONDS.format('lease_seconds')}, {NOW}, request_kept FROM input "
-    f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}) "
+    "lease_expires_at, sent_at, request_kept, history_seq, history_head) "
+    "SELECT id, scope, key, 'in_flight', route, "
+    "method, path, fingerprint, 1, 1, 1, clock.now, clock.now, lease_owner, "
+    f"clock.now + {SECONDS.format('lease_seconds')}, clock.now, request_kept, 1, "
+    "gateway_event_hash(actor, clock.at_us, data, '', 1, 'claimed', 1, $15, $16) "
+    "FROM input CROSS JOIN clock "
+    f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}), "
+    "events AS (INSERT INTO operation_events (operation_id, seq, type, at_us, actor, version, "
+    "data, payload, storage, prev, hash) SELECT i.id, 1, 'claimed', clock.at_us, v.actor, 1, "
+    "v.data, v.payload, v.storage, '', i.history_head FROM inserted i "
+    "JOIN input v ON v.id = i.id CROSS JOIN clock) "
     "SELECT *, true AS _inserted FROM inserted "
     "UNION ALL SELECT found.*, false FROM input i, "
     f"LATERAL (SELECT {columns_of('o')} FROM operations o "
@@ -101,6 +111,9 @@ _CLAIMS = (
 )
 """Claims of a batch in one statement: the rows it inserted (`_inserted`, found by
 their new ids), and the existing rows of the other keys as its snapshot sees them.
+Each inserted row's `claimed` event is written by the same statement, its digest
+computed by the database from the statement's one clock reading (`clock`), so a new
+key costs one round trip and one commit, as before the history.
 
 A key inserted by a concurrent statement that committed after this one began,
 or twice in one batch, is in neither: its claim is decided under the row's
@@ -201,6 +214,17 @@ def chained_receipt_events(events: Sequence[NewEvent]) -> tuple[str, str, str] |
     if "attempt" not in sent.data or "attempt" not in answered.data:
         return None
     return sent.actor, canonical(dict(sent.data)).decode(), canonical(dict(answered.data)).decode()
+
+
+def claimed_row(
+    operation_id: str, event: NewEvent, cipher: BodyCipher | None
+) -> tuple[str, str, bytes | None, str]:
+    """(actor, data, payload, storage) of a new key's `claimed` event (attempt 1, token 1),
+    as `_CLAIMS` writes it; the payload sealed like any event's (`history_rows`)."""
+    data = canonical({**event.data, "token": 1, "attempt": 1}).decode()
+    row = EventRow(operation_id, 1, event.type, 0, event.actor, 1, data, event.payload, "", "")
+    _, _, _, _, _, _, _, payload, storage, _, _ = as_written(row, cipher)
+    return event.actor, data, payload, storage
 
 
 def hmac_pads(seal: HistorySeal | None) -> tuple[bytes | None, bytes | None]:
