@@ -349,17 +349,7 @@ class PostgresStore(PostgresConnection):
         inner, outer = hmac_pads(self._seal)
         rows = await self._require_pool().fetch(
             _COMPLETES_CHAINED,
-            [receipt.operation_id for receipt in receipts],
-            [receipt.token for receipt in receipts],
-            [receipt.stored.status for receipt in receipts],
-            [receipt.headers for receipt in receipts],
-            [receipt.body for receipt in receipts],
-            [receipt.body_retained for receipt in receipts],
-            [receipt.retention_seconds for receipt in receipts],
-            [receipt.tombstone_seconds for receipt in receipts],
-            [receipt.resolution.by for receipt in receipts],
-            [receipt.resolution.note for receipt in receipts],
-            [receipt.storage for receipt in receipts],
+            *_receipt_columns(receipts),
             [events[0] for events in chained if events is not None],
             [events[1] for events in chained if events is not None],
             [events[2] for events in chained if events is not None],
@@ -380,17 +370,7 @@ class PostgresStore(PostgresConnection):
     ) -> list[Operation | None]:
         rows = await connection.fetch(
             _COMPLETES,
-            [receipt.operation_id for receipt in receipts],
-            [receipt.token for receipt in receipts],
-            [receipt.stored.status for receipt in receipts],
-            [receipt.headers for receipt in receipts],
-            [receipt.body for receipt in receipts],
-            [receipt.body_retained for receipt in receipts],
-            [receipt.retention_seconds for receipt in receipts],
-            [receipt.tombstone_seconds for receipt in receipts],
-            [receipt.resolution.by for receipt in receipts],
-            [receipt.resolution.note for receipt in receipts],
-            [receipt.storage for receipt in receipts],
+            *_receipt_columns(receipts),
         )
         written = {row["id"]: row for row in rows}
         changes = [
@@ -739,3 +719,20 @@ class PostgresStore(PostgresConnection):
         ):
             counts[State(row["state"])] = int(row["n"])
         return counts
+
+
+def _receipt_columns(receipts: Sequence[_Receipt]) -> list[list[Any]]:
+    """The receipts' columns, as `_COMPLETES` and `_COMPLETES_CHAINED` take them ($1-$11)."""
+    return [
+        [receipt.operation_id for receipt in receipts],
+        [receipt.token for receipt in receipts],
+        [receipt.stored.status for receipt in receipts],
+        [receipt.headers for receipt in receipts],
+        [receipt.body for receipt in receipts],
+        [receipt.body_retained for receipt in receipts],
+        [receipt.retention_seconds for receipt in receipts],
+        [receipt.tombstone_seconds for receipt in receipts],
+        [receipt.resolution.by for receipt in receipts],
+        [receipt.resolution.note for receipt in receipts],
+        [receipt.storage for receipt in receipts],
+    ]
