@@ -27,6 +27,7 @@ The modes (route `forward_key`):
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 from typing import TYPE_CHECKING
@@ -44,6 +45,8 @@ MAX_FORWARDED_KEY = 255
 
 _LABEL_CONTEXT = b"idempotency-gateway forwarded-key label\x00"
 _LABEL_LENGTH = 22  # base64url characters: 132 bits of the HMAC
+LABEL_CACHE = 4096
+"""Scopes whose labels are kept: a bounded cache, however many scopes callers mint."""
 
 
 class ForwardedKeys:
@@ -60,6 +63,9 @@ class ForwardedKeys:
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
+        # A request asks for its forwarded key when it sends and again when it records
+        # the `sent` event, and an operator's listing for every row: one HMAC per scope.
+        self._label = functools.lru_cache(maxsize=LABEL_CACHE)(self._compute_label)
 
     def of(self, route: RouteSettings, operation: Operation) -> str | None:
         """The value the route forwards for this operation; `None` with `forward_key = false`."""
@@ -79,7 +85,7 @@ class ForwardedKeys:
             key = "~" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
         return f"{label}:{key}"
 
-    def _label(self, scope: str) -> str:
+    def _compute_label(self, scope: str) -> str:
         if scope.startswith(CLIENT_SCOPE_PREFIX):
             return scope.removeprefix(CLIENT_SCOPE_PREFIX)
         if scope == ANONYMOUS_SCOPE:

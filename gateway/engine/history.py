@@ -95,7 +95,7 @@ def new_event(
         if value is None:
             continue
         salt, text = _salt(), canonical(value)
-        chained[name + COMMITMENT] = hashlib.sha256(salt.encode() + text).hexdigest()
+        chained[name + COMMITMENT] = _commit(salt, text)
         kept.append(b'"%s":{"salt":"%s","value":%s}' % (name.encode(), salt.encode(), text))
     payload = b"{" + b",".join(kept) + b"}" if kept else None
     return NewEvent(type, actor, chained, payload)
@@ -157,8 +157,9 @@ def coalesced(
     return last._replace(data=text, hash=digest)
 
 
-def _commit(salt: str, value: Any) -> str:
-    return hashlib.sha256(salt.encode() + canonical(value)).hexdigest()
+def _commit(salt: str, text: bytes) -> str:
+    """The salted commitment to an erasable value's canonical bytes."""
+    return hashlib.sha256(salt.encode() + text).hexdigest()
 
 
 def canonical(value: Any) -> bytes:
@@ -368,7 +369,10 @@ def _check_commitments(data: Mapping[str, Any], payload: bytes | None) -> bool |
         if not isinstance(entry, dict):
             erased = True
             continue
-        if _commit(str(entry.get("salt")), entry.get("value")) != data[name + COMMITMENT]:
+        if (
+            _commit(str(entry.get("salt")), canonical(entry.get("value")))
+            != data[name + COMMITMENT]
+        ):
             return None
     return erased
 

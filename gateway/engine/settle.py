@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from gateway.config.routes import RouteSettings
 from gateway.engine.errors import NotResolvable, PreconditionFailed, TooEarly
 from gateway.engine.history import NewEvent, iso_seconds
 from gateway.engine.lifecycle_events import probe_event, released_event, resolved_event
@@ -22,7 +23,7 @@ from gateway.store.base import OperationFilter
 from gateway.telemetry.tracer import NO_TRACER, Tracer
 
 if TYPE_CHECKING:
-    from gateway.config import IdempotencySettings, ProbeSettings, RouteSettings
+    from gateway.config import IdempotencySettings, ProbeSettings
     from gateway.engine.clock import Clock
     from gateway.engine.exchange import LifecycleObserver, StoreTimer
     from gateway.engine.forwarded_key import ForwardedKeys
@@ -33,6 +34,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.lifecycle")
 
 Outcome = Literal["applied", "not_applied"]
+
+
+class _RouteDefaults(NamedTuple):
+    timeout: float
+    grace: float
+
+
+_ROUTE_DEFAULTS = _RouteDefaults(
+    timeout=RouteSettings.model_fields["timeout"].default,
+    grace=RouteSettings.model_fields["not_applied_after"].default,
+)
 
 
 class ReleaseWindow(NamedTuple):
@@ -194,8 +206,9 @@ class Settler:
         if operation.state not in (State.UNKNOWN, State.IN_FLIGHT):
             return None
         route = self._routes.get(operation.route)
-        timeout = route.timeout if route is not None else self._settings.lease
-        grace = route.not_applied_after if route is not None else 300.0
+        # A route no longer configured is judged by a route's defaults.
+        timeout = route.timeout if route is not None else _ROUTE_DEFAULTS.timeout
+        grace = route.not_applied_after if route is not None else _ROUTE_DEFAULTS.grace
         sent = operation.sent_at or operation.created_at
         until = max(self._last_send_bound(operation) + grace, sent + timeout + grace)
         return ReleaseWindow(sent_at=sent, may_apply_until=until)

@@ -221,7 +221,7 @@ def claimed_row(
 ) -> tuple[str, str, bytes | None, str]:
     """(actor, data, payload, storage) of a new key's `claimed` event (attempt 1, token 1),
     as `_CLAIMS` writes it; the payload sealed like any event's (`history_rows`)."""
-    data = canonical({**event.data, "token": 1, "attempt": 1}).decode()
+    data = canonical({**event.data, "attempt": 1}).decode()  # the claimed event names token 1
     row = EventRow(operation_id, 1, event.type, 0, event.actor, 1, data, event.payload, "", "")
     _, _, _, _, _, _, _, payload, storage, _, _ = as_written(row, cipher)
     return event.actor, data, payload, storage
