@@ -310,6 +310,12 @@ class RouteSettings(BaseModel):
     redact_request: tuple[str, ...] = DEFAULT_REQUEST_REDACTIONS
     """Query parameter names, JSON member names (at any depth, any case) and JSON
     pointers (`/payment/card`) whose values are replaced before a request is recorded."""
+    similar_window: Duration = Field(default=900.0, ge=0)
+    """How long after a twin's current attempt a new key for the same request is
+    refused `similar-operation` (0: never)."""
+    similar_guard: Literal["unsettled", "all", "off"] = "unsettled"
+    """Which twins refuse a new key: `in_flight` and `unknown` ones, completed ones too,
+    or none."""
 
     # MCP routes (`kind = "mcp"`): the route fronts one Streamable HTTP endpoint.
     kind: Literal["http", "mcp"] = "http"

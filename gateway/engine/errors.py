@@ -29,7 +29,8 @@ they occur.
     │   ├── ReceiptExpired           409 receipt-expired
     │   ├── ReceiptNotRetained       409 receipt-not-retained
     │   ├── NotResolvable            409 not-resolvable
-    │   └── TooEarly                 409 too-early
+    │   ├── TooEarly                 409 too-early
+    │   └── SimilarOperation         409 similar-operation
     ├── PreconditionFailed           412 precondition-failed
     ├── QuotaExceeded                429 quota-exceeded
     ├── StoreUnavailable             503 store-unavailable
@@ -45,9 +46,20 @@ they occur.
 
 from __future__ import annotations
 
-from typing import ClassVar, Self
+from typing import ClassVar, Literal, Self
 
 PROBLEM_BASE_URI = "https://idempotency-gateway.dev/problems/"
+
+NextAction = Literal["retry", "wait", "reconcile", "fix-request", "stop"]
+"""The one thing an agent should do after a problem, the same for every problem of a type:
+
+- `retry`: send the same request with the same key (after `Retry-After`);
+- `wait`: the first attempt (or the tool) is still at work: ask again later;
+- `reconcile`: the outcome is unknown or its answer is gone: look it up, settle it,
+  never resend;
+- `fix-request`: the request itself is wrong; a changed request is a new effect;
+- `stop`: the gateway will not serve this caller here (configuration, credentials).
+"""
 
 
 class GatewayError(Exception):
@@ -60,6 +72,7 @@ class GatewayError(Exception):
 
     status: ClassVar[int] = 500
     problem_type: ClassVar[str] = "internal-error"
+    next_action: ClassVar[NextAction] = "reconcile"
     title: ClassVar[str] = "Internal gateway error"
     safe_to_retry: bool | None = None
     """The class's default; `about` adjusts it to the record's actual state."""
@@ -125,12 +138,14 @@ class ConfigError(GatewayError):
     """The configuration is invalid; the message names the key and the bad value."""
 
     problem_type = "invalid-config"
+    next_action = "stop"
     title = "Invalid configuration"
 
 
 class BadRequest(GatewayError):
     status = 400
     problem_type = "bad-request"
+    next_action = "fix-request"
     title = "Bad request"
     safe_to_retry = False
 
@@ -159,6 +174,7 @@ class PayloadTooLarge(BadRequest):
 class RequestTimeout(BadRequest):
     status = 408
     problem_type = "request-timeout"
+    next_action = "retry"
     title = "The request body did not arrive in time; nothing was recorded"
     safe_to_retry = True
 
@@ -168,6 +184,7 @@ class MissingCredentials(GatewayError):
 
     status = 401
     problem_type = "missing-credentials"
+    next_action = "stop"
     title = "Credentials required"
     safe_to_retry = False
 
@@ -175,6 +192,7 @@ class MissingCredentials(GatewayError):
 class Unauthorized(GatewayError):
     status = 401
     problem_type = "unauthorized"
+    next_action = "stop"
     title = "Missing or invalid credentials"
     safe_to_retry = False
 
@@ -184,6 +202,7 @@ class ClientNotAllowed(GatewayError):
 
     status = 403
     problem_type = "client-not-allowed"
+    next_action = "stop"
     title = "This client may not use the route"
     safe_to_retry = False
 
@@ -191,6 +210,7 @@ class ClientNotAllowed(GatewayError):
 class NotFound(GatewayError):
     status = 404
     problem_type = "not-found"
+    next_action = "stop"
     title = "Not found"
     safe_to_retry = False
 
@@ -202,12 +222,14 @@ class NoRoute(NotFound):
 
 class UnknownKey(NotFound):
     problem_type = "unknown-key"
+    next_action = "retry"
     title = "No operation with this key in this scope"
 
 
 class MethodNotAllowed(GatewayError):
     status = 405
     problem_type = "method-not-allowed"
+    next_action = "fix-request"
     title = "Method not allowed"
     safe_to_retry = False
 
@@ -226,32 +248,38 @@ class KeyConflict(GatewayError):
 class KeyMismatch(KeyConflict):
     status = 422
     problem_type = "key-mismatch"
+    next_action = "fix-request"
     title = "Idempotency-Key reused with a different request"
 
 
 class InProgress(KeyConflict):
     problem_type = "in-progress"
+    next_action = "wait"
     title = "A request with this key is still in flight"
     safe_to_retry = True
 
 
 class OutcomeUnknown(KeyConflict):
     problem_type = "outcome-unknown"
+    next_action = "reconcile"
     title = "The outcome of the request with this key is unknown"
 
 
 class ReceiptExpired(KeyConflict):
     problem_type = "receipt-expired"
+    next_action = "reconcile"
     title = "The stored response for this key has expired"
 
 
 class ReceiptNotRetained(KeyConflict):
     problem_type = "receipt-not-retained"
+    next_action = "reconcile"
     title = "The response for this key was not kept"
 
 
 class NotResolvable(KeyConflict):
     problem_type = "not-resolvable"
+    next_action = "stop"
     title = "Only an operation whose outcome is unknown can be resolved"
 
 
@@ -264,12 +292,27 @@ class TooEarly(KeyConflict):
     """
 
     problem_type = "too-early"
+    next_action = "wait"
     title = "The last send may still be applied; it is too early to release"
+
+
+class SimilarOperation(KeyConflict):
+    """A new key for the same request as an `in_flight` or `unknown` operation of the scope.
+
+    The caller most likely lost the key of its first attempt: sending this one
+    could be a second effect. Nothing is recorded for the new key; the problem
+    names the other operation (`similar_operation`), which is what to settle.
+    """
+
+    problem_type = "similar-operation"
+    title = "The same request is already in flight or unknown under another key"
+    next_action = "reconcile"
 
 
 class PreconditionFailed(GatewayError):
     status = 412
     problem_type = "precondition-failed"
+    next_action = "fix-request"
     title = "The operation changed since it was read"
     safe_to_retry = False
 
@@ -277,6 +320,7 @@ class PreconditionFailed(GatewayError):
 class QuotaExceeded(GatewayError):
     status = 429
     problem_type = "quota-exceeded"
+    next_action = "retry"
     title = "This client is over one of its quotas; nothing was recorded"
     safe_to_retry = True
 
@@ -288,6 +332,7 @@ STORE_DOWN = "the operation store did not answer; retry the same request later"
 class StoreUnavailable(GatewayError):
     status = 503
     problem_type = "store-unavailable"
+    next_action = "retry"
     title = "The operation store is unavailable; nothing was forwarded"
     safe_to_retry = True
 
@@ -295,6 +340,7 @@ class StoreUnavailable(GatewayError):
 class RouteSaturated(GatewayError):
     status = 503
     problem_type = "route-saturated"
+    next_action = "retry"
     title = "The route is at its concurrency limit; nothing was forwarded"
     safe_to_retry = True
 
@@ -304,6 +350,7 @@ class LeaseLost(GatewayError):
 
     status = 503
     problem_type = "lease-lost"
+    next_action = "retry"
     title = "The gateway lost its lease before sending; nothing was forwarded"
     safe_to_retry = True
 
@@ -313,6 +360,7 @@ class UnsupportedTransferCoding(GatewayError):
 
     status = 501
     problem_type = "unsupported-transfer-coding"
+    next_action = "fix-request"
     title = "The request's Transfer-Encoding is not supported; only chunked is"
     safe_to_retry = False
 
@@ -320,11 +368,13 @@ class UnsupportedTransferCoding(GatewayError):
 class UpstreamError(GatewayError):
     status = 502
     problem_type = "upstream-error"
+    next_action = "reconcile"
     title = "Upstream error"
 
 
 class UpstreamUnreachable(UpstreamError):
     problem_type = "upstream-unreachable"
+    next_action = "retry"
     title = "The upstream could not be reached; the request was not sent"
     safe_to_retry = True
 

@@ -175,6 +175,10 @@ class NewAttempt:
     """The store granted this caller the right to send: a fresh key or a released one."""
 
     operation: Operation
+    twin: Operation | None = None
+    """Another operation of the scope and route with the same request that did not
+    refuse this one: a completed one (the answer names it), or any one when the
+    request was marked distinct (the histories of both name the other)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +188,38 @@ class Existing:
     operation: Operation
 
 
-ClaimResult = NewAttempt | Existing
+@dataclass(frozen=True, slots=True)
+class Similar:
+    """Refused: the same request is another key's operation, not settled (`SimilarGuard`).
+
+    Nothing was recorded for the key but the binding to its twin, which keeps
+    refusing it for the guard's window.
+    """
+
+    twin: Operation
+
+
+ClaimResult = NewAttempt | Existing | Similar
+
+
+UNSETTLED = (State.IN_FLIGHT, State.UNKNOWN)
+"""The states of a twin that refuse a new key on a route with `similar_guard = "unsettled"`."""
+
+
+class SimilarGuard(NamedTuple):
+    """How a claim that would start a new attempt looks for its twins: operations of the
+    same scope and route with the same fingerprint under another key.
+
+    A twin in one of `refuse` whose current attempt began less than `window`
+    seconds ago (store clock; `math.inf` when this process cannot vouch for the
+    store's clock over a whole window, see `GraceClock`) refuses the claim
+    (`Similar`), and so does a binding a refusal left on the key within
+    `window`; a claim marked `distinct` is never refused, its twin only noted.
+    """
+
+    window: float
+    refuse: tuple[State, ...] = UNSETTLED
+    distinct: bool = False
 
 
 class ClaimRequest(NamedTuple):
@@ -202,3 +237,6 @@ class ClaimRequest(NamedTuple):
     claimed: NewEvent | None = None
     """The `claimed` event a new key's first attempt records (with the request kept in
     its payload); a new attempt of a released key records a plain one."""
+    similar: SimilarGuard | None = None
+    """The guard against the same request under a new key; `None`: not guarded (a
+    derived key, or the route's guard is off)."""

@@ -81,6 +81,7 @@ def problem_document(
         document["operation_id"] = error.operation_id
     if error.safe_to_retry is not None:
         document["safe_to_retry"] = error.safe_to_retry
+    document["next_action"] = error.next_action
     document.update(error.extensions)
     return document
 
