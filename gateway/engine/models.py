@@ -215,11 +215,14 @@ class SimilarGuard(NamedTuple):
     store's clock over a whole window, see `GraceClock`) refuses the claim
     (`Similar`), and so does a binding a refusal left on the key within
     `window`; a claim marked `distinct` is never refused, its twin only noted.
+    A `derived` key's claim looks for no twin but is serialized with its
+    twins' claims like any other (`gateway.engine.twins`).
     """
 
     window: float
     refuse: tuple[State, ...] = UNSETTLED
     distinct: bool = False
+    derived: bool = False
 
 
 class ClaimRequest(NamedTuple):
