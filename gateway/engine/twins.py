@@ -12,14 +12,15 @@ and asks `refusing_twin` what they mean. The stores find; this module decides.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
+from gateway.engine.errors import SimilarOperation
+from gateway.engine.keys import operation_url
 from gateway.engine.models import UNSETTLED, SimilarGuard, State
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
-    from gateway.engine.models import Operation
+    from gateway.engine.models import ClaimRequest, Operation
 
 TWIN_STATES = (State.IN_FLIGHT, State.UNKNOWN, State.COMPLETED)
 """States in which an operation is anyone's twin: a released one applied nothing."""
@@ -40,28 +41,34 @@ def guard_for(
 
     >>> from gateway.config import RouteSettings
     >>> route = RouteSettings(name="t", prefix="/t", upstream="http://127.0.0.1:1")
-    >>> guard_for(route, trusted_for=3600.0, distinct=False, derived=False).window
-    900.0
-    >>> guard_for(route, trusted_for=5.0, distinct=False, derived=False).window
-    inf
+    >>> guard_for(route, trusted_for=3600.0, distinct=False, derived=False).vouched
+    True
+    >>> guard_for(route, trusted_for=5.0, distinct=False, derived=False).vouched
+    False
     """
     refuse = _REFUSE.get(route.similar_guard)
-    if refuse is None or route.similar_window <= 0:
+    window = route.similar_window
+    if refuse is None or window <= 0:
         return None
-    window = route.similar_window if trusted_for >= route.similar_window else math.inf
+    vouched = trusted_for >= window
     if derived:
-        return SimilarGuard(window, refuse=(), derived=True)
-    return SimilarGuard(window, refuse=refuse, distinct=distinct)
+        return SimilarGuard(window, refuse=(), derived=True, vouched=vouched)
+    return SimilarGuard(window, refuse=refuse, distinct=distinct, vouched=vouched)
 
 
-def is_twin(candidate: Operation, window: float, now: float) -> bool:
+def is_twin(candidate: Operation, guard: SimilarGuard, now: float) -> bool:
     """Whether an operation of the same scope, route and fingerprint (another key) is a
-    twin at store time `now`: not released or forgotten, its attempt within `window`."""
+    twin at store time `now`: not released or forgotten, its attempt within the window."""
     return (
         candidate.state in TWIN_STATES
         and (candidate.forgotten_at is None or candidate.forgotten_at > now)
-        and (candidate.sent_at is None or now - candidate.sent_at < window)
+        and guard.within(candidate.sent_at, now)
     )
+
+
+BINDING_SWEEP_SLACK = 86400.0
+"""How long past its window a refused key's binding is kept before the sweep drops it: a
+binding judged by a process that cannot vouch for the store's clock outlives its window."""
 
 
 def twin_order(candidate: Operation, guard: SimilarGuard) -> tuple[bool, float]:
@@ -98,3 +105,34 @@ def noted_twin(guard: SimilarGuard, twin: Operation | None) -> Operation | None:
     if guard.distinct:
         return twin
     return twin if twin.state is State.COMPLETED else None
+
+
+def distinct_of(request: ClaimRequest, twin: Operation | None) -> str | None:
+    """The twin's id when the claim is marked distinct beside it: its `claimed` event
+    says `distinct_from`, and the twin's history gets a `distinct-twin` event."""
+    guard = request.similar
+    if twin is None or guard is None or not guard.distinct:
+        return None
+    return twin.id
+
+
+def similar_refusal(key: str, twin: Operation) -> SimilarOperation:
+    """The 409 for a claim `twin` refused: it names the twin, which is what to settle.
+
+    It says what to do without a way around it: the distinct marker is for the
+    people who write agents, not for a caller that may be a model.
+    """
+    waiting = "is still in flight" if twin.state is State.IN_FLIGHT else f"is {twin.state.value}"
+    error = SimilarOperation(
+        f"the same request {waiting} under key {twin.key!r}; nothing was recorded or sent "
+        "for this key. Settle that operation first: look it up, wait for its outcome, or "
+        "have it resolved",
+        key=key,
+    )
+    error.extensions["similar_operation"] = {
+        "key": twin.key,
+        "state": twin.state.value,
+        "operation": operation_url(twin.key),
+        "operation_id": twin.id,
+    }
+    return error
