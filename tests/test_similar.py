@@ -132,7 +132,8 @@ async def test_a_new_key_for_an_in_flight_request_is_refused_naming_it(
     )  # fmt: skip
     assert again.headers["Idempotency-Key"] == "run-2:0:c1"
     assert "Idempotency-Status" not in again.headers
-    assert "distinct" not in problem["detail"].lower() and "force" not in problem["detail"]
+    assert "distinct" not in problem["detail"].lower()
+    assert "force" not in problem["detail"]
     status, _ = await _lookup(gateway, "run-2:0:c1")
     assert status == 404  # nothing was recorded under the new key
 
