@@ -13,6 +13,7 @@ import dataclasses
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -55,15 +56,18 @@ def simulate(seed: int, **options: Any) -> Simulation:
     return Simulation(Scenario.draw(seed, steps=steps), **options)
 
 
-def hunt(store_factory: StoreFactory, **focus: Any) -> InvariantViolation:
+def hunt(
+    store_factory: StoreFactory, *, draw: Callable[..., Scenario] = Scenario.draw, **focus: Any
+) -> InvariantViolation:
     """Run seeds against a broken store until one fails (bounded in seeds and time).
 
     `focus` overrides the drawn scenario (fewer unrelated faults) for bugs that need a
-    rare interleaving.
+    rare interleaving; `draw` makes the scenarios (`Scenario.losing_keys`: agents that
+    lose their keys).
     """
     deadline = time.monotonic() + HUNT_SECONDS
     for seed in range(1, HUNT_SEEDS + 1):
-        scenario = dataclasses.replace(Scenario.draw(seed, steps=300), **focus)
+        scenario = dataclasses.replace(draw(seed, steps=300), **focus)
         simulation = Simulation(scenario, store_factory=store_factory, tolerate=KNOWN_ENGINE_BUGS)
         try:
             asyncio.run(simulation.run())
@@ -95,7 +99,8 @@ def test_agents_that_lose_their_keys_make_no_second_effect() -> None:
     """Agents that send some retries under a fresh key (`Scenario.losing_keys`: the same
     request, some marked distinct) keep every invariant, `twin-effect` included, and the
     run met the guard: refusals, bindings, requests marked distinct beside their twin.
-    With the guard on, no claim goes ahead beside an unsettled twin unless distinct."""
+    With the guard on, no claim goes ahead beside an unsettled twin, or under a key a
+    refusal bound to its twin, unless distinct."""
     deadline = time.monotonic() + LOST_KEY_SECONDS
     steps = 0
     twins: Counter[str] = Counter()
@@ -111,6 +116,7 @@ def test_agents_that_lose_their_keys_make_no_second_effect() -> None:
     assert twins["bind (binding write)"] > 0, twins
     assert twins["claimed distinct beside an unsettled twin"] > 0, twins
     assert twins["claimed beside an unsettled twin"] == 0, twins
+    assert twins["claimed under a key bound to its twin"] == 0, twins
 
 
 def test_twin_effect_catches_a_gateway_without_the_guard() -> None:
@@ -235,6 +241,23 @@ class LaggingReadStore(MemoryStore):
             if transition.operation_id == operation_id and transition.before is not None:
                 return transition.before
         return await super().get_by_id(operation_id)
+
+
+class BindingBlindStore(MemoryStore):
+    """Forgets the binding a refusal left on a key: once the twin completed, the same
+    request under the refused key goes ahead (a second effect)."""
+
+    def _bound_twin(self, request: ClaimRequest, guard: SimilarGuard, now: float) -> None:
+        return None
+
+
+def test_a_store_that_forgets_bindings_is_caught() -> None:
+    """`twin-effect` holds the store to the binding too, not only to unsettled twins."""
+    violation = hunt(BindingBlindStore, draw=Scenario.losing_keys)
+    assert any(
+        problem.invariant == "twin-effect" and "bound to" in problem.detail
+        for problem in violation.problems
+    ), str(violation)
 
 
 QUIET = {"store_faults": 0.0, "crashes": False, "pauses": False, "upstream_trouble": 0.6}

@@ -29,7 +29,9 @@ believed, and each is named so a failure says which promise broke:
   the same scope, route and fingerprint was `in_flight` or `unknown` (in the
   database's committed history at the moment the claim committed) and sent
   within the route's `similar_window` makes no upstream effect, unless the
-  request that claimed it was marked distinct. And a `similar-operation`
+  request that claimed it was marked distinct; nor does one claimed under a
+  key a refusal bound to its twin, for the same request within the window,
+  while that twin was there (whatever its state). And a `similar-operation`
   refusal is the store's: it names the twin the store refused the claim for,
   an operation of the same request under another key;
 - `engine-crash`: an engine call raised something other than a `GatewayError`.
@@ -47,12 +49,13 @@ from gateway.engine.headers import IDEMPOTENCY_STATUS, without
 from gateway.engine.models import UNSETTLED, Operation, State, StoredResponse
 from gateway.web.problems import problem_response
 from tests.simulation.clock import EPOCH as _EPOCH
+from tests.simulation.memory_store import MemoryDatabase
 from tests.simulation.upstream import REDACTED
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.exchange import Reply
-    from tests.simulation.memory_store import MemoryDatabase, Transition
+    from tests.simulation.memory_store import Binding, Transition
     from tests.simulation.upstream import ScriptedUpstream
 
 __all__ = ["AnswerSeen", "Invariants", "Problem"]
@@ -100,6 +103,8 @@ class TwinClaim:
     transition: Transition
     twins: tuple[Operation, ...]
     """The unsettled twins as the database had them when the claim committed."""
+    bound: Operation | None = None
+    """The twin a refusal bound the claim's key to, when the binding held."""
 
 
 def _stored(response: StoredResponse) -> tuple[int, tuple[tuple[str, str], ...], bytes]:
@@ -138,6 +143,8 @@ class Invariants:
         """(scope, route, fingerprint) -> the ids of `_rows` with that request."""
         self._intents: dict[str, str] = {}
         """Operation id -> the agent's intended call that first claimed it."""
+        self._bindings: dict[tuple[str, str], Binding] = {}
+        """(scope, key) -> the binding a refusal left on the key (replayed history)."""
         self._twin_claims: dict[tuple[str, int], TwinClaim] = {}
         """(operation id, attempt) of attempts that must make no effect (`twin-effect`)."""
         self._twin_effects_seen: set[int] = set()
@@ -333,18 +340,26 @@ class Invariants:
                 self._twin_effects_seen.add(effect.number)
                 t = claim.transition
                 assert t.after is not None
-                twins = ", ".join(
-                    f"{twin.id} (key {twin.key}, {twin.state.value} attempt {twin.attempts}"
-                    f"{', ' + self._intents[twin.id] if twin.id in self._intents else ''})"
-                    for twin in claim.twins
-                )
+                why = []
+                if claim.twins:
+                    twins = ", ".join(self._twin(twin) for twin in claim.twins)
+                    why.append(f"the same request was unsettled under another key: {twins}")
+                if claim.bound is not None:
+                    why.append(f"its key was bound to {self._twin(claim.bound)} by a refusal")
                 self._fail(
                     "twin-effect",
                     f"E{effect.number} (S{effect.send}) is an effect of attempt {attempt} of "
                     f"{op_id} (key {t.after.key}, {self._intents.get(op_id, '?')}), claimed at "
                     f"history #{t.number} by {t.notes.get('label')} without the distinct "
-                    f"marker while the same request was unsettled under another key: {twins}",
+                    f"marker while {'; and '.join(why)}",
                 )
+
+    def _twin(self, twin: Operation) -> str:
+        intent = self._intents.get(twin.id)
+        return (
+            f"{twin.id} (key {twin.key}, {twin.state.value} attempt {twin.attempts}"
+            f"{', ' + intent if intent else ''})"
+        )
 
     def _twin_claim(self, t: Transition, after: Operation) -> None:
         """At a claim's commit (the replayed history up to it): the same request's
@@ -358,19 +373,37 @@ class Invariants:
             and twin.state in UNSETTLED
             and (twin.sent_at is None or t.at - twin.sent_at < window)
         )
-        if not twins:
+        bound = None
+        binding = self._bindings.get((after.scope, after.key))
+        if (
+            binding is not None
+            and binding.fingerprint == after.fingerprint
+            and t.at - binding.refused_at < window
+        ):
+            bound = self._rows.get(binding.twin_id)
+            if bound is not None and MemoryDatabase.forgotten(bound, t.at):
+                bound = None
+        if not twins and bound is None:
             return
         if t.notes.get("distinct"):
-            self.twins["claimed distinct beside an unsettled twin"] += 1
+            if twins:
+                self.twins["claimed distinct beside an unsettled twin"] += 1
             return
-        self.twins["claimed beside an unsettled twin"] += 1
-        self._twin_claims[(after.id, after.attempts)] = TwinClaim(t, twins)
+        if twins:
+            self.twins["claimed beside an unsettled twin"] += 1
+        if bound is not None:
+            self.twins["claimed under a key bound to its twin"] += 1
+        self._twin_claims[(after.id, after.attempts)] = TwinClaim(t, twins, bound)
 
     def _replay(self, t: Transition) -> None:
         """Apply a committed write to `_rows` (after it was checked against the rows
         as they stood before it)."""
         if t.binding is not None:
             self.twins[f"{t.verb} (binding write)"] += 1
+            if t.bound is None:
+                self._bindings.pop(t.binding, None)
+            else:
+                self._bindings[t.binding] = t.bound
             return
         if t.after is not None:
             self._rows[t.after.id] = t.after

@@ -80,7 +80,8 @@ class Transition:
     simulation records which replica wrote, and on which probe answer).
     A write of a key's binding (`bind`, `unbind`: a `similar-operation`
     refusal, the sweep) changes no operation row: `before` and `after` are
-    None, `operation_id` is the twin's, and `binding` names the key.
+    None, `operation_id` is the twin's, `binding` names the key and `bound`
+    is the binding written (None: dropped).
     """
 
     number: int
@@ -93,6 +94,8 @@ class Transition:
     notes: dict[str, Any] = field(default_factory=dict)
     binding: tuple[str, str] | None = None
     """(scope, key) of a `bind` or `unbind` write."""
+    bound: Binding | None = None
+    """What a `bind` wrote."""
 
 
 class MemoryDatabase:
@@ -216,6 +219,7 @@ class MemoryDatabase:
                 None,
                 notes=notes,
                 binding=(scope, key),
+                bound=binding,
             )
         )
 
