@@ -1,6 +1,6 @@
 """The same request under a new key: refused while its twin is unsettled, unless marked distinct.
 
-A real gateway (SQLite, the default store) in front of the counting upstream:
+A real gateway (on SQLite, the default store, and on PostgreSQL) in front of the counting upstream:
 an agent that lost its key sends the same request again under a new one; the
 gateway names the other operation and sends nothing, keeps naming it for the
 refused key after the twin completed, lets a request marked
@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 from conftest import GatewayFactory
 from harness import ADMIN_TOKEN, RunningGateway
+from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -75,20 +78,43 @@ async def _unknown(gateway: RunningGateway, upstream: CountingUpstream, key: str
     await upstream.wait_for_held(1)
 
 
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str | None]:
+    """None for the default SQLite file, or a fresh PostgreSQL schema dropped afterwards."""
+    if request.param == "sqlite":
+        yield None
+        return
+    require_postgres()
+    schema = await fresh_schema()
+    try:
+        yield url_for(schema)
+    finally:
+        await drop_schema(schema)
+
+
 async def _guarded(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream, **route: Any
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    store_url: str | None,
+    **route: Any,
 ) -> RunningGateway:
     return await gateway_factory(
         upstream.url,
+        store_url=store_url,
         route={"timeout": "1s", **route},
         admin={"token": ADMIN_TOKEN},
     )
 
 
 async def test_a_new_key_for_an_in_flight_request_is_refused_naming_it(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream, timeout="30s")
+    gateway = await _guarded(gateway_factory, upstream, store_url, timeout="30s")
     first = asyncio.ensure_future(_post(gateway, "run-1:0:c1", query="?hold=1"))
     await upstream.wait_for_held(1)
 
@@ -106,7 +132,8 @@ async def test_a_new_key_for_an_in_flight_request_is_refused_naming_it(
     )  # fmt: skip
     assert again.headers["Idempotency-Key"] == "run-2:0:c1"
     assert "Idempotency-Status" not in again.headers
-    assert "distinct" not in problem["detail"].lower() and "force" not in problem["detail"]
+    assert "distinct" not in problem["detail"].lower()
+    assert "force" not in problem["detail"]
     status, _ = await _lookup(gateway, "run-2:0:c1")
     assert status == 404  # nothing was recorded under the new key
 
@@ -116,9 +143,9 @@ async def test_a_new_key_for_an_in_flight_request_is_refused_naming_it(
 
 
 async def test_an_unknown_twin_keeps_the_refused_key_bound_after_it_completes(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     await _unknown(gateway, upstream, "lost-1")
     refused = await _post(gateway, "lost-2")
     assert refused.status == 409
@@ -146,9 +173,9 @@ async def test_an_unknown_twin_keeps_the_refused_key_bound_after_it_completes(
 
 
 async def test_the_distinct_marker_sends_and_both_histories_name_the_other(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     await _unknown(gateway, upstream, "pay-1")
     upstream.release_held()
     second = await _post(gateway, "pay-2", **{"Idempotency-Distinct": "?1"})
@@ -165,9 +192,9 @@ async def test_the_distinct_marker_sends_and_both_histories_name_the_other(
 
 
 async def test_a_malformed_distinct_marker_is_refused_and_nothing_is_sent(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     for value in ("true", "1", "?1;x", "?2"):
         response = await _post(gateway, f"bad-{value}", **{"Idempotency-Distinct": value})
         assert response.status == 400, value
@@ -178,9 +205,9 @@ async def test_a_malformed_distinct_marker_is_refused_and_nothing_is_sent(
 
 
 async def test_other_scopes_other_requests_and_derived_guards_are_not_affected(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     await _unknown(gateway, upstream, "a-1")
     upstream.release_held()
     other_scope = await gateway.post(
@@ -204,9 +231,12 @@ async def test_other_scopes_other_requests_and_derived_guards_are_not_affected(
 
 @pytest.mark.parametrize("setting", [{"similar_guard": "off"}, {"similar_window": "0s"}])
 async def test_the_guard_can_be_turned_off(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream, setting: dict[str, str]
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    store_url: str | None,
+    setting: dict[str, str],
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream, **setting)
+    gateway = await _guarded(gateway_factory, upstream, store_url, **setting)
     await _unknown(gateway, upstream, "off-1")
     upstream.release_held()
     again = await _post(gateway, "off-2")
@@ -214,9 +244,9 @@ async def test_the_guard_can_be_turned_off(
 
 
 async def test_guard_all_refuses_a_completed_twin_too(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream, similar_guard="all")
+    gateway = await _guarded(gateway_factory, upstream, store_url, similar_guard="all")
     assert (await _post(gateway, "all-1", query="")).status == 201
     again = await _post(gateway, "all-2", query="")
     assert again.status == 409
@@ -226,9 +256,9 @@ async def test_guard_all_refuses_a_completed_twin_too(
 
 
 async def test_a_released_keys_new_attempt_is_guarded_like_a_new_key(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     upstream.script.append({"hold": "0", "status": "429"})
     refused = await _post(gateway, "rel-1")
     assert refused.status == 429  # a release status: the key is released
@@ -243,11 +273,11 @@ async def test_a_released_keys_new_attempt_is_guarded_like_a_new_key(
 
 
 async def test_the_window_passes_once_this_process_vouches_for_it(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
     """A twin whose attempt began longer ago than `similar_window` no longer refuses, but
     only once the gateway has watched the store's clock for a whole window."""
-    gateway = await _guarded(gateway_factory, upstream, similar_window="2s")
+    gateway = await _guarded(gateway_factory, upstream, store_url, similar_window="2s")
     await _unknown(gateway, upstream, "old-1")
     assert (await _post(gateway, "old-2")).status == 409
     upstream.release_held()  # from here on a request that is sent completes at once
@@ -267,9 +297,9 @@ async def test_the_window_passes_once_this_process_vouches_for_it(
 
 
 async def test_an_upstreams_similar_and_distinct_headers_are_dropped(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     response = await _post(gateway, "h-1", query="?forge=1")
     assert response.status == 201
     assert "Idempotency-Similar" not in response.headers
@@ -277,9 +307,9 @@ async def test_an_upstreams_similar_and_distinct_headers_are_dropped(
 
 
 async def test_the_marker_is_not_forwarded_nor_part_of_the_fingerprint(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     marked = await _post(gateway, "m-1", query="", **{"Idempotency-Distinct": "?1"})
     assert marked.status == 201
     assert "idempotency-distinct" not in upstream.effects[0].headers
@@ -289,9 +319,9 @@ async def test_the_marker_is_not_forwarded_nor_part_of_the_fingerprint(
 
 
 async def test_a_refusal_counts_as_a_suppressed_duplicate(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
 ) -> None:
-    gateway = await _guarded(gateway_factory, upstream)
+    gateway = await _guarded(gateway_factory, upstream, store_url)
     await _unknown(gateway, upstream, "c-1")
     assert (await _post(gateway, "c-2")).status == 409
     text = await (await gateway.get("/metrics")).text()
