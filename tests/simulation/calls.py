@@ -12,6 +12,7 @@ goes along, so a mismatch can be classified.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.engine.errors import GatewayError
@@ -28,9 +29,25 @@ if TYPE_CHECKING:
     from tests.simulation.replica import Replica
     from tests.simulation.upstream import ScriptedUpstream
 
-__all__ = ["EngineCalls"]
+__all__ = ["EngineCalls", "Intent"]
 
 Note = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """The agent's intended call a request is, and the key it goes under this time.
+
+    `name` stays the same across every key the agent uses for the call (a lost key's
+    fresh one too), which is how the `twin-effect` invariant tells which operations
+    are one request."""
+
+    name: str
+    key: str
+    distinct: bool = False
+    """The agent marked this key's requests distinct (`Idempotency-Distinct: ?1`)."""
+    fresh: bool = False
+    """This request is the first under a fresh key (the agent lost the earlier ones)."""
 
 
 class EngineCalls:
@@ -63,13 +80,22 @@ class EngineCalls:
         seen.store_errors = list(call.store_errors)
         seen.sent_operation = call.send.operation_id if call.send is not None else None
         seen.claimed_operation = call.claimed
+        seen.refused_by = call.refused_by
         self._invariants.observe(seen)
 
     async def request(
-        self, replica: Replica, label: str, request: ProxyRequest, via_receipt: bool
+        self,
+        replica: Replica,
+        label: str,
+        request: ProxyRequest,
+        via_receipt: bool,
+        *,
+        intent: Intent | None = None,
     ) -> None:
         """A protected request, first through `answer_from_receipt` when the HTTP layer would."""
         call = _current()
+        if intent is not None:
+            call.intent, call.distinct = intent.name, intent.distinct
         seen = AnswerSeen(label, request.scope, request.key, request.fingerprint, record=None)
         reply = None
         try:

@@ -47,7 +47,13 @@ class CallContext:
     """The last upstream answer (to a request) delivered to this call."""
     claimed: str | None = None
     """The operation id of the last attempt this call was granted."""
+    refused_by: str | None = None
+    """The twin the store named when it last refused this call's claim (`Similar`)."""
     operator: OperatorVerdict | None = None
+    intent: str | None = None
+    """For a request: the agent's intended call it is (the same across a lost key)."""
+    distinct: bool = False
+    """For a request: the agent marked it distinct (`Idempotency-Distinct: ?1`)."""
 
 
 CALL: ContextVar[CallContext | None] = ContextVar("simulation_call", default=None)
@@ -63,4 +69,6 @@ def annotate() -> dict[str, Any]:
         "label": call.label,
         "probe": call.probe,
         "operator": call.operator,
+        "intent": call.intent,
+        "distinct": call.distinct,
     }

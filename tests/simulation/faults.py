@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from gateway.engine.errors import StoreUnavailable
-from gateway.engine.models import NewAttempt, ReplayableReceipt
+from gateway.engine.models import NewAttempt, ReplayableReceipt, Similar
 from tests.simulation.context import CALL
 
 if TYPE_CHECKING:
@@ -176,6 +176,8 @@ class FaultyStore:
         call = CALL.get()
         if call is not None and isinstance(result, NewAttempt):
             call.claimed = result.operation.id
+        elif call is not None and isinstance(result, Similar):
+            call.refused_by = result.twin.id
         return result
 
     async def complete(

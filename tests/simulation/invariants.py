@@ -24,6 +24,16 @@ believed, and each is named so a failure says which promise broke:
   upstream's bound for that attempt, or an honest refusal (a release status);
 - `key-binding`: a request whose fingerprint differs from its key's record is
   answered 422 and never forwarded;
+- `twin-effect`: no second effect for one request while its twin is unsettled,
+  unless marked distinct: an attempt claimed while another key's operation of
+  the same scope, route and fingerprint was `in_flight` or `unknown` (in the
+  database's committed history at the moment the claim committed) and sent
+  within the route's `similar_window` makes no upstream effect, unless the
+  request that claimed it was marked distinct; nor does one claimed under a
+  key a refusal bound to its twin, for the same request within the window,
+  while that twin was there (whatever its state). And a `similar-operation`
+  refusal is the store's: it names the twin the store refused the claim for,
+  an operation of the same request under another key;
 - `engine-crash`: an engine call raised something other than a `GatewayError`.
 """
 
@@ -33,18 +43,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.engine.errors import GatewayError, KeyMismatch
+from gateway.engine.errors import GatewayError, KeyMismatch, SimilarOperation
 from gateway.engine.fingerprint import fingerprint_request
 from gateway.engine.headers import IDEMPOTENCY_STATUS, without
-from gateway.engine.models import Operation, State, StoredResponse
+from gateway.engine.models import UNSETTLED, Operation, State, StoredResponse
 from gateway.web.problems import problem_response
 from tests.simulation.clock import EPOCH as _EPOCH
+from tests.simulation.memory_store import MemoryDatabase
 from tests.simulation.upstream import REDACTED
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.exchange import Reply
-    from tests.simulation.memory_store import MemoryDatabase, Transition
+    from tests.simulation.memory_store import Binding, Transition
     from tests.simulation.upstream import ScriptedUpstream
 
 __all__ = ["AnswerSeen", "Invariants", "Problem"]
@@ -81,6 +92,19 @@ class AnswerSeen:
     """The operation id the upstream answer this call got was for (a fresh reply's)."""
     claimed_operation: str | None = None
     """The operation id of the attempt this call was granted, if any."""
+    refused_by: str | None = None
+    """The twin the store named when it refused this call's claim (`Similar`), if it did."""
+
+
+@dataclass(frozen=True, slots=True)
+class TwinClaim:
+    """An attempt claimed while the same request was unsettled under another key."""
+
+    transition: Transition
+    twins: tuple[Operation, ...]
+    """The unsettled twins as the database had them when the claim committed."""
+    bound: Operation | None = None
+    """The twin a refusal bound the claim's key to, when the binding held."""
 
 
 def _stored(response: StoredResponse) -> tuple[int, tuple[tuple[str, str], ...], bytes]:
@@ -113,6 +137,19 @@ class Invariants:
         """Answer-state mismatches not failed: after an ambiguous commit (the engine cannot
         know) or of a class named in `tolerate` (a known bug, to hunt past it)."""
         self._problems: list[Problem] = []
+        self._rows: dict[str, Operation] = {}
+        """Every operation as the committed history has it so far (a replay of it)."""
+        self._same_request: dict[tuple[str, str, str], set[str]] = {}
+        """(scope, route, fingerprint) -> the ids of `_rows` with that request."""
+        self._intents: dict[str, str] = {}
+        """Operation id -> the agent's intended call that first claimed it."""
+        self._bindings: dict[tuple[str, str], Binding] = {}
+        """(scope, key) -> the binding a refusal left on the key (replayed history)."""
+        self._twin_claims: dict[tuple[str, int], TwinClaim] = {}
+        """(operation id, attempt) of attempts that must make no effect (`twin-effect`)."""
+        self._twin_effects_seen: set[int] = set()
+        self.twins: Counter[str] = Counter()
+        """What the guard met: refusals, binding writes, claims beside an unsettled twin."""
         assert route.probe is not None
         self._not_applied_statuses = frozenset(route.probe.not_applied_statuses)
         self._redact = frozenset(h.lower() for h in route.redact_response_headers) | REDACTED
@@ -164,6 +201,8 @@ class Invariants:
                 f"{seen.label} answered {what} {value!r} but the record is "
                 f"{actual or 'absent'} ({_brief(record)}) [{tag}{errors}]",
             )
+        if isinstance(seen.error, SimilarOperation):
+            self._check_refusal(seen, seen.error)
         stale = _mismatch_class(seen, record) == "other-operation"
         if seen.fingerprint is not None and not (stale and "other-operation" in self._tolerate):
             self._check_binding(seen, record)
@@ -209,6 +248,28 @@ class Invariants:
                 f"{seen.label} got 422 but the record matches its request ({_brief(record)}){why}",
             )
 
+    def _check_refusal(self, seen: AnswerSeen, error: SimilarOperation) -> None:
+        """A `similar-operation` answer is legitimate when the store refused this very
+        call's claim naming that twin, an operation of the same request under another
+        key, and the call sent nothing. (It has no state: nothing was recorded for the
+        key, so `answer-state` has nothing to compare.)"""
+        self.twins["refused similar-operation"] += 1
+        named = error.extensions.get("similar_operation")
+        twin_id = named.get("operation_id") if isinstance(named, dict) else None
+        where = f"{seen.label} was refused similar-operation naming {twin_id!r}"
+        if seen.refused_by is None or twin_id != seen.refused_by:
+            self._fail("twin-effect", f"{where}, but the store refused it for {seen.refused_by!r}")
+            return
+        twin = self._db.rows.get(twin_id) or self._rows.get(twin_id)
+        if twin is None:
+            self._fail("twin-effect", f"{where}, which the database never held")
+        elif (twin.scope, twin.fingerprint) != (seen.scope, seen.fingerprint) or (
+            twin.key == seen.key
+        ):
+            self._fail("twin-effect", f"{where}, which is not its request ({_brief(twin)})")
+        if seen.sent_operation is not None:
+            self._fail("twin-effect", f"{where} after sending {seen.sent_operation}")
+
     def _check_replay(self, seen: AnswerSeen, record: Operation | None) -> None:
         reply = seen.reply
         assert reply is not None
@@ -251,6 +312,7 @@ class Invariants:
         self._history_seen = len(history)
         self._check_sends()
         self._check_effects()
+        self._check_twin_effects()
         fresh = self._upstream.violations[self._upstream_problems_seen :]
         self._upstream_problems_seen = len(self._upstream.violations)
         for detail in fresh:
@@ -269,6 +331,92 @@ class Invariants:
                     f"not_applied {allowed - 1} times",
                 )
                 self.operator_not_applied[op_id] = len(effects)  # report each excess once
+
+    def _check_twin_effects(self) -> None:
+        for (op_id, attempt), claim in self._twin_claims.items():
+            for effect in self._upstream.effects.get(op_id, ()):
+                if effect.attempt != attempt or effect.number in self._twin_effects_seen:
+                    continue
+                self._twin_effects_seen.add(effect.number)
+                t = claim.transition
+                assert t.after is not None
+                why = []
+                if claim.twins:
+                    twins = ", ".join(self._twin(twin) for twin in claim.twins)
+                    why.append(f"the same request was unsettled under another key: {twins}")
+                if claim.bound is not None:
+                    why.append(f"its key was bound to {self._twin(claim.bound)} by a refusal")
+                self._fail(
+                    "twin-effect",
+                    f"E{effect.number} (S{effect.send}) is an effect of attempt {attempt} of "
+                    f"{op_id} (key {t.after.key}, {self._intents.get(op_id, '?')}), claimed at "
+                    f"history #{t.number} by {t.notes.get('label')} without the distinct "
+                    f"marker while {'; and '.join(why)}",
+                )
+
+    def _twin(self, twin: Operation) -> str:
+        intent = self._intents.get(twin.id)
+        return (
+            f"{twin.id} (key {twin.key}, {twin.state.value} attempt {twin.attempts}"
+            f"{', ' + intent if intent else ''})"
+        )
+
+    def _twin_claim(self, t: Transition, after: Operation) -> None:
+        """At a claim's commit (the replayed history up to it): the same request's
+        unsettled operations under other keys, within the route's window."""
+        window = self._route.similar_window
+        same = self._same_request.get((after.scope, after.route, after.fingerprint), ())
+        twins = tuple(
+            twin
+            for twin in (self._rows[op_id] for op_id in sorted(same))
+            if twin.key != after.key
+            and twin.state in UNSETTLED
+            and (twin.sent_at is None or t.at - twin.sent_at < window)
+        )
+        bound = None
+        binding = self._bindings.get((after.scope, after.key))
+        if (
+            binding is not None
+            and binding.fingerprint == after.fingerprint
+            and t.at - binding.refused_at < window
+        ):
+            bound = self._rows.get(binding.twin_id)
+            if bound is not None and MemoryDatabase.forgotten(bound, t.at):
+                bound = None
+        if not twins and bound is None:
+            return
+        if t.notes.get("distinct"):
+            if twins:
+                self.twins["claimed distinct beside an unsettled twin"] += 1
+            return
+        if twins:
+            self.twins["claimed beside an unsettled twin"] += 1
+        if bound is not None:
+            self.twins["claimed under a key bound to its twin"] += 1
+        self._twin_claims[(after.id, after.attempts)] = TwinClaim(t, twins, bound)
+
+    def _replay(self, t: Transition) -> None:
+        """Apply a committed write to `_rows` (after it was checked against the rows
+        as they stood before it)."""
+        if t.binding is not None:
+            self.twins[f"{t.verb} (binding write)"] += 1
+            if t.bound is None:
+                self._bindings.pop(t.binding, None)
+            else:
+                self._bindings[t.binding] = t.bound
+            return
+        if t.after is not None:
+            self._rows[t.after.id] = t.after
+            where = (t.after.scope, t.after.route, t.after.fingerprint)
+            self._same_request.setdefault(where, set()).add(t.after.id)
+            if t.verb == "claim" and t.after.id not in self._intents:
+                intent = t.notes.get("intent")
+                if intent is not None:
+                    self._intents[t.after.id] = intent
+        elif t.before is not None:
+            self._rows.pop(t.before.id, None)
+            where = (t.before.scope, t.before.route, t.before.fingerprint)
+            self._same_request.get(where, set()).discard(t.before.id)
 
     def _check_sends(self) -> None:
         sends = self._upstream.sends
@@ -290,9 +438,16 @@ class Invariants:
         self._sends_seen = len(sends)
 
     def _check_transition(self, t: Transition) -> None:
+        try:
+            self._check_write(t)
+        finally:
+            self._replay(t)
+
+    def _check_write(self, t: Transition) -> None:
         before, after = t.before, t.after
         if t.verb == "claim" and after is not None and after.state is State.IN_FLIGHT:
             self._holders[(after.id, after.token)] = t.notes.get("replica")
+            self._twin_claim(t, after)
         if (
             t.verb == "resolve"
             and after is not None

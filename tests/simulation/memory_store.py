@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.history import EventRow, NewEvent, capped, chain, micros
 from gateway.engine.lifecycle_events import (
     LEASE_EXPIRED,
     claimed_event,
+    distinct_twin_event,
     expired_event,
     lease_expired_event,
 )
@@ -36,18 +37,38 @@ from gateway.engine.models import (
     Operation,
     ReplayableReceipt,
     Resolution,
+    Similar,
+    SimilarGuard,
     State,
     StoredResponse,
+)
+from gateway.engine.twins import (
+    BINDING_SWEEP_SLACK,
+    is_twin,
+    noted_twin,
+    refusing_twin,
+    twin_order,
 )
 from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
 from gateway.store.history_rows import probe_merge
 from gateway.store.rows import decode_cursor, encode_cursor, is_forgotten
 
-__all__ = ["MemoryDatabase", "MemoryStore", "Transition"]
+__all__ = ["Binding", "MemoryDatabase", "MemoryStore", "Transition"]
 
 _HAS_OBSERVED_AT = "observed_at" in Operation._fields
 _SETTLED = (State.COMPLETED, State.RELEASED)
 _OUTCOME_WRITABLE = (State.IN_FLIGHT, State.UNKNOWN)
+
+
+class Binding(NamedTuple):
+    """What a `similar-operation` refusal left on the refused key: the request it was
+    refused for, the twin it named, and when (store clock). The sweep drops it
+    `BINDING_SWEEP_SLACK` after `expires_at` (the refusal's window), as the SQL stores do."""
+
+    fingerprint: str
+    twin_id: str
+    refused_at: float
+    expires_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +78,10 @@ class Transition:
     `token` is the fencing token the writer presented (None for verbs that
     take none); `notes` is whatever `MemoryDatabase.annotate` attached (the
     simulation records which replica wrote, and on which probe answer).
+    A write of a key's binding (`bind`, `unbind`: a `similar-operation`
+    refusal, the sweep) changes no operation row: `before` and `after` are
+    None, `operation_id` is the twin's, `binding` names the key and `bound`
+    is the binding written (None: dropped).
     """
 
     number: int
@@ -67,6 +92,10 @@ class Transition:
     after: Operation | None
     token: int | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    binding: tuple[str, str] | None = None
+    """(scope, key) of a `bind` or `unbind` write."""
+    bound: Binding | None = None
+    """What a `bind` wrote."""
 
 
 class MemoryDatabase:
@@ -94,6 +123,8 @@ class MemoryDatabase:
         self.history: list[Transition] = []
         self.witnesses: dict[str, bytes] = {}
         self.events: dict[str, list[EventRow]] = {}
+        self.bindings: dict[tuple[str, str], Binding] = {}
+        """(scope, key) -> the binding a `similar-operation` refusal left on the key."""
         self.annotate: Callable[[], dict[str, Any]] | None = None
         self._next_seq = 0
         self._next_id = 0
@@ -167,6 +198,31 @@ class MemoryDatabase:
         )
         return after
 
+    def bind(self, scope: str, key: str, binding: Binding | None) -> None:
+        """Commit a key's binding (None: drop it), a write of its own in the history."""
+        if binding is None:
+            dropped = self.bindings.pop((scope, key), None)
+            if dropped is None:
+                return
+            verb, op_id = "unbind", dropped.twin_id
+        else:
+            self.bindings[(scope, key)] = binding
+            verb, op_id = "bind", binding.twin_id
+        notes = self.annotate() if self.annotate is not None else {}
+        self.history.append(
+            Transition(
+                len(self.history),
+                self.clock(),
+                verb,
+                op_id,
+                None,
+                None,
+                notes=notes,
+                binding=(scope, key),
+                bound=binding,
+            )
+        )
+
     def token_ok(self, operation: Operation, token: int) -> bool:
         return self.unsafe_skip_token_check or operation.token == token
 
@@ -236,6 +292,45 @@ class MemoryStore:
         if current is not None and db.forgotten(current, now):
             db.put("forget", current, None)
             current = None
+        starts = current is None or (
+            current.state is State.RELEASED and current.fingerprint == request.fingerprint
+        )
+        if not starts:
+            assert current is not None
+            if self._lapsed(current, now):
+                expired = self._expire(current, now, LEASE_EXPIRED)
+                expired = db.put(
+                    "claim_expire", current, expired, events=(lease_expired_event(LEASE_EXPIRED),)
+                )
+                assert expired is not None
+                return Existing(self._seen(expired, now))
+            return Existing(self._seen(current, now))
+        # A new attempt would start: the same request under another key may refuse it
+        # (`gateway.engine.twins` decides; this finds, in the same atomic step).
+        guard = request.similar
+        noted: Operation | None = None
+        if guard is not None and not guard.derived:
+            bound = None if guard.distinct else self._bound_twin(request, guard, now)
+            twins = [
+                op
+                for op in db.rows.values()
+                if op.scope == request.scope
+                and op.route == request.route
+                and op.fingerprint == request.fingerprint
+                and op.key != request.key
+                and is_twin(op, guard, now)
+            ]
+            twin = max(twins, key=lambda op: twin_order(op, guard), default=None)
+            refusing = refusing_twin(guard, bound=bound, twin=twin)
+            if refusing is not None:
+                if bound is None:  # a fresh refusal leaves (or replaces) the key's binding
+                    binding = Binding(request.fingerprint, refusing.id, now, now + guard.window)
+                    db.bind(request.scope, request.key, binding)
+                return Similar(self._seen(refusing, now))
+            noted = noted_twin(guard, twin)
+        distinct_from = (
+            noted.id if noted is not None and guard is not None and guard.distinct else None
+        )
         if current is None:
             fresh = Operation(
                 id=db.new_id(),
@@ -255,10 +350,9 @@ class MemoryStore:
                 lease_expires_at=now + request.lease_seconds,
                 sent_at=now,
             )
-            fresh = db.put("claim", None, fresh, events=(claimed_event(request.claimed, 1),))
-            assert fresh is not None
-            return NewAttempt(self._seen(fresh, now))
-        if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+            event = claimed_event(request.claimed, 1, distinct_from=distinct_from)
+            claimed = db.put("claim", None, fresh, events=(event,))
+        else:
             again = current._replace(
                 state=State.IN_FLIGHT,
                 attempts=current.attempts + 1,
@@ -270,17 +364,35 @@ class MemoryStore:
                 forgotten_at=None,
                 updated_at=now,
             )
-            again = db.put("claim", current, again, events=(claimed_event(None, again.token),))
-            assert again is not None
-            return NewAttempt(self._seen(again, now))
-        if self._lapsed(current, now):
-            expired = self._expire(current, now, LEASE_EXPIRED)
-            expired = db.put(
-                "claim_expire", current, expired, events=(lease_expired_event(LEASE_EXPIRED),)
-            )
-            assert expired is not None
-            return Existing(self._seen(expired, now))
-        return Existing(self._seen(current, now))
+            event = claimed_event(None, again.token, distinct_from=distinct_from)
+            claimed = db.put("claim", current, again, events=(event,))
+        assert claimed is not None
+        if distinct_from is not None and noted is not None:
+            # Both histories name the other; evidence only on the twin (no version change),
+            # at the time it was learned. Not capped: one event per claim, as in SQLite.
+            events = (distinct_twin_event(claimed.id),)
+            noted = db.put("distinct_twin", noted, noted, events=events, at=now)
+            assert noted is not None
+        return NewAttempt(
+            self._seen(claimed, now), twin=None if noted is None else self._seen(noted, now)
+        )
+
+    def _bound_twin(
+        self, request: ClaimRequest, guard: SimilarGuard, now: float
+    ) -> Operation | None:
+        """The twin a refusal of this key named, while its binding holds: the same
+        request, within the window, the twin still there and not forgotten."""
+        binding = self.db.bindings.get((request.scope, request.key))
+        if (
+            binding is None
+            or binding.fingerprint != request.fingerprint
+            or not guard.within(binding.refused_at, now)
+        ):
+            return None
+        twin = self.db.rows.get(binding.twin_id)
+        if twin is None or self.db.forgotten(twin, now):
+            return None
+        return twin
 
     @staticmethod
     def _lapsed(operation: Operation, now: float) -> bool:
@@ -578,6 +690,13 @@ class MemoryStore:
         gone = [op for op in in_order if self.db.forgotten(self.db.rows[op.id], now)][:batch]
         for operation in gone:
             self.db.put("forget", self.db.rows[operation.id], None)
+        stale = [
+            where
+            for where, binding in self.db.bindings.items()
+            if binding.expires_at <= now - BINDING_SWEEP_SLACK
+        ][:batch]
+        for scope, key in stale:
+            self.db.bind(scope, key, None)
         return SweepReport(receipts_expired=len(bodies), forgotten=len(gone))
 
     async def count_by_state(self) -> dict[State, int]:

@@ -3,6 +3,8 @@
     python -m tests.simulation --seconds 600            # seeds 1, 2, 3, ... for 10 minutes
     python -m tests.simulation --seed 1234              # replay one seed, trace on stdout
     python -m tests.simulation --seconds 60 --first 5000 --replicas 3
+    python -m tests.simulation --seconds 60 --lost-keys  # agents that lose their keys
+    python -m tests.simulation --seed 3 --lost-keys --similar-guard off  # twin-effect bites
 
 Exits 1 at the first invariant violation, after printing the seed, the step,
 what broke and the last steps of the trace. `PYTHONHASHSEED` is pinned (the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -20,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from tests.simulation.scenario import Scenario
+from tests.simulation.scenario import Scenario, SimilarGuardSetting
 from tests.simulation.simulator import InvariantViolation, RunReport, Simulation
 
 __all__ = ["main", "run_seed", "run_seeds"]
@@ -38,10 +41,19 @@ def run_seed(
     echo: bool = False,
     keep_trace: bool = False,
     tolerate: frozenset[str] = frozenset(),
+    lost_keys: bool = False,
+    similar_guard: SimilarGuardSetting = "unsettled",
 ) -> tuple[RunReport, list[str] | None]:
-    """One seed on a fresh event loop; raises `InvariantViolation`."""
+    """One seed on a fresh event loop; raises `InvariantViolation`.
+
+    `lost_keys`: the seed's world is `Scenario.losing_keys` (agents that lose keys);
+    `similar_guard`: the route's guard (`off` only to see `twin-effect` bite)."""
+    draw = Scenario.losing_keys if lost_keys else Scenario.draw
+    scenario = draw(seed, replicas=replicas, steps=steps)
+    if similar_guard != scenario.similar_guard:
+        scenario = dataclasses.replace(scenario, similar_guard=similar_guard)
     simulation = Simulation(
-        Scenario.draw(seed, replicas=replicas, steps=steps),
+        scenario,
         echo=print if echo else None,
         keep_trace=keep_trace,
         tolerate=tolerate,
@@ -58,6 +70,8 @@ def run_seeds(
     max_seeds: int | None = None,
     out: bool = True,
     tolerate: frozenset[str] = frozenset(),
+    lost_keys: bool = False,
+    similar_guard: SimilarGuardSetting = "unsettled",
 ) -> list[RunReport]:
     """Seeds `first`, `first + 1`, ... until `seconds` pass (or `max_seeds` ran)."""
     started = time.monotonic()
@@ -67,7 +81,13 @@ def run_seeds(
     steps = 0
     seed = first
     while time.monotonic() < deadline and (max_seeds is None or len(reports) < max_seeds):
-        report, _ = run_seed(seed, replicas=replicas, tolerate=tolerate)
+        report, _ = run_seed(
+            seed,
+            replicas=replicas,
+            tolerate=tolerate,
+            lost_keys=lost_keys,
+            similar_guard=similar_guard,
+        )
         reports.append(report)
         steps += report.steps
         if out and time.monotonic() >= progress:
@@ -88,8 +108,10 @@ def summary(reports: Sequence[RunReport], seconds: float) -> str:
     excused: Counter[str] = Counter()
     states: Counter[str] = Counter()
     transitions: Counter[str] = Counter()
+    twins: Counter[str] = Counter()
     for report in reports:
         transitions.update(report.transitions)
+        twins.update(report.twins)
         actions.update(report.actions)
         faults.update(report.faults)
         excused.update(report.excused)
@@ -109,6 +131,7 @@ def summary(reports: Sequence[RunReport], seconds: float) -> str:
         ("actions (interleavings)", actions),
         ("store faults fired", faults),
         ("answer-state mismatches excused", excused),
+        ("the same request under another key", twins),
         ("committed writes (store history)", transitions),
         ("records left at the end", states),
     ):
@@ -133,6 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, choices=(2, 3), help="default: drawn per seed")
     parser.add_argument("--quiet", action="store_true", help="with --seed: no trace")
     parser.add_argument(
+        "--lost-keys",
+        action="store_true",
+        help="agents send some retries under a fresh key, some of them marked distinct",
+    )
+    parser.add_argument(
+        "--similar-guard",
+        choices=("unsettled", "all", "off"),
+        default="unsettled",
+        help="the route's similar_guard (off: to see the twin-effect invariant bite)",
+    )
+    parser.add_argument(
         "--tolerate",
         action="append",
         default=[],
@@ -149,7 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seed is not None:
         try:
             report, _ = run_seed(
-                args.seed, replicas=args.replicas, echo=not args.quiet, tolerate=tolerate
+                args.seed,
+                replicas=args.replicas,
+                echo=not args.quiet,
+                tolerate=tolerate,
+                lost_keys=args.lost_keys,
+                similar_guard=args.similar_guard,
             )
         except InvariantViolation as violation:
             print(violation, flush=True)
@@ -161,7 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"running seeds from {args.first} for {args.seconds:.0f}s", flush=True)
     try:
         reports = run_seeds(
-            args.seconds, first=args.first, replicas=args.replicas, tolerate=tolerate
+            args.seconds,
+            first=args.first,
+            replicas=args.replicas,
+            tolerate=tolerate,
+            lost_keys=args.lost_keys,
+            similar_guard=args.similar_guard,
         )
     except InvariantViolation as violation:
         print(violation, flush=True)

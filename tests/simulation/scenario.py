@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Literal
 
 from gateway.config import IdempotencySettings, ProbeSettings, RouteSettings
 
-__all__ = ["PROBE_PATH", "REQUEST_PATH", "Scenario"]
+__all__ = ["DISTINCT", "LOST_KEYS", "PROBE_PATH", "REQUEST_PATH", "Scenario", "SimilarGuardSetting"]
+
+SimilarGuardSetting = Literal["unsettled", "all", "off"]
 
 PROBE_PATH = "/v1/effects?ref={operation_id}"
 REQUEST_PATH = "/tickets/v1/issues"
 UPSTREAM = "http://upstream.sim"
 MAX_STORED_RESPONSE = 256
 """Small, so some answers are too large to keep and take the relay path."""
+LOST_KEYS = 0.2
+"""`Scenario.losing_keys`: the fraction of retries its agents send under a fresh key."""
+DISTINCT = 0.1
+"""`Scenario.losing_keys`: the fraction of those its agents mark distinct."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +54,27 @@ class Scenario:
     """Probability a store call is parked until the simulator lets it through."""
     upstream_trouble: float
     """How often the upstream refuses, drops, times out or answers late."""
+    lost_keys: float = 0.0
+    """Fraction of an agent's retries sent under a fresh key (it lost the one it used):
+    the same request, so the same fingerprint, under a key the store has never seen.
+    0: every retry reuses a key of the call, and the run is exactly as before."""
+    distinct: float = 0.0
+    """Fraction of those fresh keys the agent marks distinct (`Idempotency-Distinct: ?1`:
+    "a second effect is what I want"), which the similar-operation guard never refuses."""
+    similar_guard: SimilarGuardSetting = "unsettled"
+    """The route's guard against the same request under a new key (`off`: only to prove
+    the `twin-effect` invariant notices a gateway without it)."""
 
     @classmethod
-    def draw(cls, seed: int, *, replicas: int | None = None, steps: int | None = None) -> Scenario:
+    def draw(
+        cls,
+        seed: int,
+        *,
+        replicas: int | None = None,
+        steps: int | None = None,
+        lost_keys: float = 0.0,
+        distinct: float = 0.0,
+    ) -> Scenario:
         rng = random.Random(f"scenario-{seed}")
         lease = rng.choice((1.5, 2.0, 3.0))
         retention = rng.choice((4.0, 8.0, 20.0))
@@ -69,6 +94,18 @@ class Scenario:
             store_faults=rng.choice((0.0, 0.02, 0.08)),
             store_latency=rng.choice((0.0, 0.1, 0.3)),
             upstream_trouble=rng.choice((0.1, 0.3, 0.6)),
+            lost_keys=lost_keys,
+            distinct=distinct,
+        )
+
+    @classmethod
+    def losing_keys(
+        cls, seed: int, *, replicas: int | None = None, steps: int | None = None
+    ) -> Scenario:
+        """`draw`'s world, with agents that lose their keys: `LOST_KEYS` of the retries
+        under a fresh key, `DISTINCT` of those marked distinct."""
+        return cls.draw(
+            seed, replicas=replicas, steps=steps, lost_keys=LOST_KEYS, distinct=DISTINCT
         )
 
     def route(self) -> RouteSettings:
@@ -77,6 +114,7 @@ class Scenario:
             prefix="/tickets",
             upstream=UPSTREAM,
             forward_key="operation_id",
+            similar_guard=self.similar_guard,
             max_stored_response=MAX_STORED_RESPONSE,
             release_statuses=(429,),
             probe=ProbeSettings(
@@ -100,4 +138,6 @@ class Scenario:
             f"skew<={self.skew} pauses={self.pauses} crashes={self.crashes} "
             f"store_faults={self.store_faults} latency={self.store_latency} "
             f"upstream_trouble={self.upstream_trouble}"
+            + (f" lost_keys={self.lost_keys} distinct={self.distinct}" if self.lost_keys else "")
+            + (f" similar_guard={self.similar_guard}" if self.similar_guard != "unsettled" else "")
         )

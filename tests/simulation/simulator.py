@@ -24,7 +24,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -32,7 +32,7 @@ from gateway.engine.exchange import ProxyRequest
 from gateway.engine.fingerprint import fingerprint_request
 from gateway.engine.models import State, StoredResponse
 from gateway.engine.sweeper import Sweeper
-from tests.simulation.calls import EngineCalls
+from tests.simulation.calls import EngineCalls, Intent
 from tests.simulation.clock import WorldClock
 from tests.simulation.context import annotate
 from tests.simulation.faults import FaultKind
@@ -69,12 +69,14 @@ FAULT_VERBS = (
 class InvariantViolation(AssertionError):
     """An invariant broke: the seed, the step, what broke, and the trace that led there."""
 
-    def __init__(self, seed: int, step: int, problems: list[Problem], trace: list[str]) -> None:
+    def __init__(
+        self, seed: int, step: int, problems: list[Problem], trace: list[str], *, flags: str = ""
+    ) -> None:
         self.seed, self.step, self.problems, self.trace = seed, step, problems, trace
         lines = [
             f"seed {seed}: invariant violated at step {step}",
             *(f"  {problem}" for problem in problems),
-            f"replay: python -m tests.simulation --seed {seed}",
+            f"replay: python -m tests.simulation --seed {seed}{flags}",
             f"last {len(trace)} trace lines:",
             *(f"  {line}" for line in trace),
         ]
@@ -95,6 +97,8 @@ class RunReport:
     final_states: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     excused: Counter[str] = field(default_factory=Counter)
+    twins: Counter[str] = field(default_factory=Counter)
+    """What the similar-operation guard met (`Invariants.twins`)."""
     transitions: Counter[str] = field(default_factory=Counter)
     """Committed writes by kind ("resolve unknown->released by probe"): what the run covered."""
     trace_digest: str = ""
@@ -167,6 +171,9 @@ class Simulation:
         self.full_trace: list[str] | None = [] if keep_trace else None
         self._step = 0
         self._labels = 0
+        self._intent_keys: dict[str, list[Intent]] = {}
+        """Each intended call's keys so far (the first, then every fresh one)."""
+        self._fresh_keys = 0
         self.report = RunReport(seed=scenario.seed, scenario=scenario)
 
     # -- tracing ---------------------------------------------------------------------------
@@ -222,7 +229,11 @@ class Simulation:
         self.report.probes = len(self.upstream.probes)
         self.report.final_states = Counter(op.state.value for op in self.db.rows.values())
         self.report.excused = self.invariants.excused
+        self.report.twins = self.invariants.twins
         for t in self.db.history:
+            if t.binding is not None:  # a key's binding, no operation row
+                self.report.transitions[f"{t.verb} (similar-operation binding)"] += 1
+                continue
             before = t.before.state.value if t.before is not None else "new"
             after = t.after.state.value if t.after is not None else "gone"
             by = (
@@ -241,7 +252,15 @@ class Simulation:
     def _check(self) -> None:
         problems = self.invariants.after_step()
         if problems:
-            raise InvariantViolation(self.scenario.seed, self._step, problems, list(self._trace))
+            raise self._violation(problems)
+
+    def _violation(self, problems: list[Problem]) -> InvariantViolation:
+        flags = " --lost-keys" if self.scenario.lost_keys else ""
+        if self.scenario.similar_guard != "unsettled":
+            flags += f" --similar-guard {self.scenario.similar_guard}"
+        return InvariantViolation(
+            self.scenario.seed, self._step, problems, list(self._trace), flags=flags
+        )
 
     async def _settle(self) -> None:
         """Run the loop until every task waits on the simulator (or is done)."""
@@ -344,12 +363,23 @@ class Simulation:
 
     # -- engine calls -------------------------------------------------------------------------
 
-    def _request_for(self) -> ProxyRequest:
+    def _request_for(self) -> tuple[ProxyRequest, Intent]:
+        """The agent's next call: which request, under which of its keys.
+
+        A request is an agent's intended call (scope, key name, body); once sent, each
+        further request of it is a retry. An agent that loses its keys
+        (`Scenario.lost_keys`) sends that fraction of its retries under a fresh key,
+        marked distinct or not, and the others under one of the keys it used for the
+        call before (a refused fresh key too): same body, so same fingerprint.
+        """
         s = self.scenario
         scope = self._pick(list(s.scopes))
         key = f"k{self.rng.randrange(s.keys)}"
         variant = 2 if self.rng.random() < 0.08 else 1
         body = f'{{"key":"{key}","v":{variant}}}'.encode()
+        intent = Intent(f"{scope}/{key}/v{variant}", key)
+        if s.lost_keys:
+            intent = self._agent_key(intent)
         fingerprint = fingerprint_request(
             method="POST",
             route=self.route.name,
@@ -366,18 +396,36 @@ class Simulation:
             headers=(("content-type", "application/json"),),
             body=body,
             scope=scope,
-            key=key,
+            key=intent.key,
             fingerprint=fingerprint,
-        )
+            distinct=intent.distinct,
+        ), intent
+
+    def _agent_key(self, intent: Intent) -> Intent:
+        keys = self._intent_keys.get(intent.name)
+        if keys is None:  # the call's first request
+            self._intent_keys[intent.name] = [intent]
+            return intent
+        if self.rng.random() < self.scenario.lost_keys:
+            self._fresh_keys += 1
+            distinct = self.rng.random() < self.scenario.distinct
+            fresh = Intent(intent.name, f"{intent.key}-lost{self._fresh_keys}", distinct, True)
+            keys.append(fresh)
+            return fresh
+        return replace(self._pick(keys), fresh=False)  # type: ignore[no-any-return]
 
     def _act_request(self) -> str:
         replica = self._pick(self._live())
-        request = self._request_for()
+        request, intent = self._request_for()
         via_receipt = self.rng.random() < 0.3
         label = self._label(replica, f"req {request.scope}/{request.key}")
-        replica.start(label, partial(self.calls.request, replica, label, request, via_receipt))
+        replica.start(
+            label, partial(self.calls.request, replica, label, request, via_receipt, intent=intent)
+        )
         variant = " (other body)" if b'"v":2' in request.body else ""
-        return f"start {label}{variant}{' via receipt' if via_receipt else ''}"
+        lost = f" (lost key of {intent.name})" if intent.fresh else ""
+        distinct = " distinct" if intent.distinct else ""
+        return f"start {label}{variant}{lost}{distinct}{' via receipt' if via_receipt else ''}"
 
     def _pick_key(self) -> tuple[str, str]:
         known = list(self.db.by_key)
@@ -634,7 +682,7 @@ class Simulation:
                 )
                 for op in stuck
             ]
-            raise InvariantViolation(self.scenario.seed, self._step, problems, list(self._trace))
+            raise self._violation(problems)
 
     def _drain_round(self) -> bool:
         progressed = False
