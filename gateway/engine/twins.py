@@ -71,10 +71,16 @@ BINDING_SWEEP_SLACK = 86400.0
 binding judged by a process that cannot vouch for the store's clock outlives its window."""
 
 
-def twin_order(candidate: Operation, guard: SimilarGuard) -> tuple[bool, float]:
-    """Sort key, largest first: a twin that refuses before one that does not, then the
-    latest attempt (`Idempotency-Similar` names the latest completed one)."""
-    return (candidate.state in guard.refuse, candidate.sent_at or 0.0)
+def twin_order(candidate: Operation, guard: SimilarGuard) -> tuple[bool, bool, float]:
+    """Sort key, largest first: an unsettled twin (the one to settle first), then one that
+    refuses, then the latest attempt (`Idempotency-Similar` names the latest completed
+    one). The stores' queries find the same one: the latest unsettled, else the latest
+    completed."""
+    return (
+        candidate.state in UNSETTLED,
+        candidate.state in guard.refuse,
+        candidate.sent_at or 0.0,
+    )
 
 
 def refusing_twin(

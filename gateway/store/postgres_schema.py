@@ -254,6 +254,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                 JOIN similar_refusals b ON b.scope = c.scope AND b.key = c.key
                     AND b.fingerprint = c.fingerprint AND b.refused_at > c.since
                 JOIN operations t ON t.id = b.twin_id
+                    AND (t.forgotten_at IS NULL OR t.forgotten_at > c.now)
             ),
             twins AS (
                 SELECT c.id AS for_id, t.id AS twin_id, t.state AS twin_state

@@ -341,8 +341,10 @@ async def _claim_existing(
             locked = await connection.fetchrow(
                 f"SELECT {COLUMNS} FROM operations WHERE id = $1 FOR UPDATE", twin_id
             )
-            if locked is not None:
-                await appended(decode(locked), distinct_twin_event(operation.id))
+            if locked is not None:  # evidence, dated by the claim that learned it
+                event = distinct_twin_event(operation.id)
+                changes = [(decode(locked), (event,))]
+                await append_events(connection, changes, cipher, seal, at=operation.updated_at)
         return NewAttempt(operation, twin=twin)
 
     if request.similar is not None:
@@ -413,7 +415,8 @@ _SINCE = f"CASE WHEN $5 THEN {NOW} - {SECONDS.format('$4')} ELSE '-infinity' END
 
 _BOUND = (
     f"SELECT {columns_of('t')} FROM similar_refusals b JOIN operations t ON t.id = b.twin_id "
-    f"WHERE b.scope = $1 AND b.key = $2 AND b.fingerprint = $3 AND b.refused_at > {_SINCE}"
+    f"WHERE b.scope = $1 AND b.key = $2 AND b.fingerprint = $3 AND b.refused_at > {_SINCE} "
+    f"AND (t.forgotten_at IS NULL OR t.forgotten_at > {NOW})"
 )
 _TWIN = (
     f"(SELECT {columns_of('o')}, 0 AS _rank FROM operations o WHERE o.scope = $1 "

@@ -178,7 +178,10 @@ def _note_distinct(
     ETag change); the twin's id, for the claim's own event."""
     twin_id = distinct_of(request, twin)
     if twin is not None and twin_id is not None:
-        append(c, twin, (distinct_twin_event(operation.id),))
+        # Evidence about the twin, dated by the claim that learned it (the twin's own
+        # `updated_at`, which dates its events otherwise, does not change).
+        dated = twin._replace(updated_at=operation.updated_at)
+        append(c, dated, (distinct_twin_event(operation.id),))
     return twin_id
 
 
@@ -220,7 +223,7 @@ def _twins(
             and guard.within(binding[2], now)
         ):
             row = c.execute(f"{_SELECT} WHERE id = ?", (binding[1],)).fetchone()
-            bound = None if row is None else decode(row)
+            bound = None if row is None or is_forgotten(decode(row)) else decode(row)
     cutoff = now - guard.window if guard.vouched else float("-inf")
     where = (request.scope, request.route, request.fingerprint, cutoff)
     row = c.execute(_UNSETTLED_TWIN, where).fetchone()
