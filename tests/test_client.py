@@ -540,7 +540,10 @@ async def test_a_not_applied_resolve_too_early_is_too_early_and_keeps_the_key_un
     problem = early.value
     assert isinstance(problem, KeyConflict)
     assert (problem.status, problem.kind, problem.key) == (409, "too-early", "te")
-    assert (problem.state, problem.safe_to_retry) == ("unknown", False)
+    assert (problem.state, problem.safe_to_retry) == (
+        "unknown",
+        True,
+    )  # the same resolve, after Retry-After
     assert problem.allowed_at == (operation.model_extra or {})["not_applied_allowed_at"]
     assert problem.last_send_age is not None
     assert 0 <= problem.last_send_age < 60

@@ -130,7 +130,7 @@ async def seed(gateway: RunningGateway) -> Seeded:
     assert done.status == 201
     for key in ("run-77:1:c1", "run-77:2:c1", "run-77:3:c1"):
         lost = await gateway.post(
-            "/tickets/v1/issues?drop=before_effect", key=key, json_body={}, headers=ADMIN
+            "/tickets/v1/issues?drop=before_effect", key=key, json_body={"k": key}, headers=ADMIN
         )
         assert lost.status == 502
     ids = {}

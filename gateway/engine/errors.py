@@ -294,6 +294,8 @@ class TooEarly(KeyConflict):
     problem_type = "too-early"
     next_action: ClassVar[NextAction] = "wait"
     title = "The last send may still be applied; it is too early to release"
+    safe_to_retry = True
+    """The same resolve again after `Retry-After`: nothing was changed by this one."""
 
 
 class SimilarOperation(KeyConflict):

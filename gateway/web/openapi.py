@@ -41,6 +41,7 @@ from gateway.engine.errors import (
     ReceiptNotRetained,
     RequestTimeout,
     RouteSaturated,
+    SimilarOperation,
     StoreUnavailable,
     TooEarly,
     Unauthorized,
@@ -49,7 +50,13 @@ from gateway.engine.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
+from gateway.engine.headers import (
+    IDEMPOTENCY_KEY,
+    IDEMPOTENCY_SIMILAR,
+    IDEMPOTENCY_STATUS,
+    IDEMPOTENT_REPLAYED,
+)
+from gateway.engine.markers import IDEMPOTENCY_DISTINCT
 from gateway.engine.models import State
 from gateway.web.admin_view import DEFAULT_LIMIT, MAX_LIMIT
 from gateway.web.openapi_components import components, header, ref
@@ -75,6 +82,7 @@ _PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
     QuotaExceeded,
     KeyMismatch,
     InProgress,
+    SimilarOperation,
     OutcomeUnknown,
     ReceiptExpired,
     ReceiptNotRetained,
@@ -111,7 +119,7 @@ _RETRY_AFTER: tuple[type[GatewayError], ...] = (TooEarly,)
 
 
 def _problem_line(error: type[GatewayError]) -> str:
-    return f"`{error.problem_type}` ({error.status}): {error.title}"
+    return f"`{error.problem_type}` ({error.status}, `{error.next_action}`): {error.title}"
 
 
 def _problems(errors: tuple[type[GatewayError], ...]) -> dict[str, Any]:
@@ -563,6 +571,11 @@ def _description() -> str:
         "protects answers with the upstream's response, a replay of it (with "
         f"`{IDEMPOTENT_REPLAYED}: true`), or one of these `{PROBLEM_JSON}` problems "
         f"(type URIs `{PROBLEM_BASE_URI}<type>`):\n\n{proxied}\n\n"
+        f"A protected request may carry `{IDEMPOTENCY_DISTINCT}: ?1`, a deliberate second "
+        "effect: it is then never refused `similar-operation` (the marker is the "
+        "gateway's: not forwarded, not part of the fingerprint). A live answer to a new "
+        "key whose request matches a completed operation under another key carries "
+        f"`{IDEMPOTENCY_SIMILAR}: <its lookup URL>`.\n\n"
         "Other methods on the gateway's own paths get `405 method-not-allowed` with an "
         "`Allow` header. With `[admin] listen` set, the admin endpoints are "
         "served only on that address (404 on the main one), which serves nothing else "

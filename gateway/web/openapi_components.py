@@ -501,6 +501,25 @@ def components() -> dict[str, Any]:
                 "type": "boolean",
                 "description": "True: the same request with the same key may be sent again.",
             },
+            "next_action": {
+                "enum": ["retry", "wait", "reconcile", "fix-request", "stop"],
+                "description": "The one thing to do now, the same for every problem of a "
+                "type: send the same request again (`retry`), wait for the first attempt "
+                "(`wait`), look the outcome up and settle it, never resend (`reconcile`), "
+                "change the request (`fix-request`), or give up here (`stop`).",
+            },
+            "similar_operation": {
+                "type": "object",
+                "description": "`similar-operation` only: the operation with the same "
+                "request under another key, which is what to settle.",
+                "required": ["key", "state", "operation", "operation_id"],
+                "properties": {
+                    "key": {"type": "string"},
+                    "state": {"enum": ["in_flight", "unknown", "completed", "released"]},
+                    "operation": {"type": "string", "description": "Its lookup URL."},
+                    "operation_id": {"type": "string"},
+                },
+            },
             "allowed_at": _timestamp(
                 "`too-early` only: from when a `not_applied` resolve is accepted."
             ),
