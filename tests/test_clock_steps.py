@@ -154,3 +154,37 @@ async def test_a_restart_does_not_start_the_grace_again(
         operation = await lookup(session, second, "restarted-1")
         assert operation["state"] == "released", operation
     assert upstream.count == 0
+
+
+async def test_a_forward_step_does_not_end_the_similar_window_of_an_unknown_twin(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A twin made `unknown` a moment ago, then the host's clock ten minutes ahead: on the
+    store's clock alone the twin is older than `similar_window`, but this process has not
+    seen that time pass, so the same request under a new key is still refused."""
+    clock = SteppedClock(tmp_path / "clock")
+    window = 3.0
+    route = {"timeout": "1s", "similar_window": f"{window:g}s"}
+    gateway = spawn(processes, tmp_path, upstream.url, env=clock.env, route=route)
+    # This process has watched the store's clock for longer than the window from here
+    # on (time only adds to that): the window is judged on the store's clock, vouched.
+    await asyncio.sleep(window + 0.5)
+    body = json.dumps({"refund": 5}).encode()
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as session:
+
+        async def post(key: str) -> tuple[int, Any]:
+            async with session.post(
+                f"{gateway.url}/tickets/v1/refunds?hold=1",
+                data=body,
+                headers={**headers, "Idempotency-Key": key},
+            ) as response:
+                return response.status, await response.read()
+
+        status, answer = await post("twin")
+        assert status == 504, answer
+        clock.step(600.0)
+        status, answer = await post("lost")
+        assert status == 409, answer
+        assert json.loads(answer)["type"].endswith("/similar-operation")
+    assert upstream.held == 1

@@ -53,7 +53,9 @@ from gateway.engine.keys import operation_url
 from gateway.engine.lifecycle_events import request_claimed
 from gateway.engine.models import (
     ClaimRequest,
+    ClaimResult,
     Existing,
+    NewAttempt,
     Operation,
     ResolvedBy,
     Similar,
@@ -170,9 +172,7 @@ class IdempotencyEngine:
                     claimed_at = self._clock.monotonic()
                     with self._tracer.claim(request) as span:
                         try:
-                            claim = await self._timed(
-                                "claim", self._store.claim(self._claim_of(request))
-                            )
+                            claim = await self._claim(request, claimed_at)
                         except StoreUnavailable:
                             self._keeper.claim_failed(request.scope, request.key)
                             raise
@@ -240,6 +240,32 @@ class IdempotencyEngine:
                 request.route.name,
                 lambda: self._store.count_for_scope(request.scope),
             )
+
+    async def _claim(self, request: ProxyRequest, claimed_at: float) -> ClaimResult:
+        """Claim the key; judge the twin window again if the store's clock stepped meanwhile.
+
+        The claim judged `similar_window` on the store's clock, trusting it as
+        far as this process's witnesses vouched (`SimilarGuard.vouched`). The
+        claim's own reading of that clock is one more witness: if it shows a
+        step the last witness had not seen, a twin may have looked older than
+        it is. Nothing was sent yet, so the attempt is released and the key
+        claimed again with the window not vouched for.
+        """
+        claim_request = self._claim_of(request)
+        claim = await self._timed("claim", self._store.claim(claim_request))
+        guard = claim_request.similar
+        if not isinstance(claim, NewAttempt) or guard is None or not guard.vouched:
+            return claim
+        steps = self.graces.steps_seen
+        observed = claim.operation.observed_at
+        self.graces.witness(observed, before=claimed_at, after=self._clock.monotonic())
+        if self.graces.steps_seen == steps:
+            return claim
+        await self._outcomes.release(
+            request, claim.operation, "the store's clock stepped during the claim; claimed again"
+        )
+        again = claim_request._replace(similar=guard._replace(vouched=False))
+        return await self._timed("claim", self._store.claim(again))
 
     def _claim_of(self, request: ProxyRequest) -> ClaimRequest:
         return ClaimRequest(
