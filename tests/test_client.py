@@ -507,7 +507,7 @@ async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
     gw = soon
     for key in ("ra", "rn"):
         with pytest.raises(OutcomeUnknown):
-            await gw.request("POST", ISSUES + "?drop=after_effect", key=key, json={})
+            await gw.request("POST", ISSUES + "?drop=after_effect", key=key, json={"k": key})
     unknown = await gw.lookup("ra")
     assert unknown is not None
     assert unknown.state == "unknown"
@@ -516,13 +516,13 @@ async def test_resolve_applied_makes_the_receipt_and_not_applied_releases(
                              body='{"id": "T-9"}')  # fmt: skip
     settled = await gw.resolve("ra", "applied", response=receipt, if_match=unknown.etag)
     assert (settled.state, settled.resolution and settled.resolution.by) == ("completed", "owner")
-    replay = await gw.request("POST", ISSUES + "?drop=after_effect", key="ra", json={})
+    replay = await gw.request("POST", ISSUES + "?drop=after_effect", key="ra", json={"k": "ra"})
     assert (replay.replayed, replay.json()) == (True, {"id": "T-9"})
 
     released = await release_when_allowed(gw, "rn")
     assert released.state == "released"
     with pytest.raises(UpstreamConnectionLost):  # forwarded again (and lost again)
-        await gw.request("POST", ISSUES + "?drop=after_effect", key="rn", json={})
+        await gw.request("POST", ISSUES + "?drop=after_effect", key="rn", json={"k": "rn"})
     assert upstream.count == 3
 
 

@@ -29,7 +29,14 @@ from upstream import CountingUpstream, effects_probe
 pytestmark = pytest.mark.slow
 
 ISSUES = "/tickets/v1/issues"
-BODY = json.dumps({"title": "crash"}).encode()
+
+
+def body_for(key: str) -> bytes:
+    """The request of one key: each key means its own effect, so each has its own body
+    (the same body under two keys is refused as the same request while one is unsettled)."""
+    return json.dumps({"title": "crash", "for": key}).encode()
+
+
 REQUEST_SECONDS = 60.0
 """Upper bound for any one client call: only a hung call takes it (no upstream answer in this
 file is slow by a delay; the held ones are released by the test)."""
@@ -63,7 +70,7 @@ async def send(session: aiohttp.ClientSession, url: str, key: str, query: str = 
         asyncio.timeout(REQUEST_SECONDS),
         session.post(
             f"{url}{ISSUES}{query}",
-            data=BODY,
+            data=body_for(key),
             headers={"Idempotency-Key": key, "Content-Type": "application/json"},
         ) as response,
     ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import signal
 from pathlib import Path
 
@@ -30,7 +31,7 @@ async def test_kill_9_during_a_burst_keeps_every_acknowledged_receipt(
         with contextlib.suppress(aiohttp.ClientError):
             response = await session.post(
                 f"{gateway.url}/tickets/v1/issues?delay=0.05",
-                data=b'{"burst": true}',
+                data=json.dumps({"burst": key}).encode(),
                 headers={"Idempotency-Key": key, "Content-Type": "application/json"},
             )
             await response.read()

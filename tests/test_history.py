@@ -362,7 +362,7 @@ async def test_probe_now_and_a_bulk_probe_settle_unknown_operations(
     for key in ("p-1", "p-2", "p-3"):
         drop = "after_effect" if key != "p-3" else "before_effect"
         assert (
-            await gateway.post(f"/tickets/v1/t?drop={drop}", key=key, json_body={})
+            await gateway.post(f"/tickets/v1/t?drop={drop}", key=key, json_body={"k": key})
         ).status == 502
     one = await _by_key(gateway, "p-1")
     assert one["probe_available"] is True
@@ -398,6 +398,8 @@ async def test_an_operation_from_before_the_history_gets_a_reconstructed_one(
     with sqlite3.connect(tmp_path / "gateway.db") as db:
         db.execute("DROP TABLE operation_events")
         db.execute("DROP INDEX operations_by_request_expiry")
+        db.execute("DROP INDEX operations_by_request")  # and version 6's
+        db.execute("DROP TABLE similar_refusals")
         for column in ("history_seq", "history_head", "request_kept"):
             db.execute(f"ALTER TABLE operations DROP COLUMN {column}")
         db.execute("UPDATE schema_version SET version = 4")

@@ -45,6 +45,7 @@ NOT_MADE = "not made: safe to retry with the same key"
 DONE = "took effect earlier: will not run again"
 WAIT = "still running: wait, same key"
 FIX = "the request is wrong: fix it"
+SIMILAR = "the same call under another key, unsettled: never again, look the other one up"
 OTHER = "not a tool call's answer"
 
 ROWS: dict[str, str] = {
@@ -54,6 +55,7 @@ ROWS: dict[str, str] = {
     "upstream-error": UNKNOWN,
     "internal-error": UNKNOWN,
     "in-progress": WAIT,
+    "similar-operation": SIMILAR,
     "receipt-expired": DONE,
     "receipt-not-retained": DONE,
     "upstream-unreachable": NOT_MADE,
@@ -151,6 +153,10 @@ def test_the_refusal_is_a_result_the_sdk_accepts_and_its_sentence_is_true(
     elif row == WAIT:
         assert "still running" in lowered
         assert "same key" in lowered
+    elif row == SIMILAR:
+        assert "not made" in lowered
+        assert "not under a new one" in lowered
+        assert "look the earlier call up" in lowered
     assert "force" not in lowered
     assert "distinct" not in lowered
 

@@ -182,7 +182,7 @@ async def test_admin_lists_every_scope_with_cursor_pagination(
         response = await gateway.post(
             "/tickets/v1/issues?drop=after_effect",
             key=f"a{n}",
-            json_body={},
+            json_body={"n": n},
             headers={"Authorization": f"Bearer agent-{n % 2}"},
         )
         assert response.status == 502

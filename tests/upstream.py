@@ -330,6 +330,8 @@ class CountingUpstream:
             headers["Idempotent-Replayed"] = "true"
             headers["Idempotency-Status"] = "completed"
             headers["Idempotency-Key"] = "forged"
+            headers["Idempotency-Similar"] = "/operations/forged"
+            headers["Idempotency-Distinct"] = "?1"
         if controls.get("cookie") == "1":
             headers["Set-Cookie"] = "session=secret"
             headers["X-Custom"] = "yes"

@@ -19,6 +19,7 @@ translate to and from its calls; stores persist what is decided here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -48,17 +49,20 @@ from gateway.engine.exchange import (
 )
 from gateway.engine.graces import GraceClock
 from gateway.engine.headers import IDEMPOTENCY_KEY, Pairs
+from gateway.engine.keys import operation_url
 from gateway.engine.lifecycle_events import request_claimed
 from gateway.engine.models import (
     ClaimRequest,
     Existing,
     Operation,
     ResolvedBy,
+    Similar,
     State,
     StoredResponse,
 )
 from gateway.engine.outcomes import OutcomeWriter
 from gateway.engine.settle import Outcome, ReleaseWindow, Settler
+from gateway.engine.twins import guard_for, similar_refusal
 from gateway.telemetry.tracer import NO_TRACER, Span, Tracer
 
 if TYPE_CHECKING:
@@ -172,9 +176,14 @@ class IdempotencyEngine:
                         except StoreUnavailable:
                             self._keeper.claim_failed(request.scope, request.key)
                             raise
+                        if isinstance(claim, Similar):
+                            raise similar_refusal(request.key, claim.twin)
                         span.operation(claim.operation)
                     if not isinstance(claim, Existing):
-                        return await self._attempt(request, claim.operation, claimed_at)
+                        reply = await self._attempt(request, claim.operation, claimed_at)
+                        if claim.twin is None:
+                            return reply
+                        return dataclasses.replace(reply, similar=operation_url(claim.twin.key))
                 operation = await self._records.refresh(claim.operation)
                 if operation is not None and request.trace is not None:
                     request.trace.saw(operation)
@@ -244,6 +253,12 @@ class IdempotencyEngine:
             lease_seconds=self._settings.lease,
             tombstone_seconds=request.retention or self._settings.tombstone_retention,
             claimed=request_claimed(request.record()) if request.record is not None else None,
+            similar=guard_for(
+                request.route,
+                trusted_for=self.graces.trusted_for(),
+                distinct=request.distinct,
+                derived=request.derived,
+            ),
         )
 
     async def _attempt(

@@ -138,14 +138,14 @@ class ConfigError(GatewayError):
     """The configuration is invalid; the message names the key and the bad value."""
 
     problem_type = "invalid-config"
-    next_action = "stop"
+    next_action: ClassVar[NextAction] = "stop"
     title = "Invalid configuration"
 
 
 class BadRequest(GatewayError):
     status = 400
     problem_type = "bad-request"
-    next_action = "fix-request"
+    next_action: ClassVar[NextAction] = "fix-request"
     title = "Bad request"
     safe_to_retry = False
 
@@ -174,7 +174,7 @@ class PayloadTooLarge(BadRequest):
 class RequestTimeout(BadRequest):
     status = 408
     problem_type = "request-timeout"
-    next_action = "retry"
+    next_action: ClassVar[NextAction] = "retry"
     title = "The request body did not arrive in time; nothing was recorded"
     safe_to_retry = True
 
@@ -184,7 +184,7 @@ class MissingCredentials(GatewayError):
 
     status = 401
     problem_type = "missing-credentials"
-    next_action = "stop"
+    next_action: ClassVar[NextAction] = "stop"
     title = "Credentials required"
     safe_to_retry = False
 
@@ -192,7 +192,7 @@ class MissingCredentials(GatewayError):
 class Unauthorized(GatewayError):
     status = 401
     problem_type = "unauthorized"
-    next_action = "stop"
+    next_action: ClassVar[NextAction] = "stop"
     title = "Missing or invalid credentials"
     safe_to_retry = False
 
@@ -202,7 +202,7 @@ class ClientNotAllowed(GatewayError):
 
     status = 403
     problem_type = "client-not-allowed"
-    next_action = "stop"
+    next_action: ClassVar[NextAction] = "stop"
     title = "This client may not use the route"
     safe_to_retry = False
 
@@ -210,7 +210,7 @@ class ClientNotAllowed(GatewayError):
 class NotFound(GatewayError):
     status = 404
     problem_type = "not-found"
-    next_action = "stop"
+    next_action: ClassVar[NextAction] = "stop"
     title = "Not found"
     safe_to_retry = False
 
@@ -222,14 +222,14 @@ class NoRoute(NotFound):
 
 class UnknownKey(NotFound):
     problem_type = "unknown-key"
-    next_action = "retry"
+    next_action: ClassVar[NextAction] = "retry"
     title = "No operation with this key in this scope"
 
 
 class MethodNotAllowed(GatewayError):
     status = 405
     problem_type = "method-not-allowed"
-    next_action = "fix-request"
+    next_action: ClassVar[NextAction] = "fix-request"
     title = "Method not allowed"
     safe_to_retry = False
 
@@ -248,38 +248,38 @@ class KeyConflict(GatewayError):
 class KeyMismatch(KeyConflict):
     status = 422
     problem_type = "key-mismatch"
-    next_action = "fix-request"
+    next_action: ClassVar[NextAction] = "fix-request"
     title = "Idempotency-Key reused with a different request"
 
 
 class InProgress(KeyConflict):
     problem_type = "in-progress"
-    next_action = "wait"
+    next_action: ClassVar[NextAction] = "wait"
     title = "A request with this key is still in flight"
     safe_to_retry = True
 
 
 class OutcomeUnknown(KeyConflict):
     problem_type = "outcome-unknown"
-    next_action = "reconcile"
+    next_action: ClassVar[NextAction] = "reconcile"
     title = "The outcome of the request with this key is unknown"
 
 
 class ReceiptExpired(KeyConflict):
     problem_type = "receipt-expired"
-    next_action = "reconcile"
+    next_action: ClassVar[NextAction] = "reconcile"
     title = "The stored response for this key has expired"
 
 
 class ReceiptNotRetained(KeyConflict):
     problem_type = "receipt-not-retained"
-    next_action = "reconcile"
+    next_action: ClassVar[NextAction] = "reconcile"
     title = "The response for this key was not kept"
 
 
 class NotResolvable(KeyConflict):
     problem_type = "not-resolvable"
-    next_action = "stop"
+    next_action: ClassVar[NextAction] = "stop"
     title = "Only an operation whose outcome is unknown can be resolved"
 
 
@@ -292,7 +292,7 @@ class TooEarly(KeyConflict):
     """
 
     problem_type = "too-early"
-    next_action = "wait"
+    next_action: ClassVar[NextAction] = "wait"
     title = "The last send may still be applied; it is too early to release"
 
 
@@ -306,13 +306,13 @@ class SimilarOperation(KeyConflict):
 
     problem_type = "similar-operation"
     title = "The same request is already in flight or unknown under another key"
-    next_action = "reconcile"
+    next_action: ClassVar[NextAction] = "reconcile"
 
 
 class PreconditionFailed(GatewayError):
     status = 412
     problem_type = "precondition-failed"
-    next_action = "fix-request"
+    next_action: ClassVar[NextAction] = "fix-request"
     title = "The operation changed since it was read"
     safe_to_retry = False
 
@@ -320,7 +320,7 @@ class PreconditionFailed(GatewayError):
 class QuotaExceeded(GatewayError):
     status = 429
     problem_type = "quota-exceeded"
-    next_action = "retry"
+    next_action: ClassVar[NextAction] = "retry"
     title = "This client is over one of its quotas; nothing was recorded"
     safe_to_retry = True
 
@@ -332,7 +332,7 @@ STORE_DOWN = "the operation store did not answer; retry the same request later"
 class StoreUnavailable(GatewayError):
     status = 503
     problem_type = "store-unavailable"
-    next_action = "retry"
+    next_action: ClassVar[NextAction] = "retry"
     title = "The operation store is unavailable; nothing was forwarded"
     safe_to_retry = True
 
@@ -340,7 +340,7 @@ class StoreUnavailable(GatewayError):
 class RouteSaturated(GatewayError):
     status = 503
     problem_type = "route-saturated"
-    next_action = "retry"
+    next_action: ClassVar[NextAction] = "retry"
     title = "The route is at its concurrency limit; nothing was forwarded"
     safe_to_retry = True
 
@@ -350,7 +350,7 @@ class LeaseLost(GatewayError):
 
     status = 503
     problem_type = "lease-lost"
-    next_action = "retry"
+    next_action: ClassVar[NextAction] = "retry"
     title = "The gateway lost its lease before sending; nothing was forwarded"
     safe_to_retry = True
 
@@ -360,7 +360,7 @@ class UnsupportedTransferCoding(GatewayError):
 
     status = 501
     problem_type = "unsupported-transfer-coding"
-    next_action = "fix-request"
+    next_action: ClassVar[NextAction] = "fix-request"
     title = "The request's Transfer-Encoding is not supported; only chunked is"
     safe_to_retry = False
 
@@ -368,13 +368,13 @@ class UnsupportedTransferCoding(GatewayError):
 class UpstreamError(GatewayError):
     status = 502
     problem_type = "upstream-error"
-    next_action = "reconcile"
+    next_action: ClassVar[NextAction] = "reconcile"
     title = "Upstream error"
 
 
 class UpstreamUnreachable(UpstreamError):
     problem_type = "upstream-unreachable"
-    next_action = "retry"
+    next_action: ClassVar[NextAction] = "retry"
     title = "The upstream could not be reached; the request was not sent"
     safe_to_retry = True
 

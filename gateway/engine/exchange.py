@@ -165,6 +165,12 @@ class ProxyRequest(NamedTuple):
     record: Callable[[], dict[str, Any] | None] | None = None
     """Builds the request as operators see it (`gateway.engine.recorded_request`): called
     only when a claim may bind a new key, never for a replay."""
+    distinct: bool = False
+    """Marked as a deliberate second effect (`Idempotency-Distinct: ?1`): never refused
+    as the same request under a new key (`gateway.engine.twins`)."""
+    derived: bool = False
+    """The key was derived from the request (MCP `derive_key`): never refused as similar,
+    since its fingerprint is its key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,9 @@ class Reply:
     replayed: bool = False
     stream: AsyncIterator[bytes] | None = None
     close: Callable[[], None] | None = None
+    similar: str | None = None
+    """The lookup URL of a completed operation with the same request under another key
+    (`Idempotency-Similar`), on a live answer."""
 
     @classmethod
     def replay(cls, response: StoredResponse, key: str) -> Reply:

@@ -157,6 +157,14 @@ class GraceClock:
         kept_pace = before - self._trusted_from.after
         return max(0.0, min(store_now - moment, kept_pace))
 
+    def trusted_for(self) -> float:
+        """Seconds for which this process has seen the store's clock keep pace with its
+        own (0 before its first witness): the longest grace it can vouch for without a
+        new reading. A window longer than this counts as not yet over."""
+        if self._trusted_from is None:
+            return 0.0
+        return max(0.0, self._clock.monotonic() - self._trusted_from.after)
+
     def monotonic(self) -> float:
         return self._clock.monotonic()
 

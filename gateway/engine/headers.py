@@ -17,11 +17,21 @@ Pairs = tuple[tuple[str, str], ...]
 IDEMPOTENCY_KEY = "Idempotency-Key"
 IDEMPOTENCY_STATUS = "Idempotency-Status"
 IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
+IDEMPOTENCY_SIMILAR = "Idempotency-Similar"
+"""On a live answer: the lookup URL of a completed operation with the same request under
+another key (`gateway.engine.twins`), so a client can warn."""
 
 GATEWAY_OWNED: frozenset[str] = frozenset(
-    {"idempotency-key", "idempotency-status", "idempotent-replayed"}
+    {
+        "idempotency-key",
+        "idempotency-status",
+        "idempotent-replayed",
+        "idempotency-similar",
+        "idempotency-distinct",
+    }
 )
-"""Headers the gateway sets itself on every answer that concerns a key."""
+"""Headers the gateway sets itself on answers that concern a key (and the caller's
+distinct marker): an upstream's copies are dropped."""
 
 
 def header_value(pairs: Iterable[tuple[str, str]], name: str) -> str | None:

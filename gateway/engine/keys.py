@@ -20,13 +20,14 @@ key (`"pay 42"`, or bare `pay 42`) are kept.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from gateway.engine.errors import InvalidKey
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["MAX_KEY_LENGTH", "format_key_header", "parse_idempotency_key"]
+__all__ = ["MAX_KEY_LENGTH", "format_key_header", "operation_url", "parse_idempotency_key"]
 
 MAX_KEY_LENGTH = 255
 """The longest normalized key accepted, in characters (all ASCII, so also bytes)."""
@@ -78,6 +79,15 @@ def parse_idempotency_key(values: Sequence[str]) -> str | None:
             f"the limit is {MAX_KEY_LENGTH} (after unquoting)"
         )
     return key
+
+
+def operation_url(key: str) -> str:
+    """The lookup URL for a key, percent-encoded as one path segment.
+
+    >>> operation_url("run-77:0/c1")
+    '/operations/run-77%3A0%2Fc1'
+    """
+    return "/operations/" + quote(key, safe="")
 
 
 def format_key_header(key: str) -> str:

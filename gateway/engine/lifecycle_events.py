@@ -18,14 +18,25 @@ LEASE_EXPIRED = "the lease expired before an outcome was recorded"
 UnknownKind = Literal["timed-out", "connection-lost", "lease-expired"]
 
 
-def claimed_event(recorded: NewEvent | None, token: int) -> NewEvent:
+def claimed_event(
+    recorded: NewEvent | None, token: int, *, distinct_from: str | None = None
+) -> NewEvent:
     """A key bound (attempt 1, with the request kept when `recorded`) or a released key's
-    new attempt."""
+    new attempt; `distinct_from` names the twin of a request marked distinct."""
+    data: dict[str, Any] = {"token": token}
+    if distinct_from is not None:
+        data["distinct_from"] = distinct_from
     if recorded is None:
-        return NewEvent("claimed", "gateway", {"token": token})
-    return NewEvent(
-        recorded.type, recorded.actor, {**recorded.data, "token": token}, recorded.payload
-    )
+        return NewEvent("claimed", "gateway", data)
+    return NewEvent(recorded.type, recorded.actor, {**recorded.data, **data}, recorded.payload)
+
+
+DISTINCT_TWIN = "distinct-twin"
+"""Evidence on a twin: a request marked distinct was claimed beside it (no ETag change)."""
+
+
+def distinct_twin_event(operation_id: str) -> NewEvent:
+    return new_event(DISTINCT_TWIN, "gateway", {"operation": operation_id})
 
 
 def request_claimed(request: dict[str, Any] | None) -> NewEvent:

@@ -211,15 +211,24 @@ class SimilarGuard(NamedTuple):
     same scope and route with the same fingerprint under another key.
 
     A twin in one of `refuse` whose current attempt began less than `window`
-    seconds ago (store clock; `math.inf` when this process cannot vouch for the
-    store's clock over a whole window, see `GraceClock`) refuses the claim
-    (`Similar`), and so does a binding a refusal left on the key within
-    `window`; a claim marked `distinct` is never refused, its twin only noted.
+    seconds ago (store clock) refuses the claim (`Similar`), and so does a
+    binding a refusal left on the key within `window`; when this process
+    cannot vouch for the store's clock over a whole window (`vouched` false,
+    see `GraceClock.trusted_for`), every twin and binding counts as within it.
+    A claim marked `distinct` is never refused, its twin only noted. A
+    `derived` key's claim looks for no twin but is serialized with its twins'
+    claims like any other (`gateway.engine.twins`).
     """
 
     window: float
     refuse: tuple[State, ...] = UNSETTLED
     distinct: bool = False
+    derived: bool = False
+    vouched: bool = True
+
+    def within(self, moment: float | None, now: float) -> bool:
+        """Whether store time `moment` is within the window at store time `now`."""
+        return not self.vouched or moment is None or now - moment < self.window
 
 
 class ClaimRequest(NamedTuple):

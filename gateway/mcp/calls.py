@@ -21,11 +21,21 @@ from gateway.engine.errors import InvalidKey
 from gateway.engine.keys import MAX_KEY_LENGTH, parse_idempotency_key
 from gateway.mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, JsonRpcError, Message, RequestId
 
-__all__ = ["KEY_META", "ToolCall", "derived_key", "fingerprint_call", "tool_call_of"]
+__all__ = [
+    "DISTINCT_META",
+    "KEY_META",
+    "ToolCall",
+    "derived_key",
+    "fingerprint_call",
+    "tool_call_of",
+]
 
 KEY_META = "idempotencyKey"
 """Where the key goes in `params._meta`: the official SDKs can set `_meta` per call,
 not a header."""
+DISTINCT_META = "idempotencyDistinct"
+"""`params._meta.idempotencyDistinct: true` marks a deliberate second effect (HTTP's
+`Idempotency-Distinct: ?1`): gateway-owned, never forwarded nor fingerprinted."""
 
 _FINGERPRINT_VERSION = b"idempotency-gateway/mcp-fingerprint/v1"
 
@@ -40,6 +50,8 @@ class ToolCall:
     canonical_arguments: bytes
     key: str | None
     """From `params._meta.idempotencyKey` or the `Idempotency-Key` header (equal when both)."""
+    distinct: bool = False
+    """Marked a deliberate second effect (`DISTINCT_META`)."""
 
 
 def tool_call_of(
@@ -81,7 +93,17 @@ def tool_call_of(
         arguments=arguments,
         canonical_arguments=canonical,
         key=_key(params.get("_meta"), header_keys),
+        distinct=_distinct(params.get("_meta")),
     )
+
+
+def _distinct(meta: object) -> bool:
+    """The distinct marker: `true`, `false` or absent; anything else is refused, never
+    guessed (a guess either refuses a call meant twice or lets a duplicate through)."""
+    value = meta.get(DISTINCT_META, False) if isinstance(meta, dict) else False
+    if not isinstance(value, bool):
+        raise JsonRpcError(INVALID_PARAMS, "_meta.idempotencyDistinct must be true or false")
+    return value
 
 
 def _key(meta: object, header_keys: list[str]) -> str | None:

@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.mcp.calls import KEY_META, ToolCall, tool_call_of
+from gateway.mcp.calls import DISTINCT_META, KEY_META, ToolCall, tool_call_of
 from gateway.mcp.jsonrpc import JsonRpcError, Message, RequestId, parse_message
 from gateway.mcp.replies import dumps, replay_body
 from gateway.mcp.status_tool import key_asked_about
@@ -45,6 +45,8 @@ _PLACEHOLDER = f"igw-forwarded-key-{secrets.token_hex(16)}"
 """Stands where the forwarded key goes while the body is serialized; random per process,
 so no caller can write it into its arguments."""
 _KEY_MEMBER = dumps({KEY_META: _PLACEHOLDER})[1:-1]
+_NOT_FORWARDED = frozenset({KEY_META, DISTINCT_META})
+"""`_meta` members the gateway replaces (the key: the forwarded one) or keeps to itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,7 @@ def forward_body(document: dict[str, Any]) -> ForwardBody:
     """Serialize the call once, the caller's key replaced by a placeholder that is then
     cut out: sending costs a join, whatever the key."""
     params = dict(document.get("params") or {})
-    meta = {k: v for k, v in (params.get("_meta") or {}).items() if k != KEY_META}
+    meta = {k: v for k, v in (params.get("_meta") or {}).items() if k not in _NOT_FORWARDED}
     params["_meta"] = {**meta, KEY_META: _PLACEHOLDER}
     keyed = dumps({**document, "params": params})
     at = keyed.index(_KEY_MEMBER)

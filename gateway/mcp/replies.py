@@ -22,7 +22,7 @@ from typing import Any
 from gateway.engine.models import StoredResponse
 from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
 from gateway.mcp.raw_json import replay_raw
-from gateway.mcp.sentences import sentence_for
+from gateway.mcp.sentences import sentence_for, similar_sentence
 from gateway.mcp.versions import complete_result, needs_result_type
 
 __all__ = [
@@ -106,7 +106,11 @@ def replay_body(stored: bytes, new_id: RequestId, version: str | None = None) ->
 
 
 def refusal_result(
-    message_id: RequestId, problem: dict[str, Any], version: str | None = None
+    message_id: RequestId,
+    problem: dict[str, Any],
+    version: str | None = None,
+    *,
+    status_tool: str | None = None,
 ) -> dict[str, Any]:
     """A tool result that tells the model, in its type's one sentence, what happened
     and what to do (`gateway.mcp.sentences`); the problem (type, state, key,
@@ -122,9 +126,14 @@ def refusal_result(
     kind = str(problem.get("type", "")).rsplit("/", 1)[-1]
     meta = {name: problem[name] for name in _PROBLEM_FIELDS if name in problem}
     meta["type"] = kind
+    twin = problem.get("similar_operation")
+    if isinstance(twin, dict):
+        text = similar_sentence(str(twin.get("key")), status_tool)
+    else:
+        text = sentence_for(kind)
     result = {
         "isError": True,
-        "content": [{"type": "text", "text": sentence_for(kind)}],
+        "content": [{"type": "text", "text": text}],
         "_meta": {STATE_META: meta},
     }
     return {"jsonrpc": "2.0", "id": message_id, "result": complete_result(result, version)}
@@ -140,6 +149,8 @@ _PROBLEM_FIELDS = (
     "operation",
     "operation_id",
     "safe_to_retry",
+    "next_action",
+    "similar_operation",
     "retry_after",
     "request_id",
 )

@@ -21,7 +21,13 @@ those are for the people who write agents, not for the model.
 
 from __future__ import annotations
 
-__all__ = ["PROBED_SENTENCE", "SENTENCES", "UNKNOWN_OUTCOME_TYPES", "sentence_for"]
+__all__ = [
+    "PROBED_SENTENCE",
+    "SENTENCES",
+    "UNKNOWN_OUTCOME_TYPES",
+    "sentence_for",
+    "similar_sentence",
+]
 
 PROBED_SENTENCE = (
     "This call took effect: its answer was lost, and the gateway confirmed the effect by "
@@ -120,6 +126,13 @@ SENTENCES: dict[str, str] = {
     # Operator-side answers: not a tool call's, but each has its sentence all the same.
     "not-resolvable": "Only a call whose outcome is unknown can be settled; this one is not.",
     "precondition-failed": "The call's record changed since it was read; read it again.",
+    # The same call under another key, not settled: the model most likely lost the key.
+    "similar-operation": (
+        "This exact call, with the same arguments, was already made under another key and "
+        "has not finished or its outcome is unknown, so this one was not made: it could do "
+        "the same thing twice. Do not call it again, not under this key and not under a new "
+        "one: look the earlier call up with its key until its outcome is settled."
+    ),
     "too-early": (
         "The tool may still be applying this call's last attempt, so it is too early to "
         "settle the call as not applied. Do not call it again; check the tool again after "
@@ -142,3 +155,20 @@ def sentence_for(problem_type: str) -> str:
     """
     kind = problem_type.rsplit("/", 1)[-1]
     return SENTENCES.get(kind, SENTENCES["internal-error"])
+
+
+def similar_sentence(twin_key: str, status_tool: str | None) -> str:
+    """The `similar-operation` sentence, naming the earlier call's key (and the route's
+    status tool, when it has one): what the model must look up instead of calling again.
+
+    >>> similar_sentence("run-7:0:c1", "operation_status").endswith(
+    ...     'the tool operation_status with key "run-7:0:c1".')
+    True
+    """
+    how = f"the tool {status_tool} with key" if status_tool else "its key,"
+    return (
+        "This exact call, with the same arguments, was already made under another key "
+        f'("{twin_key}") and has not finished or its outcome is unknown, so this one was not '
+        "made: it could do the same thing twice. Do not call it again, not under this key and "
+        f'not under a new one. Look the earlier call up with {how} "{twin_key}".'
+    )

@@ -186,6 +186,8 @@ async def _tool_call(
         ),
         retention=retention,
         forward_operation_id=retention is not None,
+        distinct=call.distinct,
+        derived=retention is not None,
         record=functools.partial(
             mcp_record,
             tool=call.name,
@@ -217,7 +219,9 @@ async def _tool_call(
             # header an HTTP-level client honours.
             problem["retry_after"] = max(1, math.ceil(error.retry_after))
             refused["Retry-After"] = str(problem["retry_after"])
-        refusal = refusal_result(call.id, problem, protocol_version(request.headers))
+        refusal = refusal_result(
+            call.id, problem, protocol_version(request.headers), status_tool=route.status_tool
+        )
         return await _answer(request, live, refusal, refused)
     trace.outcome = outcome_of_reply(reply)
     trace.state = reply.state.value if reply.state is not None else None

@@ -34,6 +34,7 @@ from gateway.engine.errors import (
     MissingKey,
     NotFound,
     OutcomeUnknown,
+    SimilarOperation,
     UnsupportedTransferCoding,
     UpstreamConnectionLost,
     UpstreamError,
@@ -42,8 +43,15 @@ from gateway.engine.errors import (
 )
 from gateway.engine.exchange import ProxyRequest, Reply
 from gateway.engine.fingerprint import fingerprint_request
-from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, Pairs
+from gateway.engine.headers import (
+    IDEMPOTENCY_KEY,
+    IDEMPOTENCY_SIMILAR,
+    IDEMPOTENCY_STATUS,
+    IDEMPOTENT_REPLAYED,
+    Pairs,
+)
 from gateway.engine.keys import format_key_header, parse_idempotency_key
+from gateway.engine.markers import IDEMPOTENCY_DISTINCT, parse_distinct
 from gateway.engine.recorded_request import http_record
 from gateway.engine.scopes import CallerScope
 from gateway.proxy.request_body import read_in_time, read_limited
@@ -63,8 +71,11 @@ from gateway.web.appkeys import (
 
 log = logging.getLogger("gateway.proxy")
 
-_NOT_FORWARDED = frozenset({"host", "idempotency-key", "x-forwarded-for", "forwarded"})
-"""Replaced by the gateway: `Host` names the upstream, the key is forwarded per route."""
+_NOT_FORWARDED = frozenset(
+    {"host", "idempotency-key", "idempotency-distinct", "x-forwarded-for", "forwarded"}
+)
+"""Replaced by the gateway: `Host` names the upstream, the key is forwarded per route,
+the distinct marker is the gateway's own."""
 
 
 _ALLOWED_ON_OWN_PATHS = {"/operations": "GET, POST", "/admin": "GET, POST"}
@@ -114,6 +125,7 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
     protected = request.method in route.methods
     key = parse_idempotency_key(request.headers.getall(IDEMPOTENCY_KEY, [])) if protected else None
     trace.key = key
+    distinct = key is not None and parse_distinct(request.headers.getall(IDEMPOTENCY_DISTINCT, []))
     if protected and key is None and route.require_key:
         raise MissingKey(
             f"{request.method} on route {route.name!r} requires an Idempotency-Key header"
@@ -171,6 +183,7 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
             limit=route.record_request_max,
             redact=route.redact_request,
         ),
+        distinct=distinct,
     )
     try:
         reply = engine.answer_from_receipt(proxy_request)
@@ -204,6 +217,8 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
             headers[IDEMPOTENCY_STATUS] = reply.state.value
     if reply.replayed:
         headers[IDEMPOTENT_REPLAYED] = "true"
+    if reply.similar is not None:
+        headers[IDEMPOTENCY_SIMILAR] = reply.similar
     if reply.stream is None:
         return web.Response(status=reply.status, headers=headers, body=reply.body)
     response = web.StreamResponse(status=reply.status, headers=headers)
@@ -340,6 +355,8 @@ def outcome_of(error: GatewayError) -> str:
         return "mismatch"
     if isinstance(error, InProgress):
         return "in_progress"
+    if isinstance(error, SimilarOperation):
+        return "similar"
     if isinstance(error, OutcomeUnknown | UpstreamTimeout | UpstreamConnectionLost):
         return "unknown"
     if isinstance(error, UpstreamUnreachable):

@@ -47,9 +47,12 @@ from gateway.engine.models import (
     Operation,
     ReplayableReceipt,
     Resolution,
+    Similar,
+    SimilarGuard,
     State,
     StoredResponse,
 )
+from gateway.engine.twins import BINDING_SWEEP_SLACK
 from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport, like_prefix
 from gateway.store.crypto import BodyCipher
 from gateway.store.history_rows import (
@@ -219,7 +222,10 @@ class PostgresStore(PostgresConnection):
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         async with _translated("claim"):
-            claimed = await self._claims.submit(request)
+            # A claim marked distinct notes its twin in the twin's history: under that
+            # row's lock, alone (rare: a deliberate second effect).
+            distinct = request.similar is not None and request.similar.distinct
+            claimed = None if distinct else await self._claims.submit(request)
             if claimed is not None:
                 return claimed
             # The claim changes the record, or a concurrent claim's row is newer than
@@ -254,15 +260,16 @@ class PostgresStore(PostgresConnection):
             )[0]
 
     async def _run_claims(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult | None]:
-        """One statement for a batch of claims and their `claimed` events: each gets its
-        new row, the key's row as the statement saw it (when the claim would not change
-        it), or `None`."""
+        """One round trip for a batch of claims and their `claimed` events (`gateway_claims`):
+        each gets its new row (with a completed twin), its refusing twin, the key's row
+        as the statement saw it (when the claim would not change it), or `None`."""
         ids = [new_operation_id() for _ in requests]
         events = [
             claimed_row(operation_id, claimed_event(request.claimed, 1), self._cipher)
             for operation_id, request in zip(ids, requests, strict=True)
         ]
         inner, outer = hmac_pads(self._seal)
+        guards = [_guard_kind(request.similar) for request in requests]
         rows = await self._require_pool().fetch(
             _CLAIMS,
             ids,
@@ -284,20 +291,35 @@ class PostgresStore(PostgresConnection):
             [event[3] for event in events],
             inner,
             outer,
+            guards,
+            [0.0 if r.similar is None else r.similar.window for r in requests],
+            [r.similar is None or r.similar.vouched for r in requests],
         )
-        inserted = {row["id"]: row for row in rows if row["_inserted"]}
-        existing = {(row["scope"], row["key"]): row for row in rows if not row["_inserted"]}
+        found: dict[tuple[str, str], Any] = {}
+        existing: dict[tuple[str, str], Any] = {}
+        for row in rows:
+            kind = row["_kind"]
+            if kind == "existing":
+                existing[(row["scope"], row["key"])] = row
+            else:  # inserted: by its own id; similar, twin: by the id of the claim
+                found[(kind, row["id"] if kind == "inserted" else row["_for"])] = row
         results: list[ClaimResult | None] = []
         for operation_id, request in zip(ids, requests, strict=True):
-            row = inserted.get(operation_id)
-            if row is not None:
-                results.append(NewAttempt(self._decode(row)))
+            mine: Any = found.get(("inserted", operation_id))
+            if mine is not None:
+                twin = found.get(("twin", operation_id))
+                twin_op = None if twin is None else self._decode(twin)
+                results.append(NewAttempt(self._decode(mine), twin=twin_op))
                 continue
-            row = existing.get((request.scope, request.key))
-            if row is None:
+            refused = found.get(("similar", operation_id))
+            if refused is not None:
+                results.append(Similar(self._decode(refused)))
+                continue
+            key_row = existing.get((request.scope, request.key))
+            if key_row is None:
                 results.append(None)
                 continue
-            current = self._decode(row)
+            current = self._decode(key_row)
             changes = claim_changes(current, request.fingerprint)
             results.append(None if changes else Existing(current))
         return results
@@ -673,6 +695,13 @@ class PostgresStore(PostgresConnection):
                 "RETURNING 1) SELECT count(*) FROM gone",
                 batch,
             )
+            await connection.execute(
+                "DELETE FROM similar_refusals WHERE (scope, key) IN (SELECT scope, key "
+                f"FROM similar_refusals WHERE expires_at <= {NOW} - {SECONDS.format('$2')} "
+                "LIMIT $1 FOR UPDATE SKIP LOCKED)",
+                batch,
+                BINDING_SWEEP_SLACK,
+            )
         return SweepReport(receipts_expired=len(expired), forgotten=int(forgotten))
 
     async def count_for_scope(self, scope: str) -> int:
@@ -719,6 +748,16 @@ class PostgresStore(PostgresConnection):
         ):
             counts[State(row["state"])] = int(row["n"])
         return counts
+
+
+def _guard_kind(guard: SimilarGuard | None) -> str | None:
+    """What `gateway_claims` does for a claim: nothing (`None`), take the request's lock
+    only (a derived key), or take it and look for twins (`unsettled`, `all`)."""
+    if guard is None:
+        return None
+    if guard.derived:
+        return "lock"
+    return "all" if State.COMPLETED in guard.refuse else "unsettled"
 
 
 def _receipt_columns(receipts: Sequence[_Receipt]) -> list[list[Any]]:

@@ -16,10 +16,18 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
+
+REQUEST_LOCK_CLASS = 0x51A1
+"""First key of the transaction advisory lock a claim takes on its request (scope, route,
+fingerprint; the second key is a hash of the three): the two-key form, a key space apart
+from `MIGRATION_LOCK`'s."""
+
+REQUEST_LOCK_KEY = "hashtext({0} || chr(1) || {1} || chr(1) || {2})"
+"""The second lock key, from SQL expressions of the scope, the route and the fingerprint."""
 
 NOTIFY_CHANNEL = "idempotency_gateway_settled"
 """Outcome writes notify this channel with the operation id, for `Prefer: wait` across replicas."""
@@ -169,6 +177,157 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                 || ',"data":' || data || ',"prev":' || to_json(prev)::text
                 || ',"seq":' || seq || ',"type":' || to_json(type)::text
                 || ',"version":' || version || '}', 'UTF8') AS form) AS canonical
+        $$
+        """,
+    ),
+    # The same request under a new key: twins are found by request, a refused key's
+    # binding to its twin is kept, and a batch of claims takes each request's lock
+    # before the statement that checks and claims (`gateway_claims`: a function, so
+    # that the statement's snapshot is taken after the locks, in one round trip).
+    7: (
+        "CREATE INDEX operations_by_request ON operations "
+        "(scope, route, fingerprint, state, sent_at)",
+        """
+        CREATE TABLE similar_refusals (
+            scope text NOT NULL,
+            key text NOT NULL,
+            fingerprint text NOT NULL,
+            twin_id text NOT NULL,
+            refused_at timestamptz NOT NULL,
+            expires_at timestamptz NOT NULL,
+            PRIMARY KEY (scope, key)
+        )
+        """,
+        "CREATE INDEX similar_refusals_by_expiry ON similar_refusals (expires_at)",
+        f"""
+        CREATE FUNCTION gateway_claims(
+            ids text[], scopes text[], keys text[], routes text[], methods text[],
+            paths text[], fingerprints text[], owners text[], leases float8[], kept bool[],
+            actors text[], datas text[], payloads bytea[], storages text[],
+            inner_pad bytea, outer_pad bytea, guards text[], windows float8[], vouched bool[]
+        ) RETURNS TABLE (op operations, kind text, for_id text)
+        LANGUAGE plpgsql VOLATILE AS $$
+        #variable_conflict use_column
+        DECLARE
+            request_key integer;
+        BEGIN
+            -- In order, so that two batches never wait for each other's locks.
+            FOR request_key IN
+                SELECT DISTINCT {REQUEST_LOCK_KEY.format("v.s", "v.r", "v.f")}
+                FROM unnest(scopes, routes, fingerprints, guards) AS v(s, r, f, g)
+                WHERE v.g IS NOT NULL ORDER BY 1
+            LOOP
+                PERFORM pg_advisory_xact_lock({REQUEST_LOCK_CLASS}, request_key);
+            END LOOP;
+            RETURN QUERY
+            WITH input AS (
+                SELECT * FROM unnest(ids, scopes, keys, routes, methods, paths, fingerprints,
+                    owners, leases, kept, actors, datas, payloads, storages, guards, windows,
+                    vouched) WITH ORDINALITY
+                AS v(id, scope, key, route, method, path, fingerprint, lease_owner,
+                    lease_seconds, request_kept, actor, data, payload, storage, guard,
+                    window_seconds, vouched, ord)
+            ),
+            clock AS (
+                SELECT clock_timestamp() AS now,
+                    (extract(epoch from clock_timestamp()) * 1000000)::bigint AS at_us
+            ),
+            -- New keys under a guard; a request met earlier in the batch waits for the
+            -- claim of that one to commit (decided alone afterwards, `nth > 1`).
+            guarded AS (
+                SELECT i.*, clock.now AS now, row_number() OVER (
+                    PARTITION BY i.scope, i.route, i.fingerprint ORDER BY i.ord) AS nth
+                FROM input i CROSS JOIN clock
+                WHERE i.guard IS NOT NULL AND NOT EXISTS (
+                    SELECT 1 FROM operations o WHERE o.scope = i.scope AND o.key = i.key)
+            ),
+            deferred AS (SELECT id FROM guarded WHERE nth > 1),
+            checked AS (
+                SELECT g.*, CASE WHEN g.vouched
+                    THEN g.now - make_interval(secs => g.window_seconds)
+                    ELSE '-infinity'::timestamptz END AS since
+                FROM guarded g WHERE g.nth = 1 AND g.guard IN ('unsettled', 'all')
+            ),
+            bound AS (
+                SELECT c.id AS for_id, b.twin_id
+                FROM checked c
+                JOIN similar_refusals b ON b.scope = c.scope AND b.key = c.key
+                    AND b.fingerprint = c.fingerprint AND b.refused_at > c.since
+                JOIN operations t ON t.id = b.twin_id
+            ),
+            twins AS (
+                SELECT c.id AS for_id, t.id AS twin_id, t.state AS twin_state
+                FROM checked c, LATERAL (
+                    (SELECT o.id, o.state, 0 AS rank FROM operations o
+                     WHERE o.scope = c.scope AND o.route = c.route
+                        AND o.fingerprint = c.fingerprint
+                        AND o.state IN ('in_flight', 'unknown') AND o.sent_at > c.since
+                     ORDER BY o.sent_at DESC LIMIT 1)
+                    UNION ALL
+                    (SELECT o.id, o.state, 1 FROM operations o
+                     WHERE o.scope = c.scope AND o.route = c.route
+                        AND o.fingerprint = c.fingerprint AND o.state = 'completed'
+                        AND o.sent_at > c.since
+                        AND (o.forgotten_at IS NULL OR o.forgotten_at > c.now)
+                     ORDER BY o.sent_at DESC LIMIT 1)
+                    ORDER BY rank LIMIT 1
+                ) AS t
+            ),
+            refused AS (
+                SELECT c.id AS for_id, coalesce(b.twin_id, t.twin_id) AS twin_id,
+                    b.twin_id IS NULL AS fresh, c.scope, c.key, c.fingerprint, c.now,
+                    c.window_seconds
+                FROM checked c
+                LEFT JOIN bound b ON b.for_id = c.id
+                LEFT JOIN twins t ON t.for_id = c.id
+                WHERE b.twin_id IS NOT NULL OR t.twin_state IN ('in_flight', 'unknown')
+                    OR (c.guard = 'all' AND t.twin_state = 'completed')
+            ),
+            binding AS (
+                INSERT INTO similar_refusals AS s
+                    (scope, key, fingerprint, twin_id, refused_at, expires_at)
+                SELECT DISTINCT ON (r.scope, r.key) r.scope, r.key, r.fingerprint, r.twin_id,
+                    r.now, r.now + make_interval(secs => r.window_seconds)
+                FROM refused r WHERE r.fresh
+                ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint,
+                    twin_id = excluded.twin_id, refused_at = excluded.refused_at,
+                    expires_at = excluded.expires_at
+            ),
+            inserted AS (
+                INSERT INTO operations (id, scope, key, state, route, method, path,
+                    fingerprint, attempts, token, version, created_at, updated_at,
+                    lease_owner, lease_expires_at, sent_at, request_kept, history_seq,
+                    history_head)
+                SELECT i.id, i.scope, i.key, 'in_flight', i.route, i.method, i.path,
+                    i.fingerprint, 1, 1, 1, clock.now, clock.now, i.lease_owner,
+                    clock.now + make_interval(secs => i.lease_seconds), clock.now,
+                    i.request_kept, 1,
+                    gateway_event_hash(i.actor, clock.at_us, i.data, '', 1, 'claimed', 1,
+                        inner_pad, outer_pad)
+                FROM input i CROSS JOIN clock
+                WHERE i.id NOT IN (SELECT id FROM deferred)
+                    AND i.id NOT IN (SELECT r.for_id FROM refused r)
+                ON CONFLICT (scope, key) DO NOTHING
+                RETURNING operations
+            ),
+            events AS (
+                INSERT INTO operation_events (operation_id, seq, type, at_us, actor, version,
+                    data, payload, storage, prev, hash)
+                SELECT (n.operations).id, 1, 'claimed', clock.at_us, v.actor, 1, v.data,
+                    v.payload, v.storage, '', (n.operations).history_head
+                FROM inserted n JOIN input v ON v.id = (n.operations).id CROSS JOIN clock
+            )
+            SELECT n.operations, 'inserted', NULL::text FROM inserted n
+            UNION ALL
+            SELECT o, 'similar', r.for_id FROM refused r JOIN operations o ON o.id = r.twin_id
+            UNION ALL
+            SELECT o, 'twin', t.for_id FROM twins t JOIN operations o ON o.id = t.twin_id
+            WHERE t.twin_state = 'completed' AND t.for_id NOT IN (SELECT r.for_id FROM refused r)
+            UNION ALL
+            SELECT found.o, 'existing', i.id FROM input i, LATERAL (
+                SELECT o FROM operations o WHERE o.scope = i.scope AND o.key = i.key OFFSET 0
+            ) AS found;
+        END
         $$
         """,
     ),

@@ -19,7 +19,12 @@ import asyncpg
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.history import EventRow, NewEvent, canonical
 from gateway.engine.ids import new_operation_id
-from gateway.engine.lifecycle_events import LEASE_EXPIRED, claimed_event, lease_expired_event
+from gateway.engine.lifecycle_events import (
+    LEASE_EXPIRED,
+    claimed_event,
+    distinct_twin_event,
+    lease_expired_event,
+)
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -28,12 +33,20 @@ from gateway.engine.models import (
     NewAttempt,
     Operation,
     Resolution,
+    Similar,
     State,
     StoredResponse,
 )
+from gateway.engine.twins import distinct_of, is_twin, noted_twin, refusing_twin
 from gateway.store.crypto import BodyCipher
 from gateway.store.history_rows import EVENT_COLUMNS, HistorySeal, as_written, chained_rows
-from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of
+from gateway.store.postgres_schema import (
+    COLUMNS,
+    NOTIFY_CHANNEL,
+    REQUEST_LOCK_CLASS,
+    REQUEST_LOCK_KEY,
+    columns_of,
+)
 from gateway.store.rows import is_forgotten
 
 NOW = "clock_timestamp()"
@@ -84,41 +97,30 @@ _INSERT_CLAIM = (
 """One claim's insert, under the row lock of `_claim_existing`."""
 
 _CLAIMS = (
-    "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
-    "$5::text[], $6::text[], $7::text[], $8::text[], $9::float8[], $10::bool[], "
-    "$11::text[], $12::text[], $13::bytea[], $14::text[]) "
-    "AS v(id, scope, key, route, method, path, fingerprint, lease_owner, lease_seconds, "
-    "request_kept, actor, data, payload, storage)), "
-    f"clock AS (SELECT {NOW} AS now, "
-    f"(extract(epoch from {NOW}) * 1000000)::bigint AS at_us), "
-    "inserted AS (INSERT INTO operations (id, scope, key, state, route, method, path, "
-    "fingerprint, attempts, token, version, created_at, updated_at, lease_owner, "
-    "lease_expires_at, sent_at, request_kept, history_seq, history_head) "
-    "SELECT id, scope, key, 'in_flight', route, "
-    "method, path, fingerprint, 1, 1, 1, clock.now, clock.now, lease_owner, "
-    f"clock.now + {SECONDS.format('lease_seconds')}, clock.now, request_kept, 1, "
-    "gateway_event_hash(actor, clock.at_us, data, '', 1, 'claimed', 1, $15, $16) "
-    "FROM input CROSS JOIN clock "
-    f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}), "
-    "events AS (INSERT INTO operation_events (operation_id, seq, type, at_us, actor, version, "
-    "data, payload, storage, prev, hash) SELECT i.id, 1, 'claimed', clock.at_us, v.actor, 1, "
-    "v.data, v.payload, v.storage, '', i.history_head FROM inserted i "
-    "JOIN input v ON v.id = i.id CROSS JOIN clock) "
-    "SELECT *, true AS _inserted FROM inserted "
-    "UNION ALL SELECT found.*, false FROM input i, "
-    f"LATERAL (SELECT {columns_of('o')} FROM operations o "
-    "WHERE o.scope = i.scope AND o.key = i.key OFFSET 0) AS found"
+    f"SELECT {columns_of('(r.op)')}, r.kind AS _kind, r.for_id AS _for "
+    "FROM gateway_claims($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
+    "$6::text[], $7::text[], $8::text[], $9::float8[], $10::bool[], $11::text[], $12::text[], "
+    "$13::bytea[], $14::text[], $15::bytea, $16::bytea, $17::text[], $18::float8[], "
+    "$19::bool[]) AS r"
 )
-"""Claims of a batch in one statement: the rows it inserted (`_inserted`, found by
-their new ids), and the existing rows of the other keys as its snapshot sees them.
-Each inserted row's `claimed` event is written by the same statement, its digest
-computed by the database from the statement's one clock reading (`clock`), so a new
-key costs one round trip and one commit, as before the history.
+"""Claims of a batch in one round trip (`gateway_claims`, schema version 7): the rows it
+inserted (`inserted`, found by their new ids) with a completed twin each (`twin`), the
+twin that refused a new key (`similar`, `_for` its claim's id), and the existing rows
+of the other keys as its snapshot sees them (`existing`).
+
+The function first takes, in order, the advisory lock of every guarded request
+(scope, route, fingerprint), then runs one statement, whose snapshot is taken
+after the locks: so a claim sees every earlier claim of its request, committed,
+and of two racing new keys for one request at most one is inserted. A request
+that appears twice in a batch is decided alone afterwards (`None`), after the
+first one's commit. Each inserted row's `claimed` event is written by the same
+statement, its digest computed by the database from the statement's one clock
+reading, so a new key costs one round trip and one commit, as before the history.
 
 A key inserted by a concurrent statement that committed after this one began,
 or twice in one batch, is in neither: its claim is decided under the row's
 lock. A data-modifying WITH is invisible to the rest of its statement, so the
-second branch never returns a row the first one inserted.
+`existing` branch never returns a row the statement inserted.
 
 Each key is looked up by a `LATERAL` subquery that `OFFSET 0` keeps from being
 flattened into a join: planned on its own, a lookup by the unique (scope, key)
@@ -319,11 +321,38 @@ async def _claim_existing(
     cipher: BodyCipher | None,
     seal: HistorySeal | None = None,
 ) -> ClaimResult:
-    """The key exists: decide under a row lock what a claim means for it."""
+    """Decide under a row lock what a claim means for its key (inserting it if absent).
+
+    A guarded claim first takes its request's advisory lock, as `gateway_claims`
+    does, so a twin claimed by any replica has committed before this one looks.
+    """
 
     async def appended(operation: Operation, event: NewEvent) -> Operation:
         return (await append_events(connection, [(operation, (event,))], cipher, seal))[0]
 
+    async def started(
+        operation: Operation, twin: Operation | None, recorded: NewEvent | None
+    ) -> NewAttempt:
+        """The new attempt with its `claimed` event, and the distinct twin's note."""
+        twin_id = distinct_of(request, twin)
+        event = claimed_event(recorded, operation.token, distinct_from=twin_id)
+        operation = await appended(operation, event)
+        if twin_id is not None:
+            locked = await connection.fetchrow(
+                f"SELECT {COLUMNS} FROM operations WHERE id = $1 FOR UPDATE", twin_id
+            )
+            if locked is not None:
+                await appended(decode(locked), distinct_twin_event(operation.id))
+        return NewAttempt(operation, twin=twin)
+
+    if request.similar is not None:
+        await connection.execute(
+            f"SELECT pg_advisory_xact_lock({REQUEST_LOCK_CLASS}, "
+            f"{REQUEST_LOCK_KEY.format('$1::text', '$2::text', '$3::text')})",
+            request.scope,
+            request.route,
+            request.fingerprint,
+        )
     for _ in range(3):
         row = await connection.fetchrow(
             f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2 FOR UPDATE",
@@ -332,20 +361,29 @@ async def _claim_existing(
         )
         if row is not None:
             break
-        # Deleted (forgotten) while we waited for its lock: try to insert again; if
+        # Absent, or deleted (forgotten) while we waited for its lock: insert; if
         # another claim got there first, its row is read, locked, on the next turn.
+        refused, twin = await _twins(connection, request, decode)
+        if refused is not None:
+            return Similar(refused)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
         if inserted is not None:
-            return NewAttempt(await appended(decode(inserted), claimed_event(request.claimed, 1)))
+            return await started(decode(inserted), twin, request.claimed)
     else:
         raise StoreUnavailable("the key changed under three concurrent claims; retry")
     current = decode(row)
     if is_forgotten(current):
         await connection.execute("DELETE FROM operation_events WHERE operation_id = $1", current.id)
         await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
+        refused, twin = await _twins(connection, request, decode)
+        if refused is not None:
+            return Similar(refused)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
-        return NewAttempt(await appended(decode(inserted), claimed_event(request.claimed, 1)))
+        return await started(decode(inserted), twin, request.claimed)
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+        refused, twin = await _twins(connection, request, decode)
+        if refused is not None:
+            return Similar(refused)
         updated = await connection.fetchrow(
             "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
             f"token = token + 1, version = version + 1, lease_owner = $2, "
@@ -355,8 +393,7 @@ async def _claim_existing(
             request.owner,
             request.lease_seconds,
         )
-        operation = decode(updated)
-        return NewAttempt(await appended(operation, claimed_event(None, operation.token)))
+        return await started(decode(updated), twin, None)
     if current.lease_expired():
         evidence = Evidence(at=current.observed_at, source="lease", detail=LEASE_EXPIRED)
         expired = await connection.fetchrow(
@@ -369,3 +406,59 @@ async def _claim_existing(
         )
         return Existing(await appended(decode(expired), lease_expired_event(LEASE_EXPIRED)))
     return Existing(current)
+
+
+_SINCE = f"CASE WHEN $5 THEN {NOW} - {SECONDS.format('$4')} ELSE '-infinity' END"
+"""The start of a guard's window (`SimilarGuard.within`): $4 its seconds, $5 vouched."""
+
+_BOUND = (
+    f"SELECT {columns_of('t')} FROM similar_refusals b JOIN operations t ON t.id = b.twin_id "
+    f"WHERE b.scope = $1 AND b.key = $2 AND b.fingerprint = $3 AND b.refused_at > {_SINCE}"
+)
+_TWIN = (
+    f"(SELECT {columns_of('o')}, 0 AS _rank FROM operations o WHERE o.scope = $1 "
+    "AND o.route = $2 AND o.fingerprint = $3 AND o.state IN ('in_flight', 'unknown') "
+    f"AND o.sent_at > {_SINCE} ORDER BY o.sent_at DESC LIMIT 1) "
+    f"UNION ALL (SELECT {columns_of('o')}, 1 FROM operations o WHERE o.scope = $1 "
+    "AND o.route = $2 AND o.fingerprint = $3 AND o.state = 'completed' "
+    f"AND o.sent_at > {_SINCE} AND (o.forgotten_at IS NULL OR o.forgotten_at > {NOW}) "
+    "ORDER BY o.sent_at DESC LIMIT 1) ORDER BY _rank LIMIT 1"
+)
+"""The latest unsettled twin, else the latest completed one: a seek each on
+`operations_by_request`, however many completed twins the window holds."""
+
+_BIND = (
+    "INSERT INTO similar_refusals (scope, key, fingerprint, twin_id, refused_at, expires_at) "
+    f"VALUES ($1, $2, $3, $4, {NOW}, {NOW} + {SECONDS.format('$5')}) "
+    "ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, "
+    "twin_id = excluded.twin_id, refused_at = excluded.refused_at, "
+    "expires_at = excluded.expires_at"
+)
+
+
+async def _twins(
+    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+    request: ClaimRequest,
+    decode: Callable[[Any], Operation],
+) -> tuple[Operation | None, Operation | None]:
+    """(the twin that refuses this claim, the twin a claim that goes ahead names), found
+    under the request's lock; decided by `gateway.engine.twins`. A fresh refusal binds
+    the key to its twin for the window."""
+    guard = request.similar
+    if guard is None or guard.derived:
+        return None, None
+    window = (request.scope, request.route, request.fingerprint, guard.window, guard.vouched)
+    bound: Operation | None = None
+    if not guard.distinct:
+        row = await connection.fetchrow(_BOUND, request.scope, request.key, *window[2:])
+        bound = None if row is None else decode(row)
+    row = await connection.fetchrow(_TWIN, *window)
+    twin = None if row is None else decode(row)
+    if twin is not None and not is_twin(twin, guard, twin.observed_at):
+        twin = None
+    refusing = refusing_twin(guard, bound=bound, twin=twin)
+    if refusing is not None and bound is None:
+        await connection.execute(
+            _BIND, request.scope, request.key, request.fingerprint, refusing.id, guard.window
+        )
+    return refusing, noted_twin(guard, twin)

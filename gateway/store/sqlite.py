@@ -50,6 +50,7 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
+from gateway.engine.twins import BINDING_SWEEP_SLACK
 from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
 from gateway.store.crypto import BodyCipher, CipherError
 from gateway.store.history_rows import (
@@ -597,6 +598,11 @@ class SqliteStore(SqliteConnection):
             forgotten = c.executemany(
                 "DELETE FROM operations WHERE id = ?", [(i,) for i in ids]
             ).rowcount
+            c.execute(
+                "DELETE FROM similar_refusals WHERE (scope, key) IN (SELECT scope, key "
+                "FROM similar_refusals WHERE expires_at <= ? LIMIT ?)",
+                (now - BINDING_SWEEP_SLACK, batch),
+            )
             return SweepReport(receipts_expired=len(expired), forgotten=forgotten)
 
         return await self._writer.run(job, off_loop=True)

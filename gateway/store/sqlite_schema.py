@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SETTLED_FUNCTION = "gateway_settled"
 """An SQL function the writer connection registers: `gateway_settled(id)` notes that a
@@ -115,6 +115,25 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         """,
         "CREATE INDEX operations_by_request_expiry ON operations (expires_at) "
         "WHERE request_kept = 1",
+    ),
+    # The same request under a new key: twins are found by request (the state and
+    # the attempt's start order a seek to the latest twin of each kind), and a
+    # refused key's binding to its twin is kept beside the operations.
+    6: (
+        "CREATE INDEX operations_by_request ON operations "
+        "(scope, route, fingerprint, state, sent_at)",
+        """
+        CREATE TABLE similar_refusals (
+            scope TEXT NOT NULL,
+            key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            twin_id TEXT NOT NULL,
+            refused_at REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (scope, key)
+        ) WITHOUT ROWID
+        """,
+        "CREATE INDEX similar_refusals_by_expiry ON similar_refusals (expires_at)",
     ),
 }
 

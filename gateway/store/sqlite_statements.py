@@ -18,7 +18,12 @@ from typing import Any
 from gateway.engine.clock import Clock
 from gateway.engine.history import NewEvent
 from gateway.engine.ids import new_operation_id
-from gateway.engine.lifecycle_events import LEASE_EXPIRED, claimed_event, lease_expired_event
+from gateway.engine.lifecycle_events import (
+    LEASE_EXPIRED,
+    claimed_event,
+    distinct_twin_event,
+    lease_expired_event,
+)
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -26,8 +31,10 @@ from gateway.engine.models import (
     Existing,
     NewAttempt,
     Operation,
+    Similar,
     State,
 )
+from gateway.engine.twins import distinct_of, is_twin, noted_twin, refusing_twin
 from gateway.store.crypto import BodyCipher
 from gateway.store.history_rows import (
     EVENT_COLUMNS,
@@ -93,21 +100,30 @@ def _claim(
     seal: HistorySeal | None = None,
 ) -> ClaimResult:
     """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
-    replay, if we inserted first) costs a built row and a constraint check (profiled)."""
+    replay, if we inserted first) costs a built row and a constraint check (profiled).
+
+    A claim that would start a new attempt first looks for the request's twin
+    (`_twins`): SQLite runs one writer at a time, across worker processes too
+    (`BEGIN IMMEDIATE`), so of racing new keys for one request the first one
+    claims and every later one sees it.
+    """
     now = clock.time()
     row = c.execute(
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is None:
-        return NewAttempt(_insert_claim(c, request, now, cipher, seal))
+        return _claim_new(c, request, now, decode, append, cipher, seal)
     current = decode(row)
     if not claim_changes(current, request.fingerprint):
         return Existing(current)
     if is_forgotten(current):
         c.execute("DELETE FROM operation_events WHERE operation_id = ?", (current.id,))
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        return NewAttempt(_insert_claim(c, request, now, cipher, seal))
+        return _claim_new(c, request, now, decode, append, cipher, seal)
     if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
+        refused, twin = _twins(c, request, now, decode)
+        if refused is not None:
+            return Similar(refused)
         updated = decode(
             c.execute(
                 "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
@@ -117,7 +133,9 @@ def _claim(
                 (request.owner, now + request.lease_seconds, now, now, current.id),
             ).fetchone()
         )
-        return NewAttempt(append(c, updated, (claimed_event(None, updated.token),)))
+        distinct_from = _note_distinct(c, request, updated, twin, append)
+        claimed = claimed_event(None, updated.token, distinct_from=distinct_from)
+        return NewAttempt(append(c, updated, (claimed,)), twin=twin)
     # What is left: an in-flight record whose lease has run out turns unknown.
     evidence = Evidence(at=now, source="lease", detail=LEASE_EXPIRED)
     expired = decode(
@@ -132,17 +150,109 @@ def _claim(
     return Existing(append(c, expired, (lease_expired_event(LEASE_EXPIRED),)))
 
 
+def _claim_new(
+    c: sqlite3.Connection,
+    request: ClaimRequest,
+    now: float,
+    decode: Decode,
+    append: Append,
+    cipher: BodyCipher | None,
+    seal: HistorySeal | None,
+) -> ClaimResult:
+    refused, twin = _twins(c, request, now, decode)
+    if refused is not None:
+        return Similar(refused)
+    operation = _insert_claim(c, request, now, cipher, seal, distinct_of(request, twin))
+    _note_distinct(c, request, operation, twin, append)
+    return NewAttempt(operation, twin=twin)
+
+
+def _note_distinct(
+    c: sqlite3.Connection,
+    request: ClaimRequest,
+    operation: Operation,
+    twin: Operation | None,
+    append: Append,
+) -> str | None:
+    """A claim marked distinct beside a twin: the twin's history names it (evidence, no
+    ETag change); the twin's id, for the claim's own event."""
+    twin_id = distinct_of(request, twin)
+    if twin is not None and twin_id is not None:
+        append(c, twin, (distinct_twin_event(operation.id),))
+    return twin_id
+
+
+_UNSETTLED_TWIN = (
+    f"{_SELECT} WHERE scope = ? AND route = ? AND fingerprint = ? "
+    "AND state IN ('in_flight', 'unknown') AND sent_at > ? ORDER BY sent_at DESC LIMIT 1"
+)
+_COMPLETED_TWIN = (
+    f"{_SELECT} WHERE scope = ? AND route = ? AND fingerprint = ? AND state = 'completed' "
+    "AND sent_at > ? AND (forgotten_at IS NULL OR forgotten_at > ?) "
+    "ORDER BY sent_at DESC LIMIT 1"
+)
+"""The latest twin of each kind: a seek each on `operations_by_request`, however many
+completed twins the window holds."""
+
+
+def _twins(
+    c: sqlite3.Connection, request: ClaimRequest, now: float, decode: Decode
+) -> tuple[Operation | None, Operation | None]:
+    """(the twin that refuses this claim, the twin a claim that goes ahead names).
+
+    Finds, the decision is `gateway.engine.twins`'s. A fresh refusal binds the
+    key to its twin for the window, so the same request under it keeps being
+    refused after the twin settles.
+    """
+    guard = request.similar
+    if guard is None or guard.derived:
+        return None, None
+    bound: Operation | None = None
+    if not guard.distinct:
+        binding = c.execute(
+            "SELECT fingerprint, twin_id, refused_at FROM similar_refusals "
+            "WHERE scope = ? AND key = ?",
+            (request.scope, request.key),
+        ).fetchone()
+        if (
+            binding is not None
+            and binding[0] == request.fingerprint
+            and guard.within(binding[2], now)
+        ):
+            row = c.execute(f"{_SELECT} WHERE id = ?", (binding[1],)).fetchone()
+            bound = None if row is None else decode(row)
+    cutoff = now - guard.window if guard.vouched else float("-inf")
+    where = (request.scope, request.route, request.fingerprint, cutoff)
+    row = c.execute(_UNSETTLED_TWIN, where).fetchone()
+    if row is None:
+        row = c.execute(_COMPLETED_TWIN, (*where, now)).fetchone()
+    twin = None if row is None else decode(row)
+    if twin is not None and not is_twin(twin, guard, now):
+        twin = None
+    refusing = refusing_twin(guard, bound=bound, twin=twin)
+    if refusing is not None and bound is None:
+        c.execute(
+            "INSERT INTO similar_refusals (scope, key, fingerprint, twin_id, refused_at, "
+            "expires_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (scope, key) DO UPDATE SET "
+            "fingerprint = excluded.fingerprint, twin_id = excluded.twin_id, "
+            "refused_at = excluded.refused_at, expires_at = excluded.expires_at",
+            (request.scope, request.key, request.fingerprint, refusing.id, now, now + guard.window),
+        )
+    return refusing, noted_twin(guard, twin)
+
+
 def _insert_claim(
     c: sqlite3.Connection,
     request: ClaimRequest,
     now: float,
     cipher: BodyCipher | None,
     seal: HistorySeal | None,
+    distinct_from: str | None = None,
 ) -> Operation:
     """Insert the first attempt and return it as a read would, built from what was
     written (no `RETURNING`: every column is known here or a schema default), its
     `claimed` event chained before the row is written, so the row holds its head."""
-    claimed = claimed_event(request.claimed, 1)
+    claimed = claimed_event(request.claimed, 1, distinct_from=distinct_from)
     operation = Operation(
         id=new_operation_id(now),
         scope=request.scope,

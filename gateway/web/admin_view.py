@@ -25,6 +25,7 @@ from gateway.engine.errors import (
     Unauthorized,
 )
 from gateway.engine.history import event_json, verify_chain
+from gateway.engine.keys import operation_url
 from gateway.engine.lifecycle_events import redacted_event
 from gateway.engine.models import Evidence, Operation, State
 from gateway.engine.scopes import header_bytes
@@ -34,7 +35,6 @@ from gateway.web.operation_document import HISTORY_PAGE, forwarded_key
 from gateway.web.operation_json import operation_json
 from gateway.web.operations_view import expected_version, operation_response, read_operator_body
 from gateway.web.probe_jobs import PARALLEL, job_url
-from gateway.web.problems import operation_url
 from gateway.web.resolve_body import StorableText, parse_resolve_body
 
 log = logging.getLogger("gateway.admin")

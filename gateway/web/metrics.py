@@ -80,7 +80,8 @@ class GatewayMetrics:
         )
         self.duplicates_suppressed = Counter(
             PREFIX + "duplicates_suppressed",
-            "Retries that did not reach the upstream (replays and in-progress refusals).",
+            "Retries that did not reach the upstream (replays, in-progress and similar-operation "
+            "refusals).",
             ("route",),
             registry=r,
         )
@@ -188,7 +189,7 @@ class GatewayMetrics:
 
     def request(self, route: str, outcome: str) -> None:
         self._child(self.requests, route, outcome).inc()
-        if outcome in ("replayed", "in_progress"):
+        if outcome in ("replayed", "in_progress", "similar"):
             self._child(self.duplicates_suppressed, route).inc()
 
     def operation_counts_stale(self, now: float, ttl: float) -> bool:

@@ -11,13 +11,12 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote
 
 from aiohttp import web
 
 from gateway.engine.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
-from gateway.engine.keys import format_key_header
+from gateway.engine.keys import format_key_header, operation_url
 from gateway.web.appkeys import TRACE
 
 log = logging.getLogger("gateway.problems")
@@ -25,11 +24,6 @@ log = logging.getLogger("gateway.problems")
 PROBLEM_JSON = "application/problem+json"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def operation_url(key: str) -> str:
-    """The lookup URL for a key, percent-encoded as one path segment."""
-    return "/operations/" + quote(key, safe="")
 
 
 def problem_response(
