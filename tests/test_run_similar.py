@@ -57,6 +57,15 @@ IN_PROGRESS = {
     "next_action": "wait",
 }
 
+OUTCOME_UNKNOWN = {
+    "type": BASE + "outcome-unknown",
+    "status": 409,
+    "key": TWIN,
+    "state": "unknown",
+    "safe_to_retry": False,
+    "next_action": "reconcile",
+}
+
 
 def similar_problem(state: str) -> dict[str, Any]:
     """The refusal as the gateway writes it: the caller's key, and the twin it names."""
@@ -90,10 +99,12 @@ class Sent:
 @dataclass
 class ScriptedGateway:
     """Refuses `MINE` as similar to `TWIN` (in `twin_state`); answers `TWIN` with the twin's
-    receipt after `in_progress` in-progress answers; knows no operation by lookup."""
+    receipt after `in_progress` in-progress answers (or, `twin_ends_unknown`, with
+    outcome-unknown); knows no operation by lookup."""
 
     twin_state: str
     in_progress: int = 0
+    twin_ends_unknown: bool = False
     url: str = ""
     sent: list[Sent] = field(default_factory=list)
 
@@ -109,6 +120,8 @@ class ScriptedGateway:
             if self.in_progress > 0:
                 self.in_progress -= 1
                 return problem_response(409, IN_PROGRESS)
+            if self.twin_ends_unknown:
+                return problem_response(409, OUTCOME_UNKNOWN)
             return web.json_response(
                 {"id": "T-1", "title": "printer"},
                 status=201,
@@ -240,6 +253,25 @@ async def test_a_call_whose_twin_can_be_taken_over_gets_the_twins_answer(
         assert sent.body == mine.body == b'{"title":"printer"}'
         assert sent.headers.get("Prefer") == "wait=5"
     assert all("Idempotency-Distinct" not in sent.headers for sent in gateway.sent)
+
+
+async def test_a_twin_that_ends_unknown_while_taken_over_stops_naming_it(tmp_path: Path) -> None:
+    """Taken over in flight, the twin's attempt then goes unknown: the run stops as on an
+    unknown twin, and nothing more is sent."""
+    async for gateway in serve(ScriptedGateway("in_flight", twin_ends_unknown=True)):
+        async with (
+            asyncio.timeout(TIMEOUT),
+            GatewayClient(gateway.url, backoff=FAST) as gw,
+            open_run(tmp_path / "run.json", gw) as run,
+        ):
+            with pytest.raises(ReconciliationRequired) as stopped:
+                await run.step(plan_once)
+        message = str(stopped.value)
+        assert f"settle {TWIN} (look it up at {gateway.url}{operation_path(TWIN)})" in message
+        assert "(outcome-unknown under its key)" in message
+        assert stopped.value.similar_operation is not None
+        assert stopped.value.similar_operation.key == TWIN
+        assert gateway.keys_sent() == [MINE, TWIN]
 
 
 async def test_a_resume_meets_the_refusal_again_and_takes_over_again(

@@ -317,7 +317,7 @@ class Run:
         except SimilarOperation as again:
             return await self._take_over(turn, planned, again, taken + 1)
         except (OutcomeUnknown, ReceiptExpired, ReceiptNotRetained) as problem:
-            why = f"whose outcome no receipt tells ({problem.kind} under its key)"
+            why = f"of which no receipt says what it returned ({problem.kind} under its key)"
             raise self._settle_twin(planned, problem, twin, why) from problem
         except CallUnconfirmed as unconfirmed:
             receipt = await self._look_up(turn, as_twin)

@@ -373,7 +373,7 @@ export class Run {
         return this.takeOver(turn, planned, error, taken + 1);
       }
       if (error instanceof OutcomeUnknown || error instanceof ReceiptExpired || error instanceof ReceiptNotRetained) {
-        throw this.settleTwin(planned, error, twin, `whose outcome no receipt tells (${error.kind} under its key)`);
+        throw this.settleTwin(planned, error, twin, `of which no receipt says what it returned (${error.kind} under its key)`);
       }
       if (error instanceof CallUnconfirmed) {
         const receipt = await this.lookUp(turn, asTwin);

@@ -50,9 +50,10 @@ const problem = (status, body) =>
 
 /**
  * A fetch that refuses `MINE` as similar to `TWIN` (in `twinState`), answers `TWIN` with the
- * twin's receipt after `inProgress` in-progress answers, and knows no operation by lookup.
+ * twin's receipt after `inProgress` in-progress answers (or, `twinEndsUnknown`, with
+ * outcome-unknown), and knows no operation by lookup.
  */
-function scriptedGateway(twinState, { inProgress = 0 } = {}) {
+function scriptedGateway(twinState, { inProgress = 0, twinEndsUnknown = false } = {}) {
   const sent = [];
   let busy = inProgress;
   const fetch = async (url, init) => {
@@ -68,6 +69,9 @@ function scriptedGateway(twinState, { inProgress = 0 } = {}) {
     if (busy > 0) {
       busy -= 1;
       return problem(409, { type: `${BASE}in-progress`, status: 409, key: TWIN, state: "in_flight", safe_to_retry: true });
+    }
+    if (twinEndsUnknown) {
+      return problem(409, { type: `${BASE}outcome-unknown`, status: 409, key: TWIN, state: "unknown", safe_to_retry: false });
     }
     return new Response('{"id":"T-1","title":"printer"}', {
       status: 201,
@@ -148,6 +152,20 @@ describe("a run's call refused as similar-operation", () => {
       assert.ok(gateway.sent.every((request) => !request.headers.has("idempotency-distinct")));
     });
   }
+
+  test("a twin that ends unknown while taken over stops the run naming it", async () => {
+    const gateway = scriptedGateway("in_flight", { twinEndsUnknown: true });
+    await Run.with(new FileJournal(journalFile()), options(gateway), async (run) => {
+      await assert.rejects(run.step(planOnce), (error) => {
+        assert.ok(error instanceof ReconciliationRequired, String(error));
+        assert.ok(error.message.includes(`settle ${TWIN} (look it up at ${URL_BASE}${operationPath(TWIN)})`), error.message);
+        assert.ok(error.message.includes("(outcome-unknown under its key)"), error.message);
+        assert.equal(error.similarOperation.key, TWIN);
+        return true;
+      });
+    });
+    assert.deepEqual(gateway.postedKeys(), [MINE, TWIN]);
+  });
 
   test("a resume meets the refusal again and takes over again; the journal keeps the call's key", async () => {
     const gateway = scriptedGateway("in_flight");
