@@ -19,6 +19,8 @@ from idempotency_gateway_client import (
     JournalDocument,
     JournalError,
     KeyFormatError,
+    SimilarOperation,
+    SimilarTwin,
     Worker,
     canonical_json,
     derive_key,
@@ -99,6 +101,7 @@ def test_problem_bodies(case: dict[str, Any]) -> None:
     assert problem.kind == expect["kind"]
     assert problem.status == case["status"]
     assert problem.safe_to_retry == expect["safe_to_retry"]
+    assert problem.next_action == expect["next_action"]
     assert problem.state == expect["state"]
     assert problem.key == expect["key"]
     assert problem.operation == expect["operation"]
@@ -106,6 +109,12 @@ def test_problem_bodies(case: dict[str, Any]) -> None:
         assert problem.retry_after is None
     else:
         assert problem.retry_after == pytest.approx(expect["retry_after"], abs=1)
+    if "similar_operation" in expect:
+        assert isinstance(problem, SimilarOperation)
+        twin = expect["similar_operation"]
+        assert problem.similar_operation == SimilarTwin(
+            twin["key"], twin["state"], twin["operation"], twin["operation_id"]
+        )
 
 
 @pytest.mark.parametrize("case", JOURNALS, ids=lambda case: case["file"])
@@ -190,3 +199,24 @@ def test_the_problem_vectors_cover_every_problem_the_gateway_answers() -> None:
     internal = {"internal-error", "invalid-config"}  # never a client's to handle by type
     covered = {case["expect"].get("kind") for case in PROBLEMS["cases"]}
     assert answered - internal <= covered, sorted(answered - internal - covered)
+
+
+def test_every_gateway_problem_vector_says_what_its_type_says_to_do_next() -> None:
+    """A gateway problem's `next_action` is its class's: one per problem type, in every vector
+    that carries one; a body without one (an older gateway) is read as none, never guessed."""
+    next_action: dict[str, str] = {}
+    for _, cls in inspect.getmembers(errors, inspect.isclass):
+        if issubclass(cls, errors.GatewayError) and getattr(cls, "problem_type", ""):
+            assert next_action.setdefault(cls.problem_type, cls.next_action) == cls.next_action
+    said: set[str] = set()
+    for case in PROBLEMS["cases"]:
+        expect = case["expect"]
+        if not expect["problem"] or expect["kind"] not in next_action:
+            continue
+        if "next_action" in json.loads(case["body"]):
+            assert expect["next_action"] == next_action[expect["kind"]], case["description"]
+            said.add(expect["kind"])
+        else:
+            assert expect["next_action"] is None, case["description"]
+    internal = {"internal-error", "invalid-config"}
+    assert set(next_action) - internal <= said, sorted(set(next_action) - internal - said)

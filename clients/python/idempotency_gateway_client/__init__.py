@@ -53,6 +53,7 @@ from idempotency_gateway_client._exceptions import (
     RouteSaturated,
     RunLeased,
     RunLeaseLost,
+    SimilarOperation,
     StoreUnavailable,
     TooEarly,
     Unauthorized,
@@ -77,6 +78,7 @@ from idempotency_gateway_client._models import (
     OperationState,
     Resolution,
     Response,
+    SimilarTwin,
     StoredResponse,
 )
 from idempotency_gateway_client._records import (
@@ -148,6 +150,8 @@ __all__ = [
     "RunLeased",
     "RunObserver",
     "SendingTool",
+    "SimilarOperation",
+    "SimilarTwin",
     "SqliteJournal",
     "StoreUnavailable",
     "StoredResponse",

@@ -6,11 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from idempotency_gateway_client._models import SimilarTwin
 from idempotency_gateway_client._records import PlannedCall, ToolResult
 
 __all__ = ["EventKind", "RunEvent", "RunObserver"]
 
-EventKind = Literal["planned", "lookup", "sending", "response", "recorded", "finished"]
+EventKind = Literal["planned", "lookup", "sending", "took_over", "response", "recorded", "finished"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class RunEvent:
     - `lookup`: a call left without a result (by a crash, or an error) was
       looked up at the gateway; `state` is the answer (`absent` for a 404).
     - `sending`: the call is about to be sent through the gateway.
+    - `took_over`: the gateway refused the call's key as the same request as
+      another key's operation (`similar-operation`), and the call is about to be
+      sent again under that key (`twin.key`; `state` is the twin's), so that
+      its answer, a replay of the twin's receipt, is this call's result. The
+      journal keeps the call's own key.
     - `response`: the gateway answered the call with the tool's answer (the
       effect exists); `result` is not in the journal yet.
     - `recorded`: the call's `result` is durably in the journal (`result.source`
@@ -41,6 +47,8 @@ class RunEvent:
     call: PlannedCall | None = None
     state: str | None = None
     result: ToolResult | None = None
+    twin: SimilarTwin | None = None
+    """For `took_over`: the operation whose key the call was sent under."""
 
     @property
     def call_id(self) -> str | None:

@@ -3,7 +3,8 @@
 Gateway answers that are RFC 9457 problems become `GatewayProblem` subclasses
 chosen by the problem type (the last path segment of the `type` URI); a type
 this client does not know becomes a plain `GatewayProblem`, so a newer gateway
-never breaks an older client. Each problem keeps every field the gateway sent.
+never breaks an older client. Each problem keeps every field the gateway sent,
+and says what to do next (`next_action`) when the gateway did.
 
     GatewayClientError
     ├── KeyFormatError                 (also ValueError) derive_key refused a part
@@ -28,7 +29,8 @@ never breaks an older client. Each problem keeps every field the gateway sent.
     │   │   ├── ReceiptExpired         409 receipt-expired
     │   │   ├── ReceiptNotRetained     409 receipt-not-retained
     │   │   ├── NotResolvable          409 not-resolvable
-    │   │   └── TooEarly               409 too-early: a not_applied resolve before `allowed_at`
+    │   │   ├── TooEarly               409 too-early: a not_applied resolve before `allowed_at`
+    │   │   └── SimilarOperation       409 similar-operation: the same request under another key
     │   ├── OutcomeUnknown             409 outcome-unknown: stop, reconcile, never resend
     │   │   ├── UpstreamTimeout        504 upstream-timeout
     │   │   └── UpstreamConnectionLost 502 upstream-connection-lost
@@ -51,6 +53,8 @@ never breaks an older client. Each problem keeps every field the gateway sent.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from idempotency_gateway_client._models import SimilarTwin
 
 if TYPE_CHECKING:
     from idempotency_gateway_client._models import Operation
@@ -89,6 +93,7 @@ __all__ = [
     "RouteSaturated",
     "RunLeaseLost",
     "RunLeased",
+    "SimilarOperation",
     "StoreUnavailable",
     "TooEarly",
     "Unauthorized",
@@ -132,8 +137,15 @@ class GatewayProblem(GatewayClientError):
     >>> try:
     ...     await client.request("POST", "/tickets/v1/issues", key=key, json={"title": "x"})
     ... except GatewayProblem as problem:
-    ...     problem.status, problem.problem_type, problem.safe_to_retry
-    (422, 'key-mismatch', False)
+    ...     problem.status, problem.problem_type, problem.safe_to_retry, problem.next_action
+    (422, 'key-mismatch', False, 'fix-request')
+
+    `next_action` is the one thing to do after a problem of this type, as the
+    gateway says it: `retry` (the same request, same key, after `retry_after`),
+    `wait` (still at work: ask again later), `reconcile` (look the operation up
+    and settle it; never resend), `fix-request` (the request is wrong; a changed
+    one is a new effect) or `stop`. None when the body has none (an older
+    gateway): it is read, never guessed from the type.
     """
 
     problem_type: ClassVar[str] = ""
@@ -155,6 +167,7 @@ class GatewayProblem(GatewayClientError):
         self.operation: str | None = _optional_str(problem.get("operation"))
         safe = problem.get("safe_to_retry")
         self.safe_to_retry: bool | None = safe if isinstance(safe, bool) else None
+        self.next_action: str | None = _optional_str(problem.get("next_action"))
         self.retry_after = retry_after
         super().__init__(f"{status} {self.kind}: {self.detail or self.title}")
 
@@ -166,7 +179,8 @@ class GatewayProblem(GatewayClientError):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(status={self.status}, problem_type={self.kind!r}, "
-            f"key={self.key!r}, state={self.state!r}, safe_to_retry={self.safe_to_retry!r})"
+            f"key={self.key!r}, state={self.state!r}, safe_to_retry={self.safe_to_retry!r}, "
+            f"next_action={self.next_action!r})"
         )
 
 
@@ -293,6 +307,32 @@ class TooEarly(KeyConflict):
         )
 
 
+class SimilarOperation(KeyConflict):
+    """The gateway refused a new key whose request is the same as another key's operation.
+
+    Most likely the key of a first attempt was lost (a crash before the journal
+    was written, a key made afresh). Nothing was sent. `similar_operation` names
+    that other operation (the twin: its key, state, lookup path and id), which
+    is the one to settle; the refused key stays bound to it for the route's
+    `similar_window`, so repeating it gets this same refusal. `Run` stops on a
+    twin whose outcome is `unknown` and otherwise takes the twin's key over.
+    """
+
+    problem_type = "similar-operation"
+
+    def __init__(
+        self,
+        problem: dict[str, Any],
+        *,
+        status: int,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(problem, status=status, retry_after=retry_after)
+        self.similar_operation: SimilarTwin | None = SimilarTwin.from_document(
+            problem.get("similar_operation")
+        )
+
+
 class OutcomeUnknown(GatewayProblem):
     """The effect may or may not have happened: stop and reconcile; never resend."""
 
@@ -350,7 +390,10 @@ class ReconciliationRequired(GatewayClientError):
 
     The run stops here. Settle the key (a route probe, `GatewayClient.resolve`,
     or an operator), then resume: the next lookup finds the settled state.
-    `problem` is the gateway's answer when there was one.
+    `problem` is the gateway's answer when there was one. When the gateway
+    refused the call as the same request as another key's operation
+    (`SimilarOperation`), `similar_operation` names that twin: settle the twin,
+    not `key`, which was never sent.
     """
 
     def __init__(
@@ -361,12 +404,14 @@ class ReconciliationRequired(GatewayClientError):
         call_id: str,
         operation: Operation | None = None,
         problem: GatewayProblem | None = None,
+        similar_operation: SimilarTwin | None = None,
     ) -> None:
         super().__init__(message)
         self.key = key
         self.call_id = call_id
         self.operation = operation
         self.problem = problem
+        self.similar_operation = similar_operation
 
 
 class CallUnconfirmed(GatewayClientError):
@@ -441,6 +486,7 @@ PROBLEM_CLASSES: dict[str, type[GatewayProblem]] = {
         ReceiptNotRetained,
         NotResolvable,
         TooEarly,
+        SimilarOperation,
         OutcomeUnknown,
         UpstreamTimeout,
         UpstreamConnectionLost,

@@ -85,6 +85,7 @@ _STATUS_OF: Final = {
     "receipt-expired": 409,
     "receipt-not-retained": 409,
     "outcome-unknown": 409,
+    "similar-operation": 409,
     "upstream-timeout": 504,
     "upstream-connection-lost": 502,
     "quota-exceeded": 429,

@@ -22,6 +22,7 @@ __all__ = [
     "OperationState",
     "Resolution",
     "Response",
+    "SimilarTwin",
     "StoredResponse",
 ]
 
@@ -121,6 +122,36 @@ class Operation(BaseModel):
 
 
 @dataclass(frozen=True)
+class SimilarTwin:
+    """The other key's operation that a `similar-operation` refusal names (its `similar_operation`).
+
+    The gateway refuses a new key whose request is the same as an operation it
+    already has under another key: most likely the caller lost the key of its
+    first attempt. That operation is the one to settle or to take over; the
+    refused key stays bound to it for the route's `similar_window`.
+
+    `state` is the twin's (`in_flight`, `unknown`, `completed`, `released`),
+    kept as sent; `operation` its lookup path, `/operations/<percent-encoded key>`.
+    """
+
+    key: str
+    state: str
+    operation: str
+    operation_id: str | None = None
+
+    @classmethod
+    def from_document(cls, document: object) -> SimilarTwin | None:
+        """The twin a problem's `similar_operation` member names; None when it names none."""
+        if not isinstance(document, dict):
+            return None
+        key, state, operation = (document.get(name) for name in ("key", "state", "operation"))
+        if not (isinstance(key, str) and isinstance(state, str) and isinstance(operation, str)):
+            return None
+        operation_id = document.get("operation_id")
+        return cls(key, state, operation, operation_id if isinstance(operation_id, str) else None)
+
+
+@dataclass(frozen=True)
 class Response:
     """One answer through the gateway that is not a gateway problem.
 
@@ -143,6 +174,13 @@ class Response:
     @property
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
+
+    @property
+    def similar(self) -> str | None:
+        """The lookup URL of a completed operation of the same request under another key
+        (`Idempotency-Similar`), when the gateway noted one: this answer may be a second
+        effect of what that operation already did. None when it noted none."""
+        return self.headers.get("Idempotency-Similar")
 
     def json(self) -> Any:
         """The body parsed as JSON."""

@@ -11,7 +11,13 @@ The recovery protocol, in the order a step applies it:
    send; `unknown` -> stop (`ReconciliationRequired`), never resend. MCP
    calls (`McpTool`) are looked up the same way: the gateway keeps their
    JSON-RPC answer as the receipt.
-5. The journal is pinned to one flow version, and one worker holds the run's
+5. A call the gateway refuses as the same request as another key's operation
+   (`similar-operation`: the key of an earlier attempt was lost) is never sent
+   as a second effect: a twin whose outcome is `unknown` stops the run
+   (`ReconciliationRequired`, naming the twin); any other twin's key is taken
+   over, the call sent under it, and its answer (the twin's receipt, once it
+   is done) is the call's result.
+6. The journal is pinned to one flow version, and one worker holds the run's
    lease (with a fencing token) at a time.
 """
 
@@ -26,17 +32,19 @@ from typing import TYPE_CHECKING, Self
 from idempotency_gateway_client._events import EventKind, RunEvent, RunObserver
 from idempotency_gateway_client._exceptions import (
     CallUnconfirmed,
+    GatewayProblem,
     JournalError,
     OutcomeUnknown,
     ReceiptExpired,
     ReceiptNotRetained,
     ReconciliationRequired,
     RunLeaseLost,
+    SimilarOperation,
 )
 from idempotency_gateway_client._journal import JournalStore, Worker
 from idempotency_gateway_client._keys import derive_key
 from idempotency_gateway_client._mcp import MCP_METHOD, mcp_receipt
-from idempotency_gateway_client._models import Operation
+from idempotency_gateway_client._models import Operation, SimilarTwin
 from idempotency_gateway_client._records import (
     JournalDocument,
     PlannedCall,
@@ -53,6 +61,9 @@ if TYPE_CHECKING:
     from idempotency_gateway_client._tools import Planner, Tool
 
 __all__ = ["Run"]
+
+MAX_TAKEOVERS = 3
+"""Twins followed for one call: the twin's key may itself be refused in a third key's name."""
 
 
 class Run:
@@ -258,6 +269,8 @@ class Run:
         self._emit("sending", turn=turn, call=planned)
         try:
             result = await self._deliver(planned)
+        except SimilarOperation as refused:
+            result = await self._take_over(turn, planned, refused)
         except (OutcomeUnknown, ReceiptExpired, ReceiptNotRetained) as problem:
             raise ReconciliationRequired(
                 f"{planned.key}: {planned.call.name} may have taken effect and no receipt says "
@@ -275,8 +288,75 @@ class Run:
         self._emit("response", turn=turn, call=planned, result=result)
         return await self._record(turn, planned, result)
 
-    async def _deliver(self, planned: PlannedCall) -> ToolResult:
-        """Send the planned request: by the tool itself (MCP), else through the HTTP client."""
+    async def _take_over(
+        self, turn: int, planned: PlannedCall, refused: SimilarOperation, taken: int = 0
+    ) -> ToolResult:
+        """The call's result through the key of the twin the gateway named, never a second send.
+
+        The gateway refused the planned key because the same request already is
+        another key's operation (most likely an attempt whose key was lost). A
+        twin whose outcome is `unknown` must be settled first; any other twin is
+        this call's effect: the same request is sent under the twin's key, and
+        the gateway answers with the twin's receipt (waiting while it is in
+        flight), or sends it under that key if the twin was released. The
+        journal keeps the planned key; a resume meets the refusal again and
+        takes over again.
+        """
+        twin = refused.similar_operation
+        if twin is None or twin.state == "unknown":
+            raise self._settle_twin(planned, refused, twin, "whose outcome is unknown")
+        if taken >= MAX_TAKEOVERS:
+            why = f"after {taken} other keys of the same request in a row"
+            raise self._settle_twin(planned, refused, twin, why)
+        self._emit("took_over", turn=turn, call=planned, state=twin.state, twin=twin)
+        as_twin = planned.model_copy(update={"key": twin.key})
+        try:
+            # The twin may be (or be again) in flight: wait for its answer as for a call
+            # another worker left in flight.
+            return await self._deliver(as_twin, wait=self.settle_timeout or None)
+        except SimilarOperation as again:
+            return await self._take_over(turn, planned, again, taken + 1)
+        except (OutcomeUnknown, ReceiptExpired, ReceiptNotRetained) as problem:
+            why = f"of which no receipt says what it returned ({problem.kind} under its key)"
+            raise self._settle_twin(planned, problem, twin, why) from problem
+        except CallUnconfirmed as unconfirmed:
+            receipt = await self._look_up(turn, as_twin)
+            if receipt is None:
+                raise unconfirmed from unconfirmed.__cause__
+            return receipt
+
+    def _settle_twin(
+        self,
+        planned: PlannedCall,
+        problem: GatewayProblem,
+        twin: SimilarTwin | None,
+        why: str,
+    ) -> ReconciliationRequired:
+        """Stop: the call's effect is the twin's, and no receipt of the twin says what it was."""
+        if twin is None:
+            settle = (
+                "another key's operation, which it did not name; find that operation, settle it"
+            )
+        else:
+            settle = (
+                f"{twin.key}, {why}; settle {twin.key} (look it up at "
+                f"{self.client.base_url}{twin.operation})"
+            )
+        return ReconciliationRequired(
+            f"{planned.key}: the gateway refused {planned.call.name} as the same request as "
+            f"{settle}, then resume; this call will not be sent",
+            key=planned.key,
+            call_id=planned.call_id,
+            problem=problem,
+            similar_operation=twin,
+        )
+
+    async def _deliver(self, planned: PlannedCall, *, wait: float | None = None) -> ToolResult:
+        """Send the planned request: by the tool itself (MCP), else through the HTTP client.
+
+        `wait` asks the gateway to hold the answer of an attempt in flight (HTTP only;
+        an MCP tool resends on `in-progress` under its backoff).
+        """
         tool = self.tools.get(planned.call.name)
         if isinstance(tool, SendingTool):
             return await tool.send(planned)
@@ -292,6 +372,7 @@ class Run:
             key=planned.key,
             json=request.json_body,
             headers=request.headers,
+            wait=wait,
         )
         headers: dict[str, str] = {}
         for name, value in response.headers.items():
@@ -353,9 +434,12 @@ class Run:
         call: PlannedCall | None = None,
         state: str | None = None,
         result: ToolResult | None = None,
+        twin: SimilarTwin | None = None,
     ) -> None:
         if self._on_event is not None:
-            event = RunEvent(kind, self.run_id, turn=turn, call=call, state=state, result=result)
+            event = RunEvent(
+                kind, self.run_id, turn=turn, call=call, state=state, result=result, twin=twin
+            )
             self._on_event(event)
 
 

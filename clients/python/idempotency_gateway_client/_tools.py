@@ -53,7 +53,8 @@ class SendingTool(Tool, Protocol):
     - the tool's answer: return it as a `ToolResult` (`source="response"`);
     - a gateway refusal: raise its typed `GatewayProblem` (`OutcomeUnknown`,
       `ReceiptExpired` and `ReceiptNotRetained` then stop the run with
-      `ReconciliationRequired`);
+      `ReconciliationRequired`; on `SimilarOperation` the run stops, or calls
+      `send` again with the twin's key as `planned.key`);
     - an answer it cannot read: raise `CallUnconfirmed`, and `Run` looks the
       key up at once.
     """

@@ -4,7 +4,8 @@
  * Gateway answers that are RFC 9457 problems become `GatewayProblem` subclasses
  * chosen by the problem type (the last path segment of the `type` URI); a type
  * this client does not know becomes a plain `GatewayProblem`, so a newer gateway
- * never breaks an older client. Each problem keeps every field the gateway sent.
+ * never breaks an older client. Each problem keeps every field the gateway sent,
+ * and says what to do next (`nextAction`) when the gateway did.
  *
  *     GatewayClientError
  *     ├── KeyFormatError                 a key part the gateway would refuse
@@ -14,7 +15,8 @@
  *     │   ├── Unauthorized (MissingCredentials), ClientNotAllowed
  *     │   ├── NotFound (NoRoute, UnknownKey)
  *     │   ├── MethodNotAllowed
- *     │   ├── KeyConflict (KeyMismatch, InProgress, ReceiptExpired, ReceiptNotRetained, NotResolvable, TooEarly)
+ *     │   ├── KeyConflict (KeyMismatch, InProgress, ReceiptExpired, ReceiptNotRetained, NotResolvable, TooEarly,
+ *     │   │   SimilarOperation: the same request under another key)
  *     │   ├── OutcomeUnknown (UpstreamTimeout, UpstreamConnectionLost): stop, reconcile, never resend
  *     │   ├── PreconditionFailed
  *     │   ├── QuotaExceeded
@@ -74,6 +76,14 @@ export class GatewayProblem extends GatewayClientError {
   readonly operation: string | null;
   /** True: the same request with the same key may be sent again; null: the gateway did not say. */
   readonly safeToRetry: boolean | null;
+  /**
+   * The one thing to do after a problem of this type, as the gateway says it: `retry`
+   * (the same request, same key, after `retryAfter`), `wait` (still at work: ask again
+   * later), `reconcile` (look the operation up and settle it; never resend),
+   * `fix-request` (the request is wrong; a changed one is a new effect) or `stop`.
+   * Null when the body has none (an older gateway): read, never guessed from the type.
+   */
+  readonly nextAction: string | null;
   /** Seconds from the `Retry-After` header, when the gateway sent one. */
   readonly retryAfter: number | null;
 
@@ -92,6 +102,7 @@ export class GatewayProblem extends GatewayClientError {
     this.operation = stringOrNull(problem["operation"]);
     const safe = problem["safe_to_retry"];
     this.safeToRetry = typeof safe === "boolean" ? safe : null;
+    this.nextAction = stringOrNull(problem["next_action"]);
     this.retryAfter = options.retryAfter ?? null;
   }
 
@@ -199,6 +210,56 @@ export class TooEarly extends KeyConflict {
     this.lastSendAge = typeof age === "number" && Number.isFinite(age) ? age : null;
   }
 }
+/**
+ * The other key's operation that a `similar-operation` refusal names (its `similar_operation`).
+ *
+ * The gateway refuses a new key whose request is the same as an operation it already
+ * has under another key: most likely the caller lost the key of its first attempt.
+ * That operation is the one to settle or to take over.
+ */
+export interface SimilarTwin {
+  readonly key: string;
+  /** The twin's state (`in_flight`, `unknown`, `completed`, `released`), as sent. */
+  readonly state: string;
+  /** The twin's lookup path, `/operations/<percent-encoded key>`. */
+  readonly operation: string;
+  readonly operationId: string | null;
+}
+
+/** The twin a problem's `similar_operation` member names; null when it names none. */
+export function similarTwinOf(document: unknown): SimilarTwin | null {
+  if (typeof document !== "object" || document === null || Array.isArray(document)) {
+    return null;
+  }
+  const members = document as Record<string, unknown>;
+  const key = stringOrNull(members["key"]);
+  const state = stringOrNull(members["state"]);
+  const operation = stringOrNull(members["operation"]);
+  if (key === null || state === null || operation === null) {
+    return null;
+  }
+  return { key, state, operation, operationId: stringOrNull(members["operation_id"]) };
+}
+
+/**
+ * The gateway refused a new key whose request is the same as another key's operation.
+ *
+ * Most likely the key of a first attempt was lost. Nothing was sent. `similarOperation`
+ * names that other operation (the twin), which is the one to settle; the refused key
+ * stays bound to it for the route's `similar_window`, so repeating it gets this same
+ * refusal. `Run` stops on a twin whose outcome is `unknown` and otherwise takes the
+ * twin's key over.
+ */
+export class SimilarOperation extends KeyConflict {
+  static override readonly problemType: string = "similar-operation";
+
+  readonly similarOperation: SimilarTwin | null;
+
+  constructor(problem: ProblemDocument, options: { status: number; retryAfter?: number | null }) {
+    super(problem, options);
+    this.similarOperation = similarTwinOf(problem["similar_operation"]);
+  }
+}
 /** The effect may or may not have happened: stop and reconcile; never resend. */
 export class OutcomeUnknown extends GatewayProblem {
   static override readonly problemType: string = "outcome-unknown";
@@ -262,6 +323,7 @@ export const PROBLEM_CLASSES: ReadonlyMap<string, ProblemClass> = new Map(
     ReceiptNotRetained,
     NotResolvable,
     TooEarly,
+    SimilarOperation,
     OutcomeUnknown,
     UpstreamTimeout,
     UpstreamConnectionLost,
@@ -289,23 +351,33 @@ export function typedProblem(
  *
  * The run stops here. Settle the key (a route probe, `GatewayClient.resolve`, or
  * an operator), then resume: the next lookup finds the settled state. `problem`
- * is the gateway's answer when there was one.
+ * is the gateway's answer when there was one. When the gateway refused the call as
+ * the same request as another key's operation (`SimilarOperation`),
+ * `similarOperation` names that twin: settle the twin, not `key`, which was never sent.
  */
 export class ReconciliationRequired extends GatewayClientError {
   readonly key: string;
   readonly callId: string;
   readonly operation: Operation | null;
   readonly problem: GatewayProblem | null;
+  readonly similarOperation: SimilarTwin | null;
 
   constructor(
     message: string,
-    options: { key: string; callId: string; operation?: Operation | null; problem?: GatewayProblem | null },
+    options: {
+      key: string;
+      callId: string;
+      operation?: Operation | null;
+      problem?: GatewayProblem | null;
+      similarOperation?: SimilarTwin | null;
+    },
   ) {
     super(message, { cause: options.problem ?? undefined });
     this.key = options.key;
     this.callId = options.callId;
     this.operation = options.operation ?? null;
     this.problem = options.problem ?? null;
+    this.similarOperation = options.similarOperation ?? null;
   }
 }
 

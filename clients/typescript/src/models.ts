@@ -105,6 +105,12 @@ export class GatewayResponse {
   readonly key: string | null;
   readonly state: string | null;
   readonly replayed: boolean;
+  /**
+   * The lookup URL of a completed operation of the same request under another key
+   * (`Idempotency-Similar`), when the gateway noted one: this answer may be a second
+   * effect of what that operation already did. Null when it noted none.
+   */
+  readonly similar: string | null;
 
   constructor(status: number, headers: Headers, body: Uint8Array) {
     this.status = status;
@@ -113,6 +119,7 @@ export class GatewayResponse {
     this.key = unquoteKey(headers.get("Idempotency-Key"));
     this.state = headers.get("Idempotency-Status");
     this.replayed = (headers.get("Idempotent-Replayed") ?? "").toLowerCase() === "true";
+    this.similar = headers.get("Idempotency-Similar");
   }
 
   /** The body as text (invalid UTF-8 replaced). */

@@ -10,7 +10,13 @@
  * 4. After a restart, for each call without a result, ask the gateway first:
  *    `completed` -> take the receipt; `in_flight` -> wait; `released` or 404 ->
  *    send; `unknown` -> stop (`ReconciliationRequired`), never resend.
- * 5. The journal is pinned to one flow version, and one worker holds the run's
+ * 5. A call the gateway refuses as the same request as another key's operation
+ *    (`similar-operation`: the key of an earlier attempt was lost) is never sent as a
+ *    second effect: a twin whose outcome is `unknown` stops the run
+ *    (`ReconciliationRequired`, naming the twin); any other twin's key is taken over,
+ *    the call sent under it, and its answer (the twin's receipt, once it is done) is
+ *    the call's result.
+ * 6. The journal is pinned to one flow version, and one worker holds the run's
  *    lease (with a fencing token) at a time.
  *
  * The same protocol as the Python client's `Run`, over the same journal format:
@@ -20,12 +26,15 @@
 import type { GatewayClient } from "./client.js";
 import {
   CallUnconfirmed,
+  type GatewayProblem,
   JournalError,
   OutcomeUnknown,
   ReceiptExpired,
   ReceiptNotRetained,
   ReconciliationRequired,
   RunLeaseLost,
+  SimilarOperation,
+  type SimilarTwin,
 } from "./errors.js";
 import type { EventKind, RunObserver } from "./events.js";
 import { deriveKey } from "./keys.js";
@@ -45,6 +54,9 @@ import {
   withTurn,
 } from "./records.js";
 import { isSendingTool, type Planner, type Tool } from "./tools.js";
+
+/** Twins followed for one call: the twin's key may itself be refused in a third key's name. */
+const MAX_TAKEOVERS = 3;
 
 export interface RunOptions {
   readonly client: GatewayClient;
@@ -303,6 +315,9 @@ export class Run {
     try {
       result = await this.deliver(planned);
     } catch (error) {
+      if (error instanceof SimilarOperation) {
+        return this.answered(turn, planned, await this.takeOver(turn, planned, error, 0));
+      }
       if (error instanceof OutcomeUnknown || error instanceof ReceiptExpired || error instanceof ReceiptNotRetained) {
         throw new ReconciliationRequired(
           `${planned.key}: ${planned.call.name} may have taken effect and no receipt says what it ` +
@@ -320,12 +335,82 @@ export class Run {
       }
       throw error;
     }
+    return this.answered(turn, planned, result);
+  }
+
+  private async answered(turn: number, planned: PlannedCall, result: ToolResult): Promise<ToolResult> {
     this.emit("response", { turn, call: planned, result });
     return this.record(turn, planned, result);
   }
 
-  /** Send the planned request: by the tool itself (MCP), else through the HTTP client. */
-  private async deliver(planned: PlannedCall): Promise<ToolResult> {
+  /**
+   * The call's result through the key of the twin the gateway named, never a second send.
+   *
+   * The gateway refused the planned key because the same request already is another
+   * key's operation (most likely an attempt whose key was lost). A twin whose outcome
+   * is `unknown` must be settled first; any other twin is this call's effect: the same
+   * request is sent under the twin's key, and the gateway answers with the twin's
+   * receipt (waiting while it is in flight), or sends it under that key if the twin
+   * was released. The journal keeps the planned key; a resume meets the refusal again
+   * and takes over again.
+   */
+  private async takeOver(turn: number, planned: PlannedCall, refused: SimilarOperation, taken: number): Promise<ToolResult> {
+    const twin = refused.similarOperation;
+    if (twin === null || twin.state === "unknown") {
+      throw this.settleTwin(planned, refused, twin, "whose outcome is unknown");
+    }
+    if (taken >= MAX_TAKEOVERS) {
+      throw this.settleTwin(planned, refused, twin, `after ${taken} other keys of the same request in a row`);
+    }
+    this.emit("took_over", { turn, call: planned, state: twin.state, twin });
+    const asTwin: PlannedCall = { ...planned, key: twin.key };
+    try {
+      // The twin may be (or be again) in flight: wait for its answer as for a call
+      // another worker left in flight.
+      return await this.deliver(asTwin, this.settleTimeout > 0 ? this.settleTimeout : undefined);
+    } catch (error) {
+      if (error instanceof SimilarOperation) {
+        return this.takeOver(turn, planned, error, taken + 1);
+      }
+      if (error instanceof OutcomeUnknown || error instanceof ReceiptExpired || error instanceof ReceiptNotRetained) {
+        throw this.settleTwin(planned, error, twin, `of which no receipt says what it returned (${error.kind} under its key)`);
+      }
+      if (error instanceof CallUnconfirmed) {
+        const receipt = await this.lookUp(turn, asTwin);
+        if (receipt === null) {
+          throw error;
+        }
+        return receipt;
+      }
+      throw error;
+    }
+  }
+
+  /** Stop: the call's effect is the twin's, and no receipt of the twin says what it was. */
+  private settleTwin(
+    planned: PlannedCall,
+    problem: GatewayProblem,
+    twin: SimilarTwin | null,
+    why: string,
+  ): ReconciliationRequired {
+    const settle =
+      twin === null
+        ? "another key's operation, which it did not name; find that operation, settle it"
+        : `${twin.key}, ${why}; settle ${twin.key} (look it up at ${this.client.baseUrl}${twin.operation})`;
+    return new ReconciliationRequired(
+      `${planned.key}: the gateway refused ${planned.call.name} as the same request as ${settle}, ` +
+        "then resume; this call will not be sent",
+      { key: planned.key, callId: planned.call.call_id, problem, similarOperation: twin },
+    );
+  }
+
+  /**
+   * Send the planned request: by the tool itself (MCP), else through the HTTP client.
+   *
+   * `wait` asks the gateway to hold the answer of an attempt in flight (HTTP only; an
+   * MCP tool resends on `in-progress` under its backoff).
+   */
+  private async deliver(planned: PlannedCall, wait?: number): Promise<ToolResult> {
     const tool = this.tools[planned.call.name];
     if (isSendingTool(tool)) {
       return tool.send(planned);
@@ -341,6 +426,7 @@ export class Run {
       key: planned.key,
       json: request.json,
       headers: request.headers,
+      ...(wait !== undefined ? { wait } : {}),
     });
     const headers: Record<string, string> = {};
     response.headers.forEach((value, name) => {
@@ -401,7 +487,7 @@ export class Run {
 
   private emit(
     kind: EventKind,
-    details: { turn?: number; call?: PlannedCall; state?: string; result?: ToolResult } = {},
+    details: { turn?: number; call?: PlannedCall; state?: string; result?: ToolResult; twin?: SimilarTwin } = {},
   ): void {
     if (this.onEvent === undefined) {
       return;
@@ -413,6 +499,7 @@ export class Run {
       call: details.call ?? null,
       state: details.state ?? null,
       result: details.result ?? null,
+      twin: details.twin ?? null,
       callId: details.call?.call.call_id ?? null,
       key: details.call?.key ?? null,
     });

@@ -34,8 +34,9 @@ export interface Tool {
  *
  * `send` must send `planned.request` with `planned.key`, and report what came back
  * as `Run` expects of the HTTP path: the tool's answer as a `ToolResult` (source
- * `response`); a gateway refusal as its typed `GatewayProblem`; an answer it
- * cannot read as `CallUnconfirmed`, and `Run` looks the key up at once.
+ * `response`); a gateway refusal as its typed `GatewayProblem` (on `SimilarOperation`
+ * the run stops, or calls `send` again with the twin's key as `planned.key`); an
+ * answer it cannot read as `CallUnconfirmed`, and `Run` looks the key up at once.
  */
 export interface SendingTool extends Tool {
   send(planned: PlannedCall): Promise<ToolResult>;

@@ -15,6 +15,7 @@ import {
   pendingCalls,
   problemFrom,
   serializeJournal,
+  SimilarOperation,
   validateKey,
 } from "../dist/index.js";
 
@@ -87,6 +88,7 @@ describe("problem bodies", () => {
       assert.equal(problem.kind, expect.kind);
       assert.equal(problem.status, vector.status);
       assert.equal(problem.safeToRetry, expect.safe_to_retry);
+      assert.equal(problem.nextAction, expect.next_action);
       assert.equal(problem.state, expect.state);
       assert.equal(problem.key, expect.key);
       assert.equal(problem.operation, expect.operation);
@@ -94,6 +96,16 @@ describe("problem bodies", () => {
         assert.equal(problem.retryAfter, null);
       } else {
         assert.ok(Math.abs(problem.retryAfter - expect.retry_after) <= 1, `retryAfter ${problem.retryAfter}`);
+      }
+      if (expect.similar_operation !== undefined) {
+        assert.ok(problem instanceof SimilarOperation);
+        const twin = expect.similar_operation;
+        assert.deepEqual(problem.similarOperation, {
+          key: twin.key,
+          state: twin.state,
+          operation: twin.operation,
+          operationId: twin.operation_id,
+        });
       }
     });
   }
