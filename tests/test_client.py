@@ -623,3 +623,22 @@ async def test_lease_lost_from_a_gateway_paused_before_sending(
     assert (caught.value.status, caught.value.safe_to_retry) == (503, True)
     assert caught.value.state == "released"
     assert upstream.count == 0
+
+
+async def test_a_too_early_resolve_is_not_repeated_by_the_client(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, make_client: ClientFactory
+) -> None:
+    """`too-early` is safe to repeat, but its Retry-After (a few seconds here) is for the
+    person to check the tool again: a client that retries whatever is safe to retry
+    still raises it rather than sending the same verdict for them once the time has come."""
+    gateway = await gateway_factory(upstream.url, route=RELEASE_SOON, idempotency={"lease": "2s"})
+    patient = make_client(gateway.url, backoff=Backoff(attempts=20, total=120.0))
+    with pytest.raises(OutcomeUnknown):
+        await patient.request("POST", ISSUES + "?drop=after_effect", key="tx", json={"k": "tx"})
+    with pytest.raises(TooEarly) as early:
+        await patient.resolve("tx", "not_applied")
+    assert early.value.safe_to_retry is True
+    assert early.value.next_action == "wait"
+    still = await patient.lookup("tx")
+    assert still is not None
+    assert still.state == "unknown"

@@ -336,10 +336,16 @@ class GatewayClient:
             raise GatewayConnectionError(f"{method} {url}: {reason}") from exc
 
 
+_DECIDED_AGAIN = frozenset({"too-early"})
+"""Safe to repeat, but never repeated by the client: `too-early` asks the person who
+resolved to check the tool again after `Retry-After` (it may apply the send meanwhile),
+not to have the same verdict sent for them once the time has come."""
+
+
 def _retry_delay(
     problem: GatewayProblem, backoff: Backoff, sent: int, waited: float
 ) -> float | None:
-    if problem.safe_to_retry is not True:
+    if problem.safe_to_retry is not True or problem.kind in _DECIDED_AGAIN:
         return None
     return backoff.next_delay(sent, waited, problem.retry_after)
 

@@ -304,8 +304,15 @@ function bothSignals(limit: AbortSignal, caller: AbortSignal | undefined): Abort
   return both.signal;
 }
 
+/**
+ * Safe to repeat, but never repeated by the client: `too-early` asks the person who
+ * resolved to check the tool again after `Retry-After` (it may apply the send meanwhile),
+ * not to have the same verdict sent for them once the time has come.
+ */
+const DECIDED_AGAIN: ReadonlySet<string> = new Set(["too-early"]);
+
 function retryDelay(problem: GatewayProblem, backoff: Backoff, sent: number, waited: number): number | null {
-  if (problem.safeToRetry !== true) {
+  if (problem.safeToRetry !== true || DECIDED_AGAIN.has(problem.kind)) {
     return null;
   }
   return backoff.nextDelay(sent, waited, problem.retryAfter);

@@ -144,7 +144,7 @@ describe("an effect whose outcome nobody knows", () => {
       assert.ok(error instanceof TooEarly && error instanceof KeyConflict);
       assert.deepEqual(
         [error.status, error.kind, error.key, error.state, error.safeToRetry],
-        [409, "too-early", key, "unknown", false],
+        [409, "too-early", key, "unknown", true], // the same resolve, after Retry-After
       );
       assert.equal(error.allowedAt, unknown.not_applied_allowed_at);
       assert.ok(error.lastSendAge >= 0 && error.lastSendAge < 60, `lastSendAge ${error.lastSendAge}`);
