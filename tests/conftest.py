@@ -96,6 +96,25 @@ def processes() -> Iterator[list[GatewayProcess]]:
         process.stop()
 
 
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str | None]:
+    """None for the default SQLite file, or a fresh PostgreSQL schema dropped afterwards."""
+    if request.param == "sqlite":
+        yield None
+        return
+    require_postgres()
+    schema = await fresh_schema()
+    try:
+        yield url_for(schema)
+    finally:
+        await drop_schema(schema)
+
+
 @pytest_asyncio.fixture
 async def postgres_url() -> AsyncIterator[str]:
     """A fresh PostgreSQL schema for this test only, dropped afterwards.

@@ -33,7 +33,6 @@ from harness import (
     spawn,
     write_config,
 )
-from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 from gateway.config import Settings, load_settings
@@ -46,25 +45,6 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 # -- shared helpers ------------------------------------------------------------------
-
-
-@pytest_asyncio.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str | None]:
-    """None for the default SQLite file, or a fresh PostgreSQL schema dropped afterwards."""
-    if request.param == "sqlite":
-        yield None
-        return
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
 
 
 @pytest_asyncio.fixture

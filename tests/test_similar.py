@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from conftest import GatewayFactory
 from harness import ADMIN_TOKEN, RunningGateway
-from pg import drop_schema, fresh_schema, require_postgres, url_for
 from upstream import CountingUpstream
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -76,25 +73,6 @@ async def _unknown(gateway: RunningGateway, upstream: CountingUpstream, key: str
     response = await _post(gateway, key)
     assert response.status == 504, await response.read()
     await upstream.wait_for_held(1)
-
-
-@pytest_asyncio.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str | None]:
-    """None for the default SQLite file, or a fresh PostgreSQL schema dropped afterwards."""
-    if request.param == "sqlite":
-        yield None
-        return
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
 
 
 async def _guarded(
