@@ -91,8 +91,8 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
                 if "scale" in sections:
                     print("store-scale rows:", file=sys.stderr, flush=True)
                     small = measure_scale_point(plan, workdir, api, plan.small_store)
-                    large = measure_scale_point(plan, workdir, api, plan.large_store)
-                    scale = (small, large)
+                    big = measure_scale_point(plan, workdir, api, plan.large_store)
+                    scale = (small, big)
                 if "workers" in sections:
                     print("worker-process rows:", file=sys.stderr, flush=True)
                     workers = measure_worker_rows(plan, workdir, api)
