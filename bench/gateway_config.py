@@ -6,8 +6,10 @@ any server starts, naming the key. One route: "tickets" at `/tickets` in
 front of the tool API, or for the MCP rows "tools" at `/tools` (`kind = "mcp"`)
 in front of the MCP server; everything else is the production default (24 h
 retention, 60 s sweep, no quotas, one serving process) because that is what
-operators run. `workers` sets `[server] workers` for the worker-process rows
-(`bench.worker_rows`).
+operators run, the similar-operation guard included (`similar_guard =
+"unsettled"`, `similar_window = "15m"`). `workers` sets `[server] workers` for
+the worker-process rows (`bench.worker_rows`); `similar_guard` sets the route's
+guard, for the rows that measure what the guard costs (`bench.scenarios`).
 
 Two settings are deliberate bench choices, not the production defaults:
 `shared_scope = true` (the load generators send no credential) and the log
@@ -29,6 +31,7 @@ __all__ = [
     "MCP_PREFIX",
     "ROUTE_PREFIX",
     "LogLevel",
+    "SimilarGuard",
     "sqlite_url",
     "write_gateway_config",
     "write_mcp_gateway_config",
@@ -41,6 +44,8 @@ MCP_PREFIX = "/tools"
 """Where the gateway exposes the MCP server's endpoint: POST {gateway}/tools."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
+SimilarGuard = Literal["unsettled", "all", "off"]
+"""A route's `similar_guard`: which twins refuse a new key for the same request."""
 
 
 def write_gateway_config(
@@ -50,16 +55,26 @@ def write_gateway_config(
     store_url: str,
     log_level: LogLevel = "warning",
     workers: int = 1,
+    similar_guard: SimilarGuard | None = None,
 ) -> Path:
     """Write a config for a gateway on 127.0.0.1, OS-chosen port, and return `path`.
 
     `log_level="info"` turns on the JSON access log (one line a request), whose
     cost the benchmark reports separately. `workers` above 1 runs a supervisor
     and that many worker processes on the one port (`[server] workers`).
+    `similar_guard` sets the route's guard ("off": no twin lookup at all); None
+    leaves the default ("unsettled").
 
     >>> # write_gateway_config(tmp / "gw.toml", upstream=api.url, store_url="sqlite:////tmp/g.db")
     """
-    route = {"name": "tickets", "prefix": ROUTE_PREFIX, "upstream": upstream, "timeout": "10s"}
+    route: dict[str, object] = {
+        "name": "tickets",
+        "prefix": ROUTE_PREFIX,
+        "upstream": upstream,
+        "timeout": "10s",
+    }
+    if similar_guard is not None:
+        route["similar_guard"] = similar_guard
     return _write(path, route, store_url, log_level, workers=workers)
 
 

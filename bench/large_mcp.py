@@ -85,7 +85,9 @@ _KEY_SLOT = b"large-00000000000000000000000000000000"
 def _call_template(size: int) -> bytes:
     """A tools/call whose arguments hold about `size` bytes of small objects (the shape
     canonical JSON is slowest on); its key is `_KEY_SLOT`, replaced per call (built once:
-    the prober shares this process's event loop and must not wait on it)."""
+    the prober shares this process's event loop and must not wait on it). The key is in
+    the arguments too (`ref`), so each call is a distinct request: the gateway refuses a
+    new key for the same call as one still in flight (`similar-operation`)."""
     per_item = len(json.dumps({"id": 99999, "name": "item 99999", "tags": ["a", "b"]})) + 2
     items = [{"id": i, "name": f"item {i}", "tags": ["a", "b"]} for i in range(size // per_item)]
     document = {
@@ -94,7 +96,7 @@ def _call_template(size: int) -> bytes:
         "method": "tools/call",
         "params": {
             "name": "store_document",
-            "arguments": {"items": items},
+            "arguments": {"ref": _KEY_SLOT.decode(), "items": items},
             "_meta": {"idempotencyKey": _KEY_SLOT.decode()},
         },
     }
@@ -115,17 +117,42 @@ async def _probe(session: aiohttp.ClientSession, url: str, until: float) -> list
 async def _agent(
     session: aiohttp.ClientSession, url: str, template: bytes, until: float
 ) -> list[float]:
-    """Calls one after another until `until` (one at least), each with a fresh key."""
+    """Calls one after another until `until` (one at least), each with a fresh key (in
+    its `_meta` and its arguments: every slot of the template)."""
     times: list[float] = []
     while not times or time.perf_counter() < until:
         body = template.replace(_KEY_SLOT, f"large-{uuid.uuid4().hex}".encode())
         started = time.perf_counter()
         async with session.post(url, data=body, headers=HEADERS) as answer:
-            await answer.read()
+            text = await answer.read()
             if answer.status != 200:
                 raise RuntimeError(f"a large call was answered {answer.status}")
         times.append(time.perf_counter() - started)
+        if _is_error(text):
+            raise RuntimeError(f"a large call was answered an error: {text[:300]!r}")
     return times
+
+
+def _is_error(answer: bytes) -> bool:
+    """Whether a call's answer (JSON, or an event stream of JSON) is not the tool's
+    result: a JSON-RPC error, or a result with `isError` (the gateway's refusals).
+
+    >>> _is_error(b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}')
+    False
+    >>> _is_error(b'data: {"jsonrpc":"2.0","id":1,"result":{"isError":true}}\\n\\n')
+    True
+    """
+    text = answer.decode("utf-8", "replace")
+    events = [line[5:] for line in text.splitlines() if line.startswith("data:")]
+    for data in events or [text]:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and "id" in message:
+            result = message.get("result")
+            return "error" in message or not isinstance(result, dict) or bool(result.get("isError"))
+    return True
 
 
 async def measure(gateway_url: str, *, size: int, agents: int, seconds: float) -> dict[str, float]:

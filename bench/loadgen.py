@@ -28,6 +28,13 @@ Key modes (what `Idempotency-Key` each request carries):
 - `lookup`: no header; `{key}` in the URL becomes a random pre-filled key
   (`bench.prefill.fill_key`), for `GET /operations/{key}`.
 
+Bodies (POST, PUT, PATCH): a JSON ticket of `body_size` bytes whose padding
+starts with the request's key (`JsonBodies`), so every new key is a distinct
+request and a key sent again sends the same bytes. The gateway refuses a new
+key for the same request as one in flight (409 `similar-operation`): with one
+body for all keys, a miss row would measure those refusals, not misses.
+Requests without a key (`none`) all send the body of the empty tag.
+
 Run it alone with::
 
     python -m bench.loadgen --url http://127.0.0.1:8080/tickets/v1/issues --mode new
@@ -59,9 +66,12 @@ from bench.prefill import fill_key
 from bench.procstat import cpu_seconds, tree_cpu, tree_cpu_delta
 
 __all__ = [
+    "BODY_METHODS",
     "CLIENTS",
+    "KEY_ROOM",
     "Client",
     "CpuSample",
+    "JsonBodies",
     "KeyMode",
     "LoadResult",
     "LoadSpec",
@@ -88,19 +98,69 @@ _REUSE_POOL = 10_000
 """mix10 reuses one of the last keys that completed; a bounded pool keeps memory flat."""
 
 
-def json_body(size: int) -> bytes:
-    """A JSON ticket of exactly `size` bytes (the tool API needs a string "title").
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+"""The methods whose requests carry a JSON body."""
+KEY_ROOM = 48
+"""Bytes a body keeps for its tag: more than any key a generator makes (the longest,
+wrk's "bench-<8 hex>-w-t<thread>-<n>", is about 30)."""
+_JSON_HEAD = b'{"title":"benchmark ticket","pad":"'
+_JSON_TAIL = b'"}'
+
+
+class JsonBodies:
+    """JSON tickets of exactly `size` bytes, one per tag: the tag starts the padding.
+
+    The gateway refuses a new key for the same request as one still in flight
+    (409 `similar-operation`), so a load that means a distinct effect per key
+    sends a distinct body per key; a key sent again must send the same bytes.
+    A request's body is therefore its key's: `bodies(key)`. The tag "" gives
+    `template`, the body of requests without a key. A body is `template` with
+    the tag written over it at `offset` (two slices and a join: cheap enough
+    for the generator's hot path); `bench/wrk_keys.lua` builds the same bytes
+    from `template` and `offset`.
+
+    >>> bodies = JsonBodies(200)
+    >>> one = bodies("bench-1")
+    >>> len(one), one == bodies("bench-1"), one != bodies("bench-2"), len(bodies("bench-2"))
+    (200, True, True, 200)
+    >>> json.loads(one)["pad"][:10], json.loads(bodies(""))["title"]
+    ('bench-1xxx', 'benchmark ticket')
+    """
+
+    __slots__ = ("offset", "room", "size", "template")
+
+    def __init__(self, size: int) -> None:
+        room = size - len(_JSON_HEAD) - len(_JSON_TAIL)
+        if room < 0:
+            least = len(_JSON_HEAD) + len(_JSON_TAIL)
+            raise ValueError(f"a body needs at least {least} bytes, got {size}")
+        self.size = size
+        self.room = room  # the longest tag that fits
+        self.offset = len(_JSON_HEAD)
+        self.template = _JSON_HEAD + b"x" * room + _JSON_TAIL
+
+    def __call__(self, tag: str) -> bytes:
+        """The body for `tag` (printable ASCII, no quote or backslash: it is not escaped)."""
+        if not tag:
+            return self.template
+        if len(tag) > self.room:
+            raise ValueError(f"a body of {self.size} bytes has room for {self.room}: {tag!r}")
+        if not (tag.isascii() and tag.isprintable()) or '"' in tag or "\\" in tag:
+            raise ValueError(f'a body tag must be printable ASCII without \\ or ": {tag!r}')
+        offset = self.offset
+        return self.template[:offset] + tag.encode() + self.template[offset + len(tag) :]
+
+
+def json_body(size: int, tag: str = "") -> bytes:
+    """A JSON ticket of exactly `size` bytes (the tool API needs a string "title"),
+    its padding starting with `tag` (`JsonBodies`): distinct tags, distinct bodies.
 
     >>> len(json_body(200)), json.loads(json_body(200))["title"]
     (200, 'benchmark ticket')
+    >>> json_body(60, "k-1")
+    b'{"title":"benchmark ticket","pad":"k-1xxxxxxxxxxxxxxxxxxxx"}'
     """
-    empty = json.dumps({"title": "benchmark ticket", "pad": ""}, separators=(",", ":"))
-    if size < len(empty):
-        raise ValueError(f"a body needs at least {len(empty)} bytes, got {size}")
-    body = json.dumps(
-        {"title": "benchmark ticket", "pad": "x" * (size - len(empty))}, separators=(",", ":")
-    )
-    return body.encode()
+    return JsonBodies(size)(tag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +201,13 @@ class LoadSpec:
             raise ValueError("concurrency must be >= 1, duration > 0 and warmup >= 0")
         if self.mode == "lookup" and (self.lookup_keys < 1 or "{key}" not in self.url):
             raise ValueError("lookup needs lookup_keys >= 1 and a URL containing {key}")
+        if self.method in BODY_METHODS and self.mode in ("new", "replay", "mix10"):
+            room = self.body_size - len(_JSON_HEAD) - len(_JSON_TAIL)
+            if room < KEY_ROOM:
+                raise ValueError(
+                    f"body_size: a keyed body needs {KEY_ROOM} bytes of padding for its key, "
+                    f"so at least {self.body_size - room + KEY_ROOM}; got {self.body_size}"
+                )
 
     def argv(self) -> list[str]:
         """This spec as `python -m bench.loadgen` arguments (for the aiohttp generator)."""
@@ -325,7 +392,7 @@ class _Generator:
         self.spec = spec
         self.keys = _Keys(spec, random.Random(0x1DE))
         self.window = _Window()
-        self.body = _request_body(spec)
+        self.bodies = _request_bodies(spec)
 
     async def run(self) -> LoadResult:
         async with _session(self.spec) as session:
@@ -379,9 +446,10 @@ class _Generator:
         window, cap = self.window, self.spec.requests
         while not window.stopping:
             url, key = self.keys.next()
+            body = self.bodies(key or "") if self.bodies is not None else None
             sent = time.perf_counter()
             try:
-                status = await _send(session, self.spec, self.body, url, key)
+                status = await _send(session, self.spec, body, url, key)
             except (aiohttp.ClientError, TimeoutError):
                 if window.measuring and not window.stopping:
                     window.errors += 1
@@ -410,9 +478,9 @@ def warm_replay_keys(spec: LoadSpec, keys: Sequence[str]) -> None:
     asyncio.run(warm())
 
 
-def _request_body(spec: LoadSpec) -> bytes | None:
-    """The body every request of `spec` carries (None for methods without one)."""
-    return json_body(spec.body_size) if spec.method in ("POST", "PUT", "PATCH") else None
+def _request_bodies(spec: LoadSpec) -> JsonBodies | None:
+    """The bodies of `spec`'s requests, by key (None: its method sends none)."""
+    return JsonBodies(spec.body_size) if spec.method in BODY_METHODS else None
 
 
 def _session(spec: LoadSpec) -> aiohttp.ClientSession:
@@ -426,12 +494,15 @@ def _session(spec: LoadSpec) -> aiohttp.ClientSession:
 
 
 async def _send_each(session: aiohttp.ClientSession, spec: LoadSpec, keys: Sequence[str]) -> None:
-    """Send every key once, `spec.concurrency` at a time (the replay warm-up)."""
-    body, queue = _request_body(spec), list(keys)
+    """Send every key once, `spec.concurrency` at a time (the replay warm-up), each
+    with its key's body: the bytes the measured window sends again under it."""
+    bodies, queue = _request_bodies(spec), list(keys)
 
     async def warm() -> None:
         while queue:
-            await _send(session, spec, body, spec.url, queue.pop())
+            key = queue.pop()
+            body = bodies(key) if bodies is not None else None
+            await _send(session, spec, body, spec.url, key)
 
     async with asyncio.timeout(REQUEST_TIMEOUT + len(queue) / 50):
         await asyncio.gather(*(warm() for _ in range(spec.concurrency)))
@@ -467,7 +538,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--requests", type=int, help="stop after this many measured responses")
     parser.add_argument("--method", default="POST", help="HTTP method (default POST)")
-    parser.add_argument("--body-size", type=int, default=200, help="JSON body bytes")
+    parser.add_argument(
+        "--body-size", type=int, default=200, help="JSON body bytes (the key in its padding)"
+    )
     parser.add_argument("--replay-keys", type=int, default=1000, help="key set size for replay")
     parser.add_argument("--lookup-keys", type=int, default=0, help="pre-filled keys for lookup")
     parser.add_argument(

@@ -8,7 +8,12 @@ calls the tool, waits for the whole answer, and calls again, for
 `warmup + duration` seconds (or until `requests` measured answers). Every
 call carries a fresh `params._meta.idempotencyKey` (the gateway's miss path),
 or with `--no-key` none (the gateway passes such a call on unrecorded: the
-cost of the hop alone).
+cost of the hop alone). Every call is also a distinct request: its tool
+arguments name it (`arguments`: the title ends with the call's key, or with
+`--no-key` the name the key would have had), because the gateway refuses a
+new key for the same call as one still in flight (an `isError` result,
+`similar-operation`), and a row of identical calls under fresh keys would
+measure those refusals.
 
 Protocol generations (`--protocol`):
 
@@ -59,8 +64,10 @@ from bench.procstat import cpu_seconds
 
 __all__ = [
     "PROTOCOLS",
+    "TITLE",
     "McpLoadSpec",
     "Protocol",
+    "arguments",
     "main",
     "merge_results",
     "read_latencies",
@@ -73,7 +80,7 @@ SESSION_PROTOCOL: Protocol = "2025-11-25"
 STATELESS_PROTOCOL: Protocol = "2026-07-28"
 
 TOOL = "create_ticket"
-ARGUMENTS = {"title": "benchmark ticket"}
+TITLE = "benchmark ticket"
 _CLOSE_TIMEOUT = 5.0
 """Seconds all workers together get to DELETE their sessions at the end."""
 _ERROR_PAUSE = 0.01
@@ -120,6 +127,16 @@ class McpLoadSpec:
         if not self.keyed:
             args.append("--no-key")
         return args
+
+
+def arguments(name: str) -> dict[str, str]:
+    """The tool arguments of the call `name` (its key, when it has one): distinct
+    names, distinct calls; the same name, the same arguments.
+
+    >>> arguments("bench-mcp-0a1b-3-17")
+    {'title': 'benchmark ticket bench-mcp-0a1b-3-17'}
+    """
+    return {"title": f"{TITLE} {name}"}
 
 
 def run_mcp_load(spec: McpLoadSpec, *, latencies: Path | None = None) -> LoadResult:
@@ -262,9 +279,10 @@ class _Agent:
         self._calls += 1
         call_id = self._calls
         meta = dict(self._envelope)
+        name = f"{self._name}-{call_id}"
         if self._spec.keyed:
-            meta["idempotencyKey"] = f"{self._name}-{call_id}"
-        params: dict[str, Any] = {"name": TOOL, "arguments": ARGUMENTS}
+            meta["idempotencyKey"] = name
+        params: dict[str, Any] = {"name": TOOL, "arguments": arguments(name)}
         if meta:
             params["_meta"] = meta
         message = {"jsonrpc": "2.0", "id": call_id, "method": "tools/call", "params": params}

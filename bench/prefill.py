@@ -5,9 +5,12 @@ is a claim, a forward and a receipt); the rows themselves take seconds to
 insert with `executemany` in large transactions. The schema comes from the
 gateway's own migrations (`gateway.store.sqlite_schema.migrate`) and every
 row is shaped like a real completed operation: scope "anonymous" (a caller
-without `Authorization`), a UUID-shaped key, a ULID operation id, a 201
-receipt with the headers the tool API sends and a ~300-byte JSON body, due
-for expiry a day later, as with the default retention.
+without `Authorization`), a UUID-shaped key, a ULID operation id, a request
+of its own (`fill_body`: the key is in the body, so no two rows are the same
+request and their fingerprints spread over the request index as real
+traffic's do), a 201 receipt with the headers the tool API sends and a
+~300-byte JSON body, due for expiry a day later, as with the default
+retention.
 
 Keys are random-looking but reproducible (`fill_key(i)`), so the load
 generator can look up pre-filled keys without being told them.
@@ -36,7 +39,7 @@ from gateway.engine.recorded_request import http_record
 from gateway.store.sqlite_schema import STORED_COLUMNS, migrate
 from gateway.store.sqlite_statements import _INSERT_EVENT, load_or_create_secret
 
-__all__ = ["FILL_SCOPE", "FillReport", "bytes_per_operation", "fill_key", "prefill"]
+__all__ = ["FILL_SCOPE", "FillReport", "bytes_per_operation", "fill_body", "fill_key", "prefill"]
 
 FILL_SCOPE = "anonymous"
 """The scope of requests without `Authorization` (`gateway.engine.scopes.ANONYMOUS_SCOPE`)."""
@@ -56,6 +59,16 @@ def fill_key(index: int) -> str:
     (True, 36)
     """
     return str(uuid.UUID(bytes=hashlib.blake2b(index.to_bytes(8, "big"), digest_size=16).digest()))
+
+
+def fill_body(key: str) -> bytes:
+    """The request body of the pre-filled operation with `key`: its own, as every
+    operation's is (one body for all would be a million twins of one request).
+
+    >>> fill_body("k-1")
+    b'{"title":"benchmark ticket k-1"}'
+    """
+    return b'{"title":"benchmark ticket ' + key.encode() + b'"}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,26 +135,27 @@ def _rows(
     """Rows `first..end-1` of `total`, created evenly over the hour before now; their
     history events (claimed with the request, sent, answered) go to `events`."""
     now = time.time()
-    fingerprint = fingerprint_request(
-        method="POST",
-        route="tickets",
-        path="/tickets/v1/issues",
-        query="",
-        content_type="application/json",
-        body=b'{"title":"benchmark ticket"}',
-    )
-    request = http_record(
-        method="POST",
-        target="/tickets/v1/issues",
-        content_type="application/json",
-        body=b'{"title":"benchmark ticket"}',
-        limit=64 << 10,
-        redact=(),
-    )
     for index in range(first, end):
         created = now - 3600.0 + 3600.0 * index / total
         completed = created + 0.002
         key = fill_key(index)
+        body = fill_body(key)
+        fingerprint = fingerprint_request(
+            method="POST",
+            route="tickets",
+            path="/tickets/v1/issues",
+            query="",
+            content_type="application/json",
+            body=body,
+        )
+        request = http_record(
+            method="POST",
+            target="/tickets/v1/issues",
+            content_type="application/json",
+            body=body,
+            limit=64 << 10,
+            redact=(),
+        )
         operation_id = new_operation_id(created)
         claimed, head, _ = chain(
             operation_id, head="", seq=0, version=1, at_us=micros(created), attempt=1,

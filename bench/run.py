@@ -1,9 +1,11 @@
 """`make bench`: the gateway against a plain aiohttp proxy, and the store at scale, in one run.
 
 Starts, on 127.0.0.1 with OS-chosen ports: the example tool API, the plain
-proxy, the gateway on a fresh SQLite file (again with the info-level access
-log, for its cost), the gateway on a fresh PostgreSQL schema (skipped, with a
-note, when the server is unreachable); then pre-fills SQLite stores for the
+proxy, the gateway on a fresh SQLite file (beside it the same gateway with
+`similar_guard = "off"`, for the guard's cost on the miss path; then again
+with the info-level access log, for its cost), the gateway on a fresh
+PostgreSQL schema (with its guard-off twin; skipped, with a note, when the
+server is unreachable); then pre-fills SQLite stores for the
 store-scale rows; then runs the plain proxy and the gateway as 1 and as 2
 processes on one port (`bench.worker_rows`). Prints Markdown tables;
 `--write` also writes them, with the machine's description, to
@@ -44,7 +46,14 @@ from bench.mcp_rows import (
 from bench.plan import FULL, QUICK, Plan
 from bench.report import machine_info, write_results
 from bench.scale import ScalePoint, measure_scale_point, scale_table
-from bench.scenarios import DIRECT, Rows, latency_table, measure_http_rows, throughput_table
+from bench.scenarios import (
+    DIRECT,
+    Rows,
+    guard_summary,
+    latency_table,
+    measure_http_rows,
+    throughput_table,
+)
 from bench.worker_rows import WorkerRows, measure_worker_rows, worker_section
 from bench.wrk import SCRIPT, wrk_available, wrk_version
 
@@ -82,8 +91,8 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
                 if "scale" in sections:
                     print("store-scale rows:", file=sys.stderr, flush=True)
                     small = measure_scale_point(plan, workdir, api, plan.small_store)
-                    large = measure_scale_point(plan, workdir, api, plan.large_store)
-                    scale = (small, large)
+                    big = measure_scale_point(plan, workdir, api, plan.large_store)
+                    scale = (small, big)
                 if "workers" in sections:
                     print("worker-process rows:", file=sys.stderr, flush=True)
                     workers = measure_worker_rows(plan, workdir, api)
@@ -106,13 +115,14 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
     if generator is not None:
         lines += [
             f"- plan: c={plan.concurrency}, {plan.duration:g} s measured per row after "
-            f"{plan.warmup:g} s warm-up, POST of a 200-byte JSON body; whole run "
-            f"{minutes:.1f} min",
+            f"{plan.warmup:g} s warm-up, POST of a 200-byte JSON body (the key in its "
+            f"padding: each new key a distinct request); whole run {minutes:.1f} min",
             f"- load generator: {generator}",
         ]
     else:
         lines.append(f"- plan: {', '.join(sections)} rows only; whole run {minutes:.1f} min")
     if rows is not None:
+        guard = guard_summary(rows)
         lines += [
             "",
             "## Throughput",
@@ -121,7 +131,10 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
             "",
             "Server CPU is the front process's only (the tool API for `direct`); "
             "PostgreSQL's own CPU is not in it. `409` are duplicate refusals "
-            "(the key was in progress), not errors.",
+            "(the key was in progress, or a new key for the same request as one in "
+            "flight), not errors; the miss rows send a distinct body per key, so they "
+            "should have none.",
+            *(["", *guard] if guard else []),
             "",
             "## Latency at c=1",
             "",
@@ -158,8 +171,10 @@ def _mcp_section(plan: Plan, mcp: McpRows, http: Rows | None) -> list[str]:
         "`create_ticket` (a side effect, answered as structured content) on an "
         "official-SDK MCP server over Streamable HTTP, called directly and through a "
         "gateway MCP route (SQLite store), with a fresh `params._meta.idempotencyKey` "
-        f"every call (the miss path); c=1 for latency, c={plan.mcp_concurrency} for "
-        f"throughput, {duration:g} s measured per row after {plan.warmup:g} s warm-up. "
+        "every call (the miss path) and the key in its arguments (each call a distinct "
+        "request, so the similar-operation guard finds no twin); c=1 for latency, "
+        f"c={plan.mcp_concurrency} for throughput, {duration:g} s measured per row after "
+        f"{plan.warmup:g} s warm-up. "
         f"Each c=1 row is measured in {plan.mcp_segments} windows that alternate with "
         "direct's (and the key-less row's) against the same server process, so both "
         "see the machine alike; its p50 and p99 are over all its windows' calls.",

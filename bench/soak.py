@@ -3,8 +3,9 @@
 A leak per request (a dict of finished operations, a growing metrics label
 set, an unbounded cache) is invisible in a 10 s benchmark row and fatal after
 a week. This runs the gateway on SQLite under the miss path (a new key per
-request) at moderate concurrency for `--minutes`, samples its resident memory
-(VmRSS) every `--interval` seconds, and compares the mean of the last third
+request, each with a body of its own: `bench.loadgen.JsonBodies`) at moderate
+concurrency for `--minutes`, samples its resident memory (VmRSS) every
+`--interval` seconds, and compares the mean of the last third
 of the samples with the mean of the first third, ignoring the first minute
 (imports, pools and caches filling up). A ratio near 1.0 is flat; the
 retention and the sweeper keep their production defaults, so stored
@@ -127,7 +128,8 @@ def render(
             *machine,
             f"- load: {result.ok + result.duplicates:,} answered at "
             f"{result.throughput:,.0f} req/s, p50 {result.p50_ms:.2f} ms, p99 "
-            f"{result.p99_ms:.2f} ms, other non-2xx {result.non_2xx}, errors {result.errors}",
+            f"{result.p99_ms:.2f} ms, 409 {result.duplicates}, other non-2xx "
+            f"{result.non_2xx}, errors {result.errors}",
             f"- {verdict}",
             "",
             series.render(),

@@ -156,6 +156,7 @@ def worker_table(rows: WorkerRows) -> Table:
                 f"{row.cpu_us:,.0f}",
                 ratio(row.cpu_us, single.cpu_us) if single else "n/a",
                 ratio(result.throughput, single.result.throughput) if single else "n/a",
+                str(result.duplicates),
                 f"{result.non_2xx}/{result.errors}",
                 "; ".join(notes),
             )
@@ -170,6 +171,7 @@ def worker_table(rows: WorkerRows) -> Table:
         "CPU us/req (process tree)",
         "CPU/req vs 1 process",
         "req/s vs 1 process",
+        "409",
         "other non-2xx/errors",
         "notes",
     )
@@ -217,5 +219,7 @@ def worker_section(rows: WorkerRows) -> list[str]:
         "exited within it is not counted). The load generator shares this machine's "
         "cores with the servers, so req/s with more processes is bounded by the "
         "machine: CPU per request is the scaling measure. `processes` also gives the "
-        "tree's size at the window's end where it differs (a supervisor adds one).",
+        "tree's size at the window's end where it differs (a supervisor adds one). "
+        "`409` are refusals, counted in req/s as answered: a miss row (a distinct "
+        "body per key) should have none.",
     ]

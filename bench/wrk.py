@@ -8,9 +8,12 @@ servers' throughput is their own. It is optional: the benchmark falls back
 to the aiohttp generator without it, and CI has none.
 
 wrk knows no idempotency keys, so `bench/wrk_keys.lua` makes them, in the
-modes of `bench.loadgen` (new, replay, mix10, none, lookup), counts the
-responses by status (409s are duplicates, as there) and prints one JSON line
-at the end. A row is:
+modes of `bench.loadgen` (new, replay, mix10, none, lookup), gives each
+request its key's body (the bytes `bench.loadgen.JsonBodies` makes for that
+key, built from the same template and offset: a new key is a distinct
+request, a replayed key sends what the warm-up sent), counts the responses
+by status (409s are duplicates, as there) and prints one JSON line at the
+end. A row is:
 
 1. for replay, every replay key sent once with aiohttp
    (`bench.loadgen.warm_replay_keys`, the aiohttp generator's own warm-up);
@@ -53,10 +56,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench.loadgen import (
+    BODY_METHODS,
     REQUEST_TIMEOUT,
+    JsonBodies,
     LoadResult,
     LoadSpec,
-    json_body,
     sample_server_cpu,
     server_cpu_since,
     warm_replay_keys,
@@ -146,10 +150,13 @@ def _script_options(spec: LoadSpec, workdir: Path) -> dict[str, str]:
         # let it complete (a 409, if not, is counted as a duplicate).
         "lag": str(4 * spec.concurrency),
     }
-    if spec.method in ("POST", "PUT", "PATCH"):  # as bench.loadgen: a body for these only
+    if spec.method in BODY_METHODS:  # as bench.loadgen: a body for these only
+        bodies = JsonBodies(spec.body_size)
         body = workdir / "body.json"
-        body.write_bytes(json_body(spec.body_size))
+        body.write_bytes(bodies.template)
         options["body"] = str(body)
+        # Where the script writes each request's key over the template, and how much fits.
+        options["tag_at"], options["tag_room"] = str(bodies.offset), str(bodies.room)
     if spec.mode == "lookup":
         target = urlsplit(spec.url)
         path = target.path + (f"?{target.query}" if target.query else "")

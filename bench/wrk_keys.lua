@@ -1,9 +1,14 @@
 -- The key modes of bench.loadgen for wrk: `wrk -s bench/wrk_keys.lua URL -- name=value ...`.
 --
 -- bench/wrk.py runs it; see that module for why wrk and how a row is measured.
--- Every request is the one bench.loadgen sends: `method`, the JSON body read
--- from the file `body` (with Content-Type: application/json), and a bare
--- `Idempotency-Key` header chosen by `mode`:
+-- Every request is the one bench.loadgen sends: `method`, a JSON body (with
+-- Content-Type: application/json), and a bare `Idempotency-Key` header chosen
+-- by `mode`. The body is the file `body` (bench.loadgen.JsonBodies's template)
+-- with the request's key written over it at byte `tag_at` (0-based; `tag_room`
+-- bytes fit): the bytes JsonBodies makes for that key, so every new key is a
+-- distinct request (the gateway refuses a new key for the same request as one
+-- in flight) and a replayed key sends what bench.wrk's warm-up sent under it.
+-- Requests without a key (none, lookup) send the file as it is.
 --
 --   new     a unique key per request: "{run}-t{thread}-{n}";
 --   replay  "{run}-r{i}" for i cycling through 0 .. replay-1: the keys
@@ -15,8 +20,8 @@
 --   lookup  no header; the path is `head` .. key .. `tail`, the key a random
 --           line of the file `keys` (pre-filled keys, bench.prefill.fill_key).
 --
--- Arguments (name=value, after wrk's "--"): mode, run, method, body, replay,
--- lag, keys, head, tail. `run` is unique per wrk run (for replay: the prefix
+-- Arguments (name=value, after wrk's "--"): mode, run, method, body, tag_at,
+-- tag_room, replay, lag, keys, head, tail. `run` is unique per wrk run (for replay: the prefix
 -- of the keys sent beforehand); setup() numbers the threads so that two
 -- threads never make the same key.
 --
@@ -36,6 +41,7 @@ end
 
 -- Per thread (each thread has its own Lua state, so these are per thread too).
 local mode, run, method, body, request_headers
+local tag_at, tag_room, body_head, body_tails = 0, 0, nil, {}
 local replay_count, lag, pool = 0, 0, 0
 local lookup_keys, head, tail
 local sent, fresh, recent = 0, 0, {}
@@ -67,6 +73,9 @@ function init(args)
    if options.body then
       body = read_file(options.body)
       request_headers["Content-Type"] = "application/json"
+      tag_at = assert(tonumber(options.tag_at), "a body needs tag_at=")
+      tag_room = assert(tonumber(options.tag_room), "a body needs tag_room=")
+      body_head = string.sub(body, 1, tag_at)
    end
    replay_count = tonumber(options.replay or "0")
    lag = tonumber(options.lag or "0")
@@ -109,6 +118,22 @@ local function next_key()
    return key
 end
 
+-- The body of a request under `key`: the template's head, the key, and the rest of
+-- the template after as many bytes (one tail per key length, made once).
+local function body_for(key)
+   if body == nil then
+      return nil
+   end
+   local length = #key
+   local tail = body_tails[length]
+   if tail == nil then
+      assert(length <= tag_room, "a key longer than the body's room for it")
+      tail = string.sub(body, tag_at + length + 1)
+      body_tails[length] = tail
+   end
+   return body_head .. key .. tail
+end
+
 function request()
    if static_request then
       return static_request
@@ -117,8 +142,9 @@ function request()
       local key = lookup_keys[math.random(#lookup_keys)]
       return wrk.format(method, head .. key .. tail, request_headers, body)
    end
-   request_headers["Idempotency-Key"] = next_key()
-   return wrk.format(method, wrk.path, request_headers, body)
+   local key = next_key()
+   request_headers["Idempotency-Key"] = key
+   return wrk.format(method, wrk.path, request_headers, body_for(key))
 end
 
 function response(status, headers, body)

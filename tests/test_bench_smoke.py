@@ -2,7 +2,10 @@
 
 The full benchmark takes minutes and its numbers are the lead's to read; this
 only pins that every server starts, every row is measured and printed, and
-no request failed, so `make bench` does not rot between runs. It always runs
+no request failed, so `make bench` does not rot between runs. The miss rows
+must also see no refusal: a load whose new keys sent one body for all would
+measure the similar-operation guard's 409s (MCP: `isError` results) instead
+of misses. It always runs
 the aiohttp load generator, so it behaves the same with or without wrk
 installed (CI has none); tests/test_bench_wrk.py covers wrk.
 """
@@ -28,15 +31,27 @@ QUICK_RUN_SECONDS = 900
 """Bounds only a hung run: unloaded, a quick run takes well under a minute, but on 2 cores
 shared with the rest of the suite (and other work) it has taken two."""
 
+GUARD_OFF = "gateway sqlite miss, similar guard off"
+"""The guard's cost: the miss row again, with the route's `similar_guard = "off"`."""
 THROUGHPUT_ROWS = (
     "direct",
     "plain proxy",
     "gateway sqlite miss",
+    GUARD_OFF,
     "gateway sqlite replay",
     "gateway sqlite mix10",
     "gateway sqlite miss, log info",
 )
-LATENCY_ROWS = ("direct", "plain proxy", "gateway sqlite miss", "gateway sqlite replay")
+UNREFUSED_ROWS = tuple(name for name in THROUGHPUT_ROWS if not name.endswith("mix10"))
+"""Rows that must see no 409: no key, a distinct body per new key, or replays of
+completed keys (mix10 may reuse a key still in flight: a correct 409)."""
+LATENCY_ROWS = (
+    "direct",
+    "plain proxy",
+    "gateway sqlite miss",
+    GUARD_OFF,
+    "gateway sqlite replay",
+)
 WORKER_ROWS = (
     "plain proxy, 1 process",
     "plain proxy, 2 processes",
@@ -99,12 +114,18 @@ def test_quick_run_prints_every_row() -> None:
     assert set(THROUGHPUT_ROWS) <= set(throughput), output
     for name in THROUGHPUT_ROWS:
         assert throughput[name][6] == "0/0", f"{name}: non-2xx/errors {throughput[name][6]}"
+    for name in UNREFUSED_ROWS:
+        assert throughput[name][5] == "0", f"{name}: {throughput[name][5]} refused (409)"
     assert set(LATENCY_ROWS) <= set(_table_rows(output, "## Latency at c=1")), output
+    (guard,) = [line for line in output.splitlines() if "similar-operation guard on the" in line]
+    assert "sqlite: c=8 " in guard, guard
+    assert "c=1 p50 " in guard, guard
     assert set(SCALE_ROWS) <= set(_table_rows(output, "## Store scale")), output
     workers = _table_rows(output, "## Worker processes")
     assert set(WORKER_ROWS) <= set(workers), output
     for name in WORKER_ROWS:
-        assert workers[name][8] == "0/0", f"{name}: non-2xx/errors {workers[name][8]}"
+        assert workers[name][8] == "0", f"{name}: {workers[name][8]} refused (409)"
+        assert workers[name][9] == "0/0", f"{name}: non-2xx/errors {workers[name][9]}"
     assert "CPU per request, 2 processes vs 1: gateway sqlite miss" in output, output
     mcp = _table_rows(output, "## MCP tool calls")
     # Both protocol generations, each with direct and the gateway side by side at c=1.
@@ -119,11 +140,32 @@ def test_quick_run_prints_every_row() -> None:
     for line in output.split("## MCP tool calls", 1)[1].splitlines():
         cells = line.split("|")
         if line.startswith(("| MCP direct", "| MCP gateway")):
+            # isError (the guard's refusal among them) would count as not ok.
             assert cells[9].strip() == "0/0", f"failed MCP calls: {line}"
+            assert "isError" not in line, f"refused MCP calls: {line}"
     large = _table_rows(output, "## Large MCP calls and everyone else")
     assert {"alone", "while 3 agents send large calls"} <= set(large), output
     after = RESULTS.read_bytes() if RESULTS.exists() else None
     assert after == before, "bench/RESULTS.md changed without --write"
+
+
+def test_guard_pair_alternates_windows() -> None:
+    """`python -m bench.guard_pair` (the guard's cost in alternating windows) runs both
+    gateways, prints the medians table, and no miss was refused."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.guard_pair", "--store", "sqlite", "--concurrency", "4",
+         "--rounds", "2", "--seconds", "0.3", "--warmup", "0.1", "--client", "aiohttp"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=QUICK_RUN_SECONDS,
+        check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = _table_rows(completed.stdout, "| miss path, c=4, 2 windows each")
+    assert {"req/s, median", "p50 ms, median", "server CPU us/req, median"} <= set(rows)
+    assert rows["409, other non-2xx and errors, all windows"][:2] == ["0", "0"], rows
+    assert completed.stderr.count("guard on: ") == completed.stderr.count("guard off: ") == 2
 
 
 def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:
@@ -136,7 +178,16 @@ def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["bench.mcp_load", "bench.mcp_profile", "bench.procstat", "bench.report"]
+    "module",
+    [
+        "bench.large_mcp",
+        "bench.loadgen",
+        "bench.mcp_load",
+        "bench.mcp_profile",
+        "bench.prefill",
+        "bench.procstat",
+        "bench.report",
+    ],
 )
 def test_bench_docstring_examples_run(module: str) -> None:
     """The examples in the benchmark helpers' docstrings run (the suite's doctest test

@@ -5,8 +5,9 @@ sent the wrong keys (replays that are misses, misses that collide) would
 measure the wrong path and still print a plausible table. So each mode runs
 for about a second against the tool API and a gateway on loopback, started as
 `make bench` starts them, and what the servers saw is checked against what
-wrk reported: new keys each made one operation and one ticket, replays made
-none, mix10 made fewer tickets than requests. wrk is optional for
+wrk reported: new keys each made one operation and one ticket (never refused
+as the same request as another key's: each new key sends its own body),
+replays made none, mix10 made fewer tickets than requests. wrk is optional for
 `make bench`, so these tests skip where it is missing; `.ci/run` installs it
 (Debian package wrk), so CI runs them. The aiohttp path is covered by
 tests/test_bench_smoke.py.
@@ -30,8 +31,9 @@ import pytest
 
 from bench import processes
 from bench.gateway_config import ROUTE_PREFIX, sqlite_url, write_gateway_config
-from bench.loadgen import KeyMode, LoadResult, LoadSpec, run_load
+from bench.loadgen import KEY_ROOM, KeyMode, LoadResult, LoadSpec, json_body, run_load
 from bench.prefill import prefill
+from bench.wrk import _script_options
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +77,10 @@ class Servers:
     def operations(self) -> int:
         """Operations in the gateway's store (read-only beside the running gateway)."""
         return self._count("SELECT count(*) FROM operations")
+
+    def repeated_requests(self) -> int:
+        """Operations whose request (fingerprint) another operation had already."""
+        return self._count("SELECT count(*) - count(DISTINCT fingerprint) FROM operations")
 
     def settled(self) -> None:
         """Wait until no operation is in flight: the requests an earlier wrk run left
@@ -139,6 +145,8 @@ def test_new_keys_each_make_one_operation(servers: Servers) -> None:
     # The warm-up run's keys and the requests in flight at the end come on top.
     assert servers.operations() - operations >= result.ok
     assert servers.tickets() - tickets >= result.ok
+    # Every key its own request: the pre-filled ones, the warm-up run's and the measured run's.
+    assert servers.repeated_requests() == 0
 
 
 @needs_wrk
@@ -205,6 +213,31 @@ def test_lookup_finds_prefilled_keys(servers: Servers) -> None:
     )
     _assert_clean(result, servers.gateway.pid)
     assert result.statuses == {"200": result.ok}, "a looked-up key was not the pre-filled one"
+
+
+@pytest.mark.parametrize("size", [37 + KEY_ROOM, 200, 4096])
+def test_the_script_builds_the_generators_bodies(tmp_path: Path, size: int) -> None:
+    """wrk_keys.lua writes a key over the template at tag_at; the bytes are those the
+    aiohttp generator (and bench.wrk's replay warm-up) sends under that key."""
+    spec = LoadSpec(url="http://127.0.0.1:1/", mode="replay", body_size=size, client="wrk")
+    options = _script_options(spec, tmp_path)
+    template = Path(options["body"]).read_bytes()
+    at, room = int(options["tag_at"]), int(options["tag_room"])
+    assert template == json_body(size)
+    assert room >= KEY_ROOM
+    keys = ("bench-0a1b2c3d-r7", "bench-0a1b2c3d-w-t0-123456", "k" * room)
+    for key in keys:
+        built = template[:at] + key.encode() + template[at + len(key) :]  # as the script does
+        assert built == json_body(size, key)
+        assert len(built) == size
+        assert json.loads(built)["pad"].startswith(key)
+    assert len({json_body(size, key) for key in keys}) == len(keys)
+
+
+def test_a_keyed_body_has_room_for_its_key() -> None:
+    with pytest.raises(ValueError, match="body_size"):
+        LoadSpec(url="http://127.0.0.1:1/", mode="new", body_size=37 + KEY_ROOM - 1)
+    LoadSpec(url="http://127.0.0.1:1/", mode="none", body_size=37)  # no key, no room needed
 
 
 def test_a_response_cap_needs_aiohttp() -> None:
