@@ -25,6 +25,7 @@ const EVENT_LABELS = {
   redacted: "Redacted",
   expired: "Expired",
   truncated: "Truncated",
+  "distinct-twin": "Same request, marked distinct",
 };
 
 const VERDICTS = {
@@ -181,6 +182,7 @@ function eventDetails(event) {
       return [
         event.attempt > 1 ? `the released key started attempt ${event.attempt}` : "the key was bound (attempt 1)",
         ...(event.token !== undefined ? [`fencing token ${event.token}`] : []),
+        ...(event.distinct_from ? [`marked distinct from ${event.distinct_from}, the same request`] : []),
       ];
     case "sent":
       return [
@@ -222,6 +224,8 @@ function eventDetails(event) {
       return event.erased?.length ? [`erased: ${event.erased.join(", ")}`] : [];
     case "truncated":
       return [`${event.dropped} later probe answers were not recorded`];
+    case "distinct-twin":
+      return [`${event.operation} was claimed for the same request, marked as a second effect`];
     default:
       return Object.entries(event)
         .filter(([name]) => !SHOWN_APART.has(name))
