@@ -57,3 +57,34 @@ def test_no_scope_headers_without_shared_scope_is_refused(tmp_path: Path) -> Non
     assert "shared_scope" in str(refused.value)
     path.write_text("[idempotency]\nscope_headers = []\nshared_scope = true\n")
     assert load_settings(path, environ={}).idempotency.shared_scope
+
+
+@pytest.mark.parametrize("value", ["", "   ", "Bearer", "Bearer   ", "bearer \t"])
+async def test_an_empty_credential_is_no_credential(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, value: str
+) -> None:
+    """An agent whose token variable is unset sends `Authorization:` with nothing (or only a
+    scheme) in it: 401 missing-credentials, not a scope shared with every such agent."""
+    gateway = await gateway_factory(upstream.url, idempotency={"shared_scope": False})
+    answer = await gateway.post(
+        "/tickets/v1/issues", key="k1", json_body={}, headers={"Authorization": value}
+    )
+    problem = json.loads(await answer.read())
+    assert answer.status == 401, problem
+    assert problem["type"].endswith("/missing-credentials")
+    assert upstream.count == 0
+
+
+async def test_with_shared_scope_an_empty_credential_is_the_anonymous_scope(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """`shared_scope = true`: a blank credential is served in the anonymous scope, the one
+    callers without the header share (not a scope of its own)."""
+    gateway = await gateway_factory(upstream.url, idempotency={"shared_scope": True})
+    first = await gateway.post("/tickets/v1/issues", key="k3", json_body={"n": 3})
+    blank = await gateway.post(
+        "/tickets/v1/issues", key="k3", json_body={"n": 3}, headers={"Authorization": "Bearer "}
+    )
+    assert first.status == 201
+    assert blank.headers["Idempotent-Replayed"] == "true"
+    assert upstream.count == 1

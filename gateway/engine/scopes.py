@@ -72,6 +72,33 @@ def header_bytes(value: str) -> bytes:
     return value.encode("utf-8", "surrogateescape")
 
 
+AUTH_SCHEMES = frozenset({"bearer", "basic", "digest", "token", "negotiate", "apikey"})
+"""Scheme names that, alone in an `Authorization` value, are a scheme with no credential."""
+
+
+def is_credential(name: str, value: str) -> bool:
+    """Whether a scope header's value holds a credential at all.
+
+    An agent whose token variable is unset sends `Authorization:` (empty), blanks, or
+    `Bearer ` with nothing after the scheme. Hashed as they come, all such agents
+    would share one scope and read each other's receipts: they are no credential.
+
+    >>> [is_credential("Authorization", v) for v in ("", "  ", "Bearer ", "Bearer t0k")]
+    [False, False, False, True]
+    >>> is_credential("X-Api-Key", "k1"), is_credential("X-Api-Key", " \t")
+    (True, False)
+    """
+    text = value.strip(" \t")
+    if not text:
+        return False
+    if name.lower() != "authorization":
+        return True
+    scheme, _, credential = text.partition(" ")
+    if credential.strip(" \t"):
+        return True
+    return scheme.lower() not in AUTH_SCHEMES
+
+
 def scope_hash(scope: str) -> str:
     """A log-safe handle for a scope: never the client's token, never a raw header."""
     return hashlib.sha256(scope.encode()).hexdigest()[:12]
@@ -129,7 +156,8 @@ class ScopeResolver:
         material: list[bytes] = []
         for name in self._scope_headers:
             for value in headers.getall(name, []):
-                material.append(name.lower().encode("ascii") + b":" + header_bytes(value))
+                if is_credential(name, value):
+                    material.append(name.lower().encode("ascii") + b":" + header_bytes(value))
         if not material:
             if not self._shared_scope:
                 names = ", ".join(self._scope_headers)
