@@ -58,3 +58,20 @@ async def test_a_failing_store_is_not_described_to_the_caller(
         assert upstream.count == 0
     finally:
         await drop_schema(schema)
+
+
+async def test_request_ids_are_random_not_a_count_of_other_callers_requests(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """Two ids a caller sees tell nothing of the requests other callers made in between
+    (security review, finding 7): 64 random bits each, no shared prefix, no order."""
+    gateway = await gateway_factory(upstream.url)
+    ids = [(await gateway.get("/healthz")).headers["X-Request-Id"] for _ in range(40)]
+    assert all(len(value) == 16 and int(value, 16) >= 0 for value in ids), ids
+    assert len(set(ids)) == len(ids)
+    assert len({value[:8] for value in ids}) > 30  # no per-process prefix
+    numbers = [int(value, 16) for value in ids]
+    assert numbers != sorted(numbers)  # not a counter (one chance in 40! to be sorted)
+    # An id the caller offers (sane) is kept, for joining its own logs.
+    offered = await gateway.get("/healthz", headers={"X-Request-Id": "agent-7-call-3"})
+    assert offered.headers["X-Request-Id"] == "agent-7-call-3"
