@@ -77,7 +77,12 @@ from gateway.web.appkeys import (
 )
 from gateway.web.console_view import add_console_routes
 from gateway.web.dispatch import proxy
-from gateway.web.listeners import LISTENERS, Listeners, listener_middleware
+from gateway.web.listeners import (
+    LISTENERS,
+    Listeners,
+    admin_headers_middleware,
+    listener_middleware,
+)
 from gateway.web.metrics import GatewayMetrics
 from gateway.web.metrics_processes import SNAPSHOT_SECONDS, WorkerSnapshots
 from gateway.web.openapi import openapi_json
@@ -108,6 +113,7 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app = web.Application(
         middlewares=[
             request_log_middleware,
+            admin_headers_middleware,
             # The server span, when tracing is on (docs/operations.md, "Tracing").
             *tracing_middlewares(),
             problem_middleware,

@@ -60,3 +60,19 @@ async def listener_middleware(request: web.Request, handler: Handler) -> web.Str
         if _is_admin_path(request.path) != on_admin_listener:
             raise NotFound(f"nothing at {request.path} on this listener")
     return await handler(request)
+
+
+ADMIN_ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+"""On every answer of the admin API, problems included: operations, notes and requests
+are no cache's to keep, and a JSON answer is never sniffed into something that runs."""
+
+
+@web.middleware
+async def admin_headers_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Put `ADMIN_ANSWER_HEADERS` on the admin API's answers (outside the problem
+    middleware, so its problem answers get them too)."""
+    response = await handler(request)
+    if request.path == "/admin" or request.path.startswith("/admin/"):
+        for name, value in ADMIN_ANSWER_HEADERS.items():
+            response.headers.setdefault(name, value)
+    return response
