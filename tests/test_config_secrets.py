@@ -35,6 +35,48 @@ def test_a_short_or_placeholder_admin_token_is_refused(tmp_path: Path, token: st
     assert f'"{token}"' not in message
 
 
+@pytest.mark.parametrize(
+    "token",
+    [
+        "aaaaaaaaaaaaaaaaaaaaaaaa",
+        "123456789012345678901234",
+        "adminadminadminadminadmin",
+        "abcdefghijklmnopqrstuvwxyz",
+        "9876543210987654321098765",
+        "abababababababababababbaba",
+    ],
+)
+def test_a_long_but_guessable_admin_token_is_refused(tmp_path: Path, token: str) -> None:
+    """Long is not enough (security review, finding 6): a character or a short pattern
+    repeated, characters in sequence, or few different characters are refused, without
+    the token in the message, which points at `idempotency-gateway token`."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[admin]\ntoken = "{token}"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, environ={})
+    message = str(refused.value)
+    assert "admin.token" in message
+    assert "guessable" in message
+    assert "idempotency-gateway token" in message
+    assert token not in message
+
+
+def test_the_token_command_prints_a_token_the_gateway_accepts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """256 random bits, URL-safe, a new one each time, and accepted as the admin token."""
+    from gateway.cli import main
+
+    printed = []
+    for _ in range(2):
+        assert main(["token"]) == 0
+        printed.append(capsys.readouterr().out.strip())
+    assert printed[0] != printed[1]
+    for token in printed:
+        assert len(token) == 43
+        assert AdminSettings(token=token).enabled
+
+
 def test_a_long_random_admin_token_is_accepted() -> None:
     """24 characters or more that are not a placeholder enable the admin API."""
     assert AdminSettings(token="Zq4-7hL2pW9xR1vT8mK3nB6c").enabled

@@ -6,6 +6,7 @@ Imports the server lazily so `check-config` stays fast and never opens a store.
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate and print the effective config")
     check.add_argument("--config", help="TOML config file (default config/gateway.toml)")
 
+    commands.add_parser(
+        "token", help="print a fresh admin token (256 random bits, URL-safe) to paste"
+    )
+
     operations.register(commands)
     return parser
 
@@ -39,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "operations":
         return operations.run(args)
+    if args.command == "token":
+        print(secrets.token_urlsafe(32))
+        return 0
 
     overrides: dict[str, Any] = {}
     if getattr(args, "host", None) is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import os
 import re
 from pathlib import Path
@@ -230,6 +231,37 @@ _PLACEHOLDER_TOKENS = frozenset(
 """Tokens copied from examples rather than generated (compared case-insensitively)."""
 
 
+MIN_DISTINCT_TOKEN_CHARACTERS = 8
+"""A random token of 24 characters or more has many more distinct characters (hex: 15 or
+16 nearly always); one with fewer was typed, not generated."""
+
+
+def guessable(token: str) -> str | None:
+    """Why a long token is still easy to guess (a pattern a person types), or None.
+
+    Said without quoting the token: the message goes to the log.
+
+    >>> guessable("aaaaaaaaaaaaaaaaaaaaaaaa"), guessable("adminadminadminadminadmin")
+    ('one short pattern repeated', 'one short pattern repeated')
+    >>> guessable("123456789012345678901234")
+    'one short pattern repeated'
+    >>> guessable("abcdefghijklmnopqrstuvwxyz")
+    'characters in sequence'
+    >>> guessable("Zq4-7hL2pW9xR1vT8mK3nB6c") is None
+    True
+    """
+    length = len(token)
+    for period in range(1, length // 2 + 1):
+        if all(token[i] == token[i % period] for i in range(length)):
+            return "one short pattern repeated"
+    steps = {ord(b) - ord(a) for a, b in itertools.pairwise(token)}
+    if steps <= {1} or steps <= {-1} or steps <= {1, -9} or steps <= {-1, 9}:
+        return "characters in sequence"
+    if len(set(token)) < MIN_DISTINCT_TOKEN_CHARACTERS:
+        return f"fewer than {MIN_DISTINCT_TOKEN_CHARACTERS} different characters"
+    return None
+
+
 class AdminSettings(BaseModel):
     """The operators' API; disabled (404) while the token is empty.
 
@@ -281,6 +313,9 @@ class AdminSettings(BaseModel):
                 f"is {len(value)} characters long; an admin token needs at least "
                 f"{MIN_ADMIN_TOKEN_LENGTH} (e.g. `openssl rand -base64 32`)"
             )
+        why = guessable(value)
+        if why is not None:
+            raise ValueError(f"is guessable ({why}): generate one with `idempotency-gateway token`")
         return token
 
     @property
