@@ -8,6 +8,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 if TYPE_CHECKING:
     from gateway.config import LoggingSettings
 
@@ -33,7 +35,71 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(document, default=str)
 
 
+PARSER_LINES_PER_SECOND = 10
+"""At most this many malformed-request lines a second: a flood of bad requests must not
+turn into a flood of log lines."""
+
+
+class MalformedRequestFilter(logging.Filter):
+    """The HTTP parser's refusals, logged as one line that holds none of the request's bytes.
+
+    aiohttp logs a request its parser refuses with a traceback whose message
+    quotes the raw header line around the fault: a malformed `Authorization`
+    line (a CR left by a Windows env file, a bare LF, DEL, NUL, a space before
+    the colon) put the token in the log, on the admin listener as much as on the
+    main one. This filter, on aiohttp's server logger, replaces such a record
+    with the parser's reason and the peer, no traceback, and rate-limits them.
+    """
+
+    def __init__(self, *, per_second: int = PARSER_LINES_PER_SECOND) -> None:
+        super().__init__()
+        self._per_second = per_second
+        self._second = 0
+        self._count = 0
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        now = int(time.monotonic())
+        if now != self._second:
+            self._second, self._count = now, 0
+        self._count += 1
+        if self._count > self._per_second:
+            self._dropped += 1
+            return False
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        record.msg = "malformed request refused (%s) from %s"
+        record.args = (parser_reason(exc), peer)
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.event = "malformed_request"
+        if self._dropped:
+            record.dropped = self._dropped  # lines left out since the last one
+            self._dropped = 0
+        return True
+
+
+def parser_reason(exc: HttpProcessingError) -> str:
+    r"""The parser's reason without the request bytes it quotes: the first line of its
+    message, up to the first colon, letters and spaces only.
+
+    >>> from aiohttp.http_exceptions import BadHttpMessage
+    >>> parser_reason(BadHttpMessage("\n  Invalid header value char:\n\n    b'Bearer x'\n  ^"))
+    'Invalid header value char'
+    """
+    first = next((line.strip() for line in str(exc.message).splitlines() if line.strip()), "")
+    reason = first.split(":", 1)[0]
+    kept = "".join(char for char in reason if char.isalpha() or char in " -")[:80].strip()
+    return kept or type(exc).__name__
+
+
 def configure_logging(settings: LoggingSettings) -> None:
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequestFilter) for f in server.filters):
+        server.addFilter(MalformedRequestFilter())
     handler = logging.StreamHandler(sys.stderr)
     if settings.format == "json":
         handler.setFormatter(JsonFormatter())
