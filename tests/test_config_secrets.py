@@ -127,3 +127,19 @@ def test_an_admin_listener_on_the_main_port_is_refused(tmp_path: Path) -> None:
     # A disabled admin API has no listener: its port cannot clash with anything.
     path.write_text("[server]\nport = 8081\n")
     assert load_settings(path, environ={}).server.port == 8081
+
+
+def test_a_refused_upstream_url_is_named_without_its_query(tmp_path: Path) -> None:
+    """A start-up refusal says what is wrong, never what may be a secret in the value
+    (security review, finding 8): an upstream's query (`?token=...`) is not echoed."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        '[[routes]]\nname = "t"\nprefix = "/t"\n'
+        'upstream = "http://gw:pw@127.0.0.1:9000/v1?token=SEKRIT-query-value#SEKRIT-frag"\n'
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, environ={})
+    message = str(refused.value)
+    assert "routes[0].upstream" in message
+    assert "SEKRIT" not in message
+    assert ":pw@" not in message

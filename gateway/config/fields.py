@@ -176,6 +176,18 @@ def _mask_url(url: str) -> str:
     return re.sub(r"([?&][^=&#]*password[^=&#]*=)[^&#]*", r"\1***", masked, flags=re.IGNORECASE)
 
 
+def _mask_refused_url(url: str) -> str:
+    """A URL a refusal names, with nothing that may be a secret: its password, and its
+    whole query and fragment (a refused upstream's `?token=...`).
+
+    >>> _mask_refused_url("http://127.0.0.1:9000/v1?token=s3cret#frag")
+    'http://127.0.0.1:9000/v1?***'
+    """
+    masked = _mask_url(url)
+    cut = min((i for i in (masked.find("?"), masked.find("#")) if i >= 0), default=-1)
+    return masked if cut < 0 else masked[:cut] + "?***"
+
+
 def _dotted(loc: _Loc) -> str:
     out = ""
     for part in loc:

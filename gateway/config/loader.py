@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.config.fields import _SECRET_KEYS, _dotted, _Loc, _mask_url, _Problems
+from gateway.config.fields import (
+    _SECRET_KEYS,
+    _dotted,
+    _Loc,
+    _mask_refused_url,
+    _Problems,
+)
 from gateway.config.settings import Settings
 from gateway.engine.errors import ConfigError
 
@@ -241,7 +247,8 @@ def _problems(exc: ValidationError) -> Iterator[tuple[_Loc, str]]:
 def _masked(loc: _Loc, value: Any) -> Any:
     if _SECRET_KEYS.intersection(part for part in loc if isinstance(part, str)):
         return "***"
-    return _mask_url(value) if isinstance(value, str) and "://" in value else value
+    # A refused value is shown to say what was wrong, never what may be a secret in it.
+    return _mask_refused_url(value) if isinstance(value, str) and "://" in value else value
 
 
 def _known_keys(loc: _Loc) -> list[str]:
