@@ -6,6 +6,7 @@ Imports the server lazily so `check-config` stays fast and never opens a store.
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import sys
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from typing import Any
 
 from gateway.cli import operations
 from gateway.config import load_settings, render_effective
-from gateway.config.loader import config_error_message
+from gateway.config.loader import config_error_message, config_file
 from gateway.engine.errors import ConfigError
 
 
@@ -66,4 +67,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gateway.web.serve import run
 
-    return run(settings)
+    return run(settings, config_file=config_file(args.config, os.environ))

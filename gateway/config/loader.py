@@ -80,7 +80,7 @@ def load_settings(
     9999
     """
     env = os.environ if environ is None else environ
-    file = _config_path(path, env)
+    file = config_file(path, env)
     data: dict[str, Any] = _read_toml(file) if file is not None else {}
     origin = str(file) if file is not None else "built-in defaults (no config file)"
     if "testing" in data:
@@ -132,7 +132,9 @@ def _no_routes(file: Path | None) -> str:
     )
 
 
-def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+def config_file(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    """The config file `load_settings` reads: `path`, else the one named by the
+    environment, else `config/gateway.toml` when it exists (None: defaults only)."""
     if path is not None:
         explicit, how = Path(path), "the config file"
     elif env.get(CONFIG_ENV_VAR):

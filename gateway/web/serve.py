@@ -12,12 +12,14 @@ import asyncio
 import gc
 import logging
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
 from gateway.config import Settings
 from gateway.engine.errors import GatewayError
 from gateway.web.app import SHUTDOWN_GRACE, create_app
+from gateway.web.hardening import protect_secrets
 from gateway.web.listeners import LISTENERS
 from gateway.web.logs import configure_logging
 from gateway.web.process import announce, listening_url, wait_for_termination
@@ -135,9 +137,12 @@ async def serve(settings: Settings, *, worker: WorkerRole | None = None) -> None
             running.channel.close()
 
 
-def run(settings: Settings, *, worker: WorkerRole | None = None) -> int:
+def run(
+    settings: Settings, *, worker: WorkerRole | None = None, config_file: Path | None = None
+) -> int:
     """Serve in this process, or as a supervisor of `[server] workers` processes."""
     configure_logging(settings.logging)
+    protect_secrets(settings, config_file)
     _use_uvloop()
     try:
         if worker is None and settings.server.workers > 1:
