@@ -431,7 +431,8 @@ def test_gateway_paths_constant() -> None:
         (
             "[server]\nprot = 1",
             "server.prot: unknown key "
-            "(known keys: client_timeout, host, max_header_size, max_headers, port, workers)",
+            "(known keys: client_timeout, host, max_header_size, max_headers, port, "
+            "trusted_proxies, workers)",
         ),
         ("[srever]\nport = 1", "srever: unknown key"),
         (ROUTE + "timout = '1s'", "routes[0].timout: unknown key"),

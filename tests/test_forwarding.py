@@ -112,7 +112,8 @@ async def test_hop_by_hop_headers_dropped_and_proxy_headers_added(
     assert "x-hop" not in seen.get("connection", "").lower()
     assert seen["x-end-to-end"] == "kept"
     assert seen["accept-language"] == "fr"
-    assert seen["x-forwarded-for"] == "203.0.113.9, 127.0.0.1"
+    # The caller is no trusted proxy: its X-Forwarded-For is replaced by what was seen.
+    assert seen["x-forwarded-for"] == "127.0.0.1"
     assert "for=127.0.0.1" in seen["forwarded"]
     assert seen["host"] == upstream.url.removeprefix("http://")
     assert seen["host"] != gateway.url.removeprefix("http://")
@@ -342,3 +343,41 @@ async def test_body_over_max_body_is_refused_when_chunked(
     assert response.request_info.headers["Transfer-Encoding"] == "chunked"
     await problem_of(response, 413, "payload-too-large")
     assert upstream.count == 0
+
+
+FORGED = {
+    "X-Forwarded-For": "10.0.0.1",
+    "Forwarded": "for=10.0.0.1;proto=https",
+    "X-Forwarded-Host": "admin.internal",
+    "X-Forwarded-Proto": "https",
+}
+
+
+@pytest.mark.parametrize(("trusted", "kept"), [((), False), (("127.0.0.0/8",), True)])
+async def test_forwarding_headers_are_passed_on_only_from_a_trusted_proxy(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    trusted: tuple[str, ...],
+    kept: bool,
+) -> None:
+    """A caller's own `X-Forwarded-For: 10.0.0.1` would pass for an internal address
+    upstream (security review, finding 8): unless it comes from `[server]
+    trusted_proxies`, what the gateway saw replaces all four headers; from a trusted
+    proxy they are passed on, with this hop appended."""
+    gateway = await gateway_factory(upstream.url, server={"trusted_proxies": list(trusted)})
+    response = await gateway.post(
+        "/tickets/v1/issues", key="fwd-1", json_body={"a": 1}, headers=FORGED
+    )
+    assert response.status == 201
+    seen = upstream.effects[0].headers
+    if kept:
+        assert seen["x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
+        assert seen["forwarded"].startswith("for=10.0.0.1;proto=https, for=127.0.0.1")
+        assert seen["x-forwarded-host"] == "admin.internal"
+        assert seen["x-forwarded-proto"] == "https"
+    else:
+        assert seen["x-forwarded-for"] == "127.0.0.1"
+        assert seen["forwarded"].startswith("for=127.0.0.1;")
+        assert "10.0.0.1" not in seen["forwarded"]
+        assert seen["x-forwarded-host"] != "admin.internal"
+        assert seen["x-forwarded-proto"] == "http"

@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     Field,
+    IPvAnyNetwork,
     SecretStr,
     field_validator,
     model_validator,
@@ -69,6 +70,10 @@ class ServerSettings(BaseModel):
     workers: Annotated[int, BeforeValidator(_worker_count)] = Field(default=1, ge=1, le=256)
     """Serving processes on the one port: 1 (the default) serves in this process;
     more run under a supervisor (`gateway.workers`); "auto" is one per core."""
+    trusted_proxies: tuple[IPvAnyNetwork, ...] = ()
+    """Addresses (or networks) of proxies in front of the gateway whose `X-Forwarded-For`,
+    `Forwarded`, `X-Forwarded-Host` and `X-Forwarded-Proto` are passed on (with this
+    hop appended); from anyone else they are replaced with what the gateway saw."""
 
 
 def _base64_bytes(text: str) -> bytes:

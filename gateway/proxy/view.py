@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
+from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_address
 from typing import Any
 
 from aiohttp import web
@@ -72,10 +73,19 @@ from gateway.web.appkeys import (
 log = logging.getLogger("gateway.proxy")
 
 _NOT_FORWARDED = frozenset(
-    {"host", "idempotency-key", "idempotency-distinct", "x-forwarded-for", "forwarded"}
+    {
+        "host",
+        "idempotency-key",
+        "idempotency-distinct",
+        "x-forwarded-for",
+        "forwarded",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+    }
 )
 """Replaced by the gateway: `Host` names the upstream, the key is forwarded per route,
-the distinct marker is the gateway's own."""
+the distinct marker is the gateway's own, the forwarding headers say what it saw
+(`forwarding_headers`)."""
 
 
 _ALLOWED_ON_OWN_PATHS = {"/operations": "GET, POST", "/admin": "GET, POST"}
@@ -313,15 +323,45 @@ def forward_headers(request: web.Request, caller: CallerScope) -> Pairs:
         ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers),
         drop=drop,
     )
+    return (*pairs, *forwarding_headers(request))
+
+
+def forwarding_headers(request: web.Request) -> Pairs:
+    """`X-Forwarded-For`, `Forwarded`, `X-Forwarded-Host` and `X-Forwarded-Proto` for the
+    upstream: a trusted proxy's (`[server] trusted_proxies`) passed on with this hop
+    appended; anyone else's replaced with what the gateway saw. A caller's own
+    `X-Forwarded-For: 10.0.0.1` would otherwise pass for an internal address upstream
+    (security review, finding 8)."""
     client_ip = request.remote
+    trusted = _from_trusted_proxy(client_ip, request.app[SETTINGS].server.trusted_proxies)
+    headers = request.headers if trusted else _NO_HEADERS
+    host = headers.get("X-Forwarded-Host", request.host)
     return (
-        *pairs,
-        ("X-Forwarded-For", forwarded_for(request.headers.get("X-Forwarded-For"), client_ip) or ""),
+        ("X-Forwarded-For", forwarded_for(headers.get("X-Forwarded-For"), client_ip) or ""),
         (
             "Forwarded",
-            forwarded(request.headers.get("Forwarded"), client_ip, request.host, request.scheme),
+            forwarded(headers.get("Forwarded"), client_ip, request.host, request.scheme),
         ),
+        ("X-Forwarded-Host", host),
+        ("X-Forwarded-Proto", headers.get("X-Forwarded-Proto", request.scheme)),
     )
+
+
+_NO_HEADERS: CIMultiDict[str] = CIMultiDict()
+
+
+def _from_trusted_proxy(
+    address: str | None, proxies: tuple[IPv4Network | IPv6Network, ...]
+) -> bool:
+    if not proxies or not address:
+        return False
+    try:
+        ip = ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in network for network in proxies)
 
 
 def _keep_until_done(app: web.Application, task: asyncio.Task[Reply]) -> None:
