@@ -289,3 +289,31 @@ async def test_forwarded_header_is_the_gateways_alone(
     assert effect.headers["idempotency-key"] == effect.key
     assert effect.key is not None
     assert effect.key.startswith("op_")
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "http://localhost:9000",
+        "http://127.0.0.1.:9000",
+        "http://[::ffff:127.0.0.1]:9000",
+        "http://2130706433:9000",
+        "http://127.1:9000",
+        "http://0x7f000001:9000",
+        "HTTP://127.0.0.1:9000",
+    ],
+)
+def test_key_mode_sees_one_origin_however_its_address_is_spelled(
+    tmp_path: Path, spelling: str
+) -> None:
+    """Two routes to one upstream, written `127.0.0.1` and another spelling, are one
+    origin (security review, finding 5): `"key"` on one of them is refused while another
+    client reaches the other."""
+    text = (
+        TWO_CLIENTS
+        + route("billing", 'forward_key = "key"\nclients = ["agent-a"]\n')
+        + route("refunds", 'clients = ["agent-b"]\n', spelling)
+    )
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, text)
+    assert "routes[0].forward_key" in str(caught.value)

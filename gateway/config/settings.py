@@ -16,6 +16,8 @@ reach.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from typing import TYPE_CHECKING, Self
 from urllib.parse import urlsplit
 
@@ -157,11 +159,19 @@ class Settings(BaseModel):
         """`forward_key = "key"` sends the caller's key as it came: two scopes that
         both use `order-7` would be one effect to an upstream that dedupes or is
         probed. Allowed only where one scope reaches every route to that origin."""
+        endpoints: dict[str, frozenset[tuple[str, int]]] = {}
+
+        def reached(url: str) -> frozenset[tuple[str, int]]:
+            if url not in endpoints:
+                endpoints[url] = upstream_endpoints(url)
+            return endpoints[url]
+
         for i, route in enumerate(self.routes):
             if route.forward_key != "key":
                 continue
             origin = _origin(route.upstream)
-            siblings = [other for other in self.routes if _origin(other.upstream) == origin]
+            mine = reached(route.upstream)
+            siblings = [other for other in self.routes if reached(other.upstream) & mine]
             reach = {self._scopes_reaching(other) for other in siblings}
             only = next(iter(reach)) if len(reach) == 1 else None
             if only is not None and len(only) == 1:
@@ -189,10 +199,49 @@ class Settings(BaseModel):
 
 
 def _origin(url: str) -> str:
-    """`scheme://host:port`, the port made explicit: one upstream, however spelled."""
+    """`scheme://host:port`, the port made explicit and the host canonical, to name it."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+    return f"{parts.scheme}://{canonical_host(parts.hostname or '')}:{port}"
+
+
+def canonical_host(host: str) -> str:
+    """One spelling per host: lower case, no trailing dot, an IPv4 address in dotted quads
+    whatever its numeric spelling (`127.1`, `2130706433`, `0x7f000001`) or IPv4-mapped
+    IPv6 form, an IPv6 address compressed.
+
+    >>> [canonical_host(h) for h in ("LocalHost.", "127.1", "2130706433", "0x7f000001")]
+    ['localhost', '127.0.0.1', '127.0.0.1', '127.0.0.1']
+    >>> canonical_host("::ffff:127.0.0.1"), canonical_host("0:0::1")
+    ('127.0.0.1', '::1')
+    """
+    host = host.lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # the spellings C's inet_aton takes, as an HTTP client's resolver does
+            return socket.inet_ntoa(socket.inet_aton(host))
+        except OSError:
+            return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+def upstream_endpoints(url: str) -> frozenset[tuple[str, int]]:
+    """The (address, port) pairs an upstream URL reaches, resolved now (at start): two
+    routes whose upstreams share one are one origin to the tool, however spelled
+    (`127.0.0.1` and `localhost`). A name that does not resolve stands for itself."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = canonical_host(parts.hostname or "")
+    found = {(host, port)}
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return frozenset(found)
+    found.update((canonical_host(str(info[4][0])), port) for info in infos)
+    return frozenset(found)
 
 
 def _paths_overlap(a: str, b: str) -> bool:
