@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -381,3 +382,44 @@ async def test_forwarding_headers_are_passed_on_only_from_a_trusted_proxy(
         assert "10.0.0.1" not in seen["forwarded"]
         assert seen["x-forwarded-host"] != "admin.internal"
         assert seen["x-forwarded-proto"] == "http"
+
+
+async def _answer_after_interim_responses(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A tool API that sends 103 Early Hints (three) and 102 Processing, then its answer."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await reader.readexactly(length)
+    writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n" * 3)
+    writer.write(b"HTTP/1.1 102 Processing\r\n\r\n")
+    writer.write(
+        b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
+        b"Connection: close\r\n\r\n" + b'{"id":"T1"}'
+    )
+    await writer.drain()
+    writer.close()
+
+
+async def test_interim_responses_before_the_answer_do_not_make_it_unknown(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """103 Early Hints and 102 Processing are not the answer (security review, finding 8):
+    the final 201 is the receipt, the operation `completed`, and a retry replays it."""
+    server = await asyncio.start_server(_answer_after_interim_responses, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        gateway = await gateway_factory(f"http://127.0.0.1:{port}")
+        first = await gateway.post("/tickets/v1/issues", key="eh-1", json_body={"a": 1})
+        assert (first.status, first.headers["Idempotency-Status"]) == (201, "completed")
+        assert await first.read() == b'{"id":"T1"}'
+        again = await gateway.post("/tickets/v1/issues", key="eh-1", json_body={"a": 1})
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert "link" not in {name.lower() for name in first.headers}
+    finally:
+        server.close()
+        await server.wait_closed()
