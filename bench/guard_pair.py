@@ -32,7 +32,7 @@ from bench import postgres, processes
 from bench.gateway_config import ROUTE_PREFIX, SimilarGuard, sqlite_url, write_gateway_config
 from bench.loadgen import Client, LoadResult, LoadSpec, run_load
 from bench.report import Table, ms, ratio
-from bench.wrk import wrk_available
+from bench.wrk import add_client_option, chosen_client
 
 __all__ = ["main", "measure_pair", "pair_table"]
 
@@ -159,24 +159,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=4, help="windows per side (default 4)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds a window")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
-    parser.add_argument(
-        "--client",
-        choices=("auto", "wrk", "aiohttp"),
-        default="auto",
-        help="load generator (default auto: wrk if installed, else aiohttp)",
-    )
+    add_client_option(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the alternating windows and print the medians as a Markdown table."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0 or args.concurrency < 1:
         print("guard_pair: --rounds and --concurrency >= 1, --seconds > 0", file=sys.stderr)
         return 2
-    client: Client = "aiohttp"
-    if args.client == "wrk" or (args.client == "auto" and wrk_available()):
-        client = "wrk"
+    client = chosen_client(args.client, parser)
     with tempfile.TemporaryDirectory(prefix="gateway-guard-pair-") as tmp:
         windows = measure_pair(
             Path(tmp),

@@ -55,7 +55,7 @@ from bench.scenarios import (
     throughput_table,
 )
 from bench.worker_rows import WorkerRows, measure_worker_rows, worker_section
-from bench.wrk import SCRIPT, wrk_available, wrk_version
+from bench.wrk import SCRIPT, add_client_option, chosen_client, wrk_available, wrk_version
 
 __all__ = ["main"]
 
@@ -207,17 +207,6 @@ def _generator_note(client: Client) -> str:
     return f"aiohttp, closed loop, in its own process ({why})"
 
 
-def _client(choice: str, parser: argparse.ArgumentParser) -> Client:
-    """`--client`: auto is wrk when it is installed, else aiohttp."""
-    if choice == "aiohttp":
-        return "aiohttp"
-    if wrk_available():
-        return "wrk"
-    if choice == "wrk":
-        parser.error("--client wrk: wrk is not installed (Debian package wrk)")
-    return "aiohttp"
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.run", description="Benchmark the gateway against a plain proxy."
@@ -240,12 +229,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=FORMS,
         help="MCP answer forms to measure (repeatable; default: the plan's)",
     )
-    parser.add_argument(
-        "--client",
-        choices=("auto", "wrk", "aiohttp"),
-        default="auto",
-        help="load generator (default auto: wrk if installed, else aiohttp)",
-    )
+    add_client_option(parser)
     return parser
 
 
@@ -254,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
-    overrides: dict[str, object] = {"client": _client(args.client, parser)}
+    overrides: dict[str, object] = {"client": chosen_client(args.client, parser)}
     if args.no_postgres:
         overrides["postgres"] = False
     if args.concurrency is not None:

@@ -40,6 +40,7 @@ time only: a spec with a `requests` cap is refused (`LoadSpec` refuses
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -58,6 +59,7 @@ from urllib.parse import urlsplit
 from bench.loadgen import (
     BODY_METHODS,
     REQUEST_TIMEOUT,
+    Client,
     JsonBodies,
     LoadResult,
     LoadSpec,
@@ -290,3 +292,25 @@ def _result(
         statuses={str(status): count for status, count in sorted(statuses.items())},
         server_processes=server_processes,
     )
+
+
+def add_client_option(parser: argparse.ArgumentParser) -> None:
+    """`--client auto|wrk|aiohttp`, the load generator of a benchmark's gateway rows."""
+    parser.add_argument(
+        "--client",
+        choices=("auto", "wrk", "aiohttp"),
+        default="auto",
+        help="load generator (default auto: wrk if installed, else aiohttp)",
+    )
+
+
+def chosen_client(choice: str, parser: argparse.ArgumentParser) -> Client:
+    """`--client`: auto is wrk when it is installed, else aiohttp; wrk that is missing is
+    a usage error."""
+    if choice == "aiohttp":
+        return "aiohttp"
+    if wrk_available():
+        return "wrk"
+    if choice == "wrk":
+        parser.error("--client wrk: wrk is not installed (Debian package wrk)")
+    return "aiohttp"
