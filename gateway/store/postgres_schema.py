@@ -186,7 +186,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     # that the statement's snapshot is taken after the locks, in one round trip).
     7: (
         "CREATE INDEX operations_by_request ON operations "
-        "(scope, route, fingerprint, state, sent_at)",
+        "(fingerprint, scope, route, state, sent_at)",
         """
         CREATE TABLE similar_refusals (
             scope text NOT NULL,
@@ -238,8 +238,13 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                 SELECT i.*, clock.now AS now, row_number() OVER (
                     PARTITION BY i.scope, i.route, i.fingerprint ORDER BY i.ord) AS nth
                 FROM input i CROSS JOIN clock
-                WHERE i.guard IS NOT NULL AND NOT EXISTS (
-                    SELECT 1 FROM operations o WHERE o.scope = i.scope AND o.key = i.key)
+                -- One probe of the unique (scope, key) per claim: as an anti join, planned
+                -- generic while the table was small, it became a scan of every row.
+                LEFT JOIN LATERAL (
+                    SELECT true AS present FROM operations o
+                    WHERE o.scope = i.scope AND o.key = i.key OFFSET 0
+                ) AS known ON true
+                WHERE i.guard IS NOT NULL AND known.present IS NULL
             ),
             deferred AS (SELECT id FROM guarded WHERE nth > 1),
             checked AS (

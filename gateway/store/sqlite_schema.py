@@ -121,7 +121,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     # refused key's binding to its twin is kept beside the operations.
     6: (
         "CREATE INDEX operations_by_request ON operations "
-        "(scope, route, fingerprint, state, sent_at)",
+        "(fingerprint, scope, route, state, sent_at)",
         """
         CREATE TABLE similar_refusals (
             scope TEXT NOT NULL,
