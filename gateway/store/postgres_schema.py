@@ -206,7 +206,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             actors text[], datas text[], payloads bytea[], storages text[],
             inner_pad bytea, outer_pad bytea, guards text[], windows float8[], vouched bool[]
         ) RETURNS TABLE (op operations, kind text, for_id text)
-        LANGUAGE plpgsql VOLATILE AS $$
+        LANGUAGE plpgsql VOLATILE
+        -- Its plans are cached for the session, from the statistics of the moment: made
+        -- while the table was small they scanned it whole, per claim, ever after.
+        SET enable_seqscan = off
+        AS $$
         #variable_conflict use_column
         DECLARE
             request_key integer;
