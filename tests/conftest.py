@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from harness import GatewayProcess, RunningGateway, settings_for, start_gateway, stop_gateway
-from pg import drop_schema, fresh_schema, require_postgres, server_in_use, url_for
+from pg import schema_url, server_in_use
 from upstream import CountingUpstream
 
 from examples.tool_api import STATE, ToolState, create_app
@@ -107,12 +107,8 @@ async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str | None]
     if request.param == "sqlite":
         yield None
         return
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
+    async with schema_url() as url:
+        yield url
 
 
 @pytest_asyncio.fixture
@@ -122,12 +118,8 @@ async def postgres_url() -> AsyncIterator[str]:
     Request it before `processes`: fixtures are torn down in reverse, so the
     gateways on the schema stop before it is dropped.
     """
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
+    async with schema_url() as url:
+        yield url
 
 
 @dataclass

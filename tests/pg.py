@@ -14,8 +14,8 @@ import re
 import secrets
 import socket
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
@@ -104,6 +104,18 @@ _SERVER_LOCK = Path(tempfile.gettempdir()) / "idempotency-gateway-tests-postgres
 """Shared by every test on the server while it runs, taken exclusively by the one test that
 restarts the server: pytest-xdist workers are processes, so the lock is a file's flock."""
 _held: IO[bytes] | None = None
+
+
+@asynccontextmanager
+async def schema_url() -> AsyncIterator[str]:
+    """The URL of a fresh schema on the test server (skips or fails when it is down, as
+    `require_postgres` does), dropped afterwards."""
+    require_postgres()
+    schema = await fresh_schema()
+    try:
+        yield url_for(schema)
+    finally:
+        await drop_schema(schema)
 
 
 @contextmanager

@@ -226,9 +226,14 @@ class SimilarGuard(NamedTuple):
     derived: bool = False
     vouched: bool = True
 
+    def since(self, now: float) -> float:
+        """The store time the window starts at, seen at store time `now` (a store's query
+        bound; `-inf` when this process cannot vouch for it)."""
+        return now - self.window if self.vouched else float("-inf")
+
     def within(self, moment: float | None, now: float) -> bool:
         """Whether store time `moment` is within the window at store time `now`."""
-        return not self.vouched or moment is None or now - moment < self.window
+        return moment is None or moment > self.since(now)
 
 
 class ClaimRequest(NamedTuple):

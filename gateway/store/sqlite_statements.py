@@ -223,9 +223,10 @@ def _twins(
             and guard.within(binding[2], now)
         ):
             row = c.execute(f"{_SELECT} WHERE id = ?", (binding[1],)).fetchone()
-            bound = None if row is None or is_forgotten(decode(row)) else decode(row)
-    cutoff = now - guard.window if guard.vouched else float("-inf")
-    where = (request.scope, request.route, request.fingerprint, cutoff)
+            bound = None if row is None else decode(row)
+            if bound is not None and is_forgotten(bound):
+                bound = None
+    where = (request.scope, request.route, request.fingerprint, guard.since(now))
     row = c.execute(_UNSETTLED_TWIN, where).fetchone()
     if row is None:
         row = c.execute(_COMPLETED_TWIN, (*where, now)).fetchone()

@@ -113,7 +113,8 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app = web.Application(
         middlewares=[
             request_log_middleware,
-            admin_headers_middleware,
+            # Only an enabled admin API has answers to mark; otherwise no layer per request.
+            *([admin_headers_middleware] if settings.admin.enabled else []),
             # The server span, when tracing is on (docs/operations.md, "Tracing").
             *tracing_middlewares(),
             problem_middleware,
