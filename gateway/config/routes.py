@@ -300,6 +300,9 @@ class RouteSettings(BaseModel):
     probe: ProbeSettings | None = None
     max_call: Duration = Field(default=3600.0, gt=0)
     """MCP routes: the most a protected call may take; then it is `unknown`."""
+    max_stream: Duration = Field(default=3600.0, gt=0)
+    """MCP routes: the most an answer passed through (a server stream above all) may
+    last, however lively; then the gateway ends it and the client reconnects."""
     not_applied_after: Duration = Field(default=300.0, ge=0)
     """How long after an attempt's last possible send (plus `timeout`) an owner or an
     admin may release it `not_applied` without `force`: the tool may still be applying
@@ -493,6 +496,7 @@ _MCP_ONLY = (
     "derived_key_retention",
     "status_tool",
     "max_call",
+    "max_stream",
     "cancel_hold",
 )
 

@@ -216,7 +216,12 @@ class QuotaSettings(BaseModel):
     model_config = _SETTINGS_MODEL
 
     max_in_flight: int = Field(default=0, ge=0)
-    """Protected requests of one scope in flight at once (this process)."""
+    """Requests of one scope in flight at once, every kind (gateway-wide: each of N
+    workers allows `ceil(max_in_flight / N)`). Off, each scope still gets no more than
+    half of a route's `max_concurrency` while others use the route."""
+    max_streams: int = Field(default=16, ge=0)
+    """MCP server streams (GET) one scope may hold open (gateway-wide, divided among
+    workers like `max_in_flight`)."""
     new_keys_per_minute: int = Field(default=0, ge=0)
     """New keys one scope may start per minute (this process)."""
     max_operations: int = Field(default=0, ge=0)

@@ -160,7 +160,7 @@ class IdempotencyEngine:
         attempt, not while a retry waits (`Prefer: wait`) or a probe runs: a
         waiting duplicate does not take an upstream slot.
         """
-        with self._quotas.in_flight(request.scope):
+        with self._quotas.in_flight(request.scope) as request_hold:
             if self._quotas.limits_new_keys:
                 await self._admit_if_new(request)
             self._inject_fault("before_claim")
@@ -168,7 +168,7 @@ class IdempotencyEngine:
             # tombstone) while this request waited: then the key starts over.
             operation: Operation | None = None
             for _ in range(3):
-                with self._forwarder.gate(request.route):
+                with self._forwarder.gate(request.route, request.scope) as slot:
                     claimed_at = self._clock.monotonic()
                     with self._tracer.claim(request) as span:
                         try:
@@ -181,6 +181,10 @@ class IdempotencyEngine:
                         span.operation(claim.operation)
                     if not isinstance(claim, Existing):
                         reply = await self._attempt(request, claim.operation, claimed_at)
+                        if reply.stream is not None:
+                            # Relayed past this block: its connection, so its slot and
+                            # its count, are held until the caller's stream closes.
+                            reply = reply.holding(slot.keep(), request_hold.keep())
                         if claim.twin is None:
                             return reply
                         return dataclasses.replace(reply, similar=operation_url(claim.twin.key))

@@ -8,8 +8,7 @@ in the engine.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from gateway.engine.errors import StoreUnavailable
@@ -19,6 +18,7 @@ from gateway.engine.models import State, StoredResponse
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.clock import Clock
+    from gateway.engine.fairness import Hold
     from gateway.engine.headers import Pairs
     from gateway.engine.models import Operation
 
@@ -55,8 +55,10 @@ class Upstream(Protocol):
     first byte went out.
     """
 
-    def gate(self, route: RouteSettings) -> AbstractContextManager[object]:
-        """Held around one upstream call; raises `RouteSaturated` at the route's limit."""
+    def gate(self, route: RouteSettings, scope: str) -> Hold:
+        """A slot of the route held around one upstream call of `scope`
+        (`gateway.engine.fairness.RouteSlots`); raises `RouteSaturated` when the route
+        is full and `QuotaExceeded` when the scope holds its share while others wait."""
 
     async def send(
         self,
@@ -204,6 +206,17 @@ class Reply:
             key=key,
             replayed=True,
         )
+
+    def holding(self, *releases: Callable[[], None]) -> Reply:
+        """This reply, whose `close` also gives back what its stream holds (a route slot,
+        a scope's count): an answer streamed after its handler returned still holds them."""
+        closes = (self.close, *releases) if self.close is not None else releases
+
+        def close() -> None:
+            for release in closes:
+                release()
+
+        return replace(self, close=close)
 
     @classmethod
     def from_upstream(

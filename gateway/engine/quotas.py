@@ -1,8 +1,10 @@
 """Per-scope quotas: one agent cannot hog a route or fill the disk with tombstones.
 
-Three limits from `[quotas]`, each off at 0:
+Four limits from `[quotas]`, each off at 0:
 
-- `max_in_flight`: protected requests of one scope being handled at once;
+- `max_in_flight`: requests of one scope being handled at once, every kind
+  (protected, passed through, MCP messages passed through);
+- `max_streams`: MCP server streams one scope holds open (default 16);
 - `new_keys_per_minute`: keys one scope may start in a sliding minute;
 - `max_operations`: records (receipts and tombstones) one scope may keep.
 
@@ -11,10 +13,13 @@ a caller that presents a fresh credential per request gets a fresh scope each
 time and escapes the per-scope limits, never this one.
 
 They are checked before the claim, so a refused request (429
-`quota-exceeded`, safe to retry later) has recorded nothing. The rates are
-counted in this process (each replica enforces its own share); the record
-count comes from the store, cached for a few seconds per scope so the hot path
-does not count rows on every request.
+`quota-exceeded`, safe to retry later) has recorded nothing. The two
+in-flight limits are gateway-wide caps divided among the workers (each of N
+workers allows `ceil(limit / N)`); the rates are counted in each process
+(each replica enforces its own); the record count comes from the store,
+cached for a few seconds per scope so the hot path does not count rows on
+every request. A scope's share of one route's slots is
+`gateway.engine.fairness`'s, and applies whatever these say.
 
 The per-scope tables are bounded (`MAX_TRACKED_SCOPES`, least recently seen
 dropped first) whatever the number of credentials that arrive: a dropped
@@ -23,13 +28,14 @@ scope starts afresh, which the route-wide cap still bounds.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.engine.errors import QuotaExceeded
+from gateway.engine.fairness import UNLIMITED, Hold, Lane
 
 if TYPE_CHECKING:
     from gateway.config import QuotaSettings
@@ -46,9 +52,13 @@ class ScopeQuotas:
     >>> # with quotas.in_flight(scope): ...;  await quotas.admit_new_key(scope, count_fn)
     """
 
-    def __init__(self, settings: QuotaSettings) -> None:
+    def __init__(self, settings: QuotaSettings, *, workers: int = 1) -> None:
         self._settings = settings
-        self._in_flight: dict[str, int] = {}
+        self._limits = {
+            Lane.CALLS: _per_worker(settings.max_in_flight, workers),
+            Lane.STREAMS: _per_worker(settings.max_streams, workers),
+        }
+        self._in_flight: dict[tuple[str, Lane], int] = {}
         self._new_keys: OrderedDict[str, deque[float]] = OrderedDict()
         self._route_new_keys: dict[str, deque[float]] = {}
         self._counts: OrderedDict[str, tuple[float, int]] = OrderedDict()
@@ -67,24 +77,28 @@ class ScopeQuotas:
         """How many scopes the largest per-scope table holds (for tests and metrics)."""
         return max(len(self._new_keys), len(self._counts))
 
-    @contextmanager
-    def in_flight(self, scope: str) -> Iterator[None]:
-        limit = self._settings.max_in_flight
-        current = self._in_flight.get(scope, 0)
-        if limit and current >= limit:
+    def in_flight(self, scope: str, lane: Lane = Lane.CALLS) -> Hold:
+        """Count one request (or server stream) of `scope` until the hold is given back,
+        or raise `QuotaExceeded` at the scope's limit."""
+        limit = self._limits[lane]
+        if not limit:
+            return UNLIMITED
+        entry = (scope, lane)
+        current = self._in_flight.get(entry, 0)
+        if current >= limit:
+            what = "server streams open" if lane is Lane.STREAMS else "requests in flight"
             raise QuotaExceeded(
-                f"this client already has {current} requests in flight (limit {limit})",
-                retry_after=1,
+                f"this client already has {current} {what} (limit {limit})", retry_after=1
             )
-        self._in_flight[scope] = current + 1
-        try:
-            yield
-        finally:
-            remaining = self._in_flight[scope] - 1
-            if remaining:
-                self._in_flight[scope] = remaining
-            else:
-                del self._in_flight[scope]
+        self._in_flight[entry] = current + 1
+        return Hold(lambda: self._give_back(entry))
+
+    def _give_back(self, entry: tuple[str, Lane]) -> None:
+        remaining = self._in_flight[entry] - 1
+        if remaining:
+            self._in_flight[entry] = remaining
+        else:
+            del self._in_flight[entry]
 
     async def admit_new_key(
         self, scope: str, route: str, count: Callable[[], Awaitable[int]]
@@ -117,6 +131,15 @@ class ScopeQuotas:
             window.append(now)
         if route_window is not None:
             route_window.append(now)
+
+
+def _per_worker(limit: int, workers: int) -> int:
+    """A gateway-wide cap as one worker's part of it (0 stays "no limit").
+
+    >>> _per_worker(16, 4), _per_worker(2, 4), _per_worker(0, 4)
+    (4, 1, 0)
+    """
+    return math.ceil(limit / workers) if limit else 0
 
 
 def _check_rate(window: deque[float], rate: int, now: float, what: str) -> None:

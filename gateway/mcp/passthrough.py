@@ -8,6 +8,8 @@ the server sends it, not when the stream ends.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.engine.errors import GatewayError, UpstreamError
+from gateway.engine.fairness import Lane
 from gateway.mcp.answers import EVENT_STREAM
 from gateway.mcp.hints import ToolListing
 from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
@@ -22,7 +25,7 @@ from gateway.mcp.replies import dumps, strip_owned_meta
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import SseDecoder, encode_event
 from gateway.proxy.view import cut_short, forward_headers
-from gateway.web.appkeys import FORWARDER, MCP_HINTS, MCP_SESSIONS, METRICS, TRACE
+from gateway.web.appkeys import FORWARDER, MCP_HINTS, MCP_SESSIONS, METRICS, QUOTAS, TRACE
 
 if TYPE_CHECKING:
     from gateway.engine.scopes import CallerScope
@@ -54,50 +57,83 @@ async def pass_through(
     request[TRACE].outcome = "passthrough"
     app[METRICS].passthrough.labels(route.name).inc()
     forwarder = app[FORWARDER]
-    with forwarder.gate(route):
+    # A GET is the server's stream: it lives as long as the session, so it counts
+    # against the scope's streams, never its calls (`gateway.engine.fairness`).
+    lane = Lane.STREAMS if request.method == "GET" else Lane.CALLS
+    with (
+        app[QUOTAS].in_flight(caller.scope, lane),
+        forwarder.gate(route, caller.scope, lane),
+    ):
         answer = await forwarder.send(
             route, request.method, match.upstream_url, upstream_headers(request, caller), body
         )
-    headers: CIMultiDict[str] = CIMultiDict(answer.headers)
-    if caller.strips_authorization and (session := headers.get(SESSION_HEADER)) is not None:
-        headers[SESSION_HEADER] = app[MCP_SESSIONS].tag(caller.scope, session)
-    stream = headers.get("Content-Type", "").startswith(EVENT_STREAM)
-    guard = OwnedMetaFilter(stream=stream) if tool_call else None
-    if guard is not None:
-        headers.popall("Content-Length", None)
-    response = web.StreamResponse(status=answer.status, headers=headers)
-    listing = ToolListing(tools_listed_by, stream=stream) if tools_listed_by is not None else None
-    try:
-        await response.prepare(request)
-        async for chunk in answer.rest():
-            if listing is not None:
-                listing.feed(chunk)
-            await response.write(guard.feed(chunk) if guard is not None else chunk)
+        headers: CIMultiDict[str] = CIMultiDict(answer.headers)
+        if caller.strips_authorization and (session := headers.get(SESSION_HEADER)) is not None:
+            headers[SESSION_HEADER] = app[MCP_SESSIONS].tag(caller.scope, session)
+        stream = headers.get("Content-Type", "").startswith(EVENT_STREAM)
+        guard = OwnedMetaFilter(stream=stream) if tool_call else None
         if guard is not None:
-            await response.write(guard.finish())
-        await response.write_eof()
-    except ConnectionError:
-        pass  # the caller left; nothing here is recorded
-    except UpstreamError:
-        cut_short(request)
-    finally:
-        answer.close()
+            headers.popall("Content-Length", None)
+        response = web.StreamResponse(status=answer.status, headers=headers)
+        listing = (
+            ToolListing(tools_listed_by, stream=stream) if tools_listed_by is not None else None
+        )
+        try:
+            async with asyncio.timeout(route.max_stream):
+                await response.prepare(request)
+                async for chunk in answer.rest():
+                    if listing is not None:
+                        listing.feed(chunk)
+                    await response.write(guard.feed(chunk) if guard is not None else chunk)
+                if guard is not None:
+                    await response.write(guard.finish())
+                await response.write_eof()
+        except TimeoutError:
+            await _end_at_max_stream(request, response, route.name, route.max_stream)
+        except ConnectionError:
+            pass  # the caller left; nothing here is recorded
+        except UpstreamError:
+            cut_short(request)
+        finally:
+            answer.close()
     if listing is not None and (result := listing.result()) is not None:
         app[MCP_HINTS].learn(route.name, result)
     return response
 
 
+async def _end_at_max_stream(
+    request: web.Request, response: web.StreamResponse, route: str, max_stream: float
+) -> None:
+    """End an answer that outlived the route's `max_stream`, the way a server ends a
+    stream: the client opens a new one (with `Last-Event-ID`), and the slot it held
+    goes back, so no stream holds one for ever however lively it keeps it."""
+    log.info(
+        "an answer passed through reached the route's max_stream (%gs) and was ended",
+        max_stream,
+        extra={"event": "mcp_stream_ended", "route": route},
+    )
+    if not response.prepared:
+        cut_short(request)
+        return
+    with contextlib.suppress(ConnectionError):
+        await response.write_eof()
+
+
 async def forward_unanswered(
-    app: web.Application, match: RouteMatch, headers: tuple[tuple[str, str], ...], body: bytes
+    app: web.Application,
+    match: RouteMatch,
+    scope: str,
+    headers: tuple[tuple[str, str], ...],
+    body: bytes,
 ) -> None:
     """Forward a notification whose caller was answered already (a cancellation decided
     in the background); the server's answer is read and dropped. A failure is logged:
-    nobody is left to tell."""
+    nobody is left to tell. It takes a slot of the caller's share like any call."""
     route = match.route
     app[METRICS].passthrough.labels(route.name).inc()
     forwarder = app[FORWARDER]
     try:
-        with forwarder.gate(route):
+        with forwarder.gate(route, scope):
             answer = await forwarder.send(route, "POST", match.upstream_url, headers, body)
             try:
                 async for _ in answer.rest():

@@ -20,7 +20,7 @@ from gateway.mcp.replies import dumps
 from gateway.mcp.sse import SseDecoder, encode_event
 from gateway.mcp.status_tool import definition, status_result
 from gateway.mcp.versions import complete_result, protocol_version
-from gateway.web.appkeys import ENGINE, FORWARDER, MCP_HINTS, TRACE
+from gateway.web.appkeys import ENGINE, FORWARDER, MCP_HINTS, QUOTAS, TRACE
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
@@ -65,14 +65,14 @@ async def list_tools_with_status(
     route = match.route
     assert route.status_tool is not None
     forwarder = app[FORWARDER]
-    with forwarder.gate(route):
+    with app[QUOTAS].in_flight(caller.scope), forwarder.gate(route, caller.scope):
         answer = await forwarder.send(
             route, request.method, match.upstream_url, upstream_headers(request, caller), body
         )
-    try:
-        raw = await answer.read(MAX_LISTING_BYTES)
-    finally:
-        answer.close()
+        try:
+            raw = await answer.read(MAX_LISTING_BYTES)
+        finally:
+            answer.close()
     headers: CIMultiDict[str] = CIMultiDict(answer.headers)
     if raw is None or not 200 <= answer.status < 300:
         return web.Response(status=answer.status, headers=headers, body=raw or b"")

@@ -259,7 +259,7 @@ def _cancellation(
         headers = upstream_headers(request, caller)
 
         async def forward() -> None:
-            await forward_unanswered(app, match, headers, body)
+            await forward_unanswered(app, match, caller.scope, headers, body)
 
         cancellations.decide(name, hold=route.cancel_hold, forward=forward, route=route.name)
     return web.Response(status=202)

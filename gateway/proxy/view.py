@@ -57,13 +57,13 @@ from gateway.engine.recorded_request import http_record
 from gateway.engine.scopes import CallerScope
 from gateway.proxy.request_body import read_in_time, read_limited
 from gateway.proxy.routing import RouteMatch
-from gateway.upstream.forwarder import Forwarder
 from gateway.upstream.headers import end_to_end, forwarded, forwarded_for
 from gateway.web.appkeys import (
     BACKGROUND,
     ENGINE,
     FORWARDER,
     METRICS,
+    QUOTAS,
     ROUTES,
     SCOPES,
     SETTINGS,
@@ -156,7 +156,7 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
         trace.outcome = NOT_PROTECTED if unprotected_key else "passthrough"
         metrics.passthrough.labels(route.name).inc()
         headers = forward_headers(request, caller)
-        passed = await _pass_through(app[FORWARDER], route, request.method, match, headers, body)
+        passed = await _pass_through(app, route, caller.scope, request.method, match, headers, body)
         if unprotected_key:
             passed = dataclasses.replace(
                 passed, headers=(*passed.headers, (IDEMPOTENCY_STATUS, NOT_PROTECTED))
@@ -267,22 +267,29 @@ def cut_short(request: web.Request) -> None:
 
 
 async def _pass_through(
-    forwarder: Forwarder,
+    app: web.Application,
     route: RouteSettings,
+    scope: str,
     method: str,
     match: RouteMatch,
     headers: Pairs,
     body: bytes,
 ) -> Reply:
-    """An unprotected request: no record, the same one-send forwarder and route gate."""
-    with forwarder.gate(route):
+    """An unprotected request: no record, the same one-send forwarder, and the same count
+    of the scope's requests and slot of the route as a protected one, held until the
+    last byte of the answer is passed on (`gateway.engine.fairness`)."""
+    forwarder = app[FORWARDER]
+    with app[QUOTAS].in_flight(scope) as counted, forwarder.gate(route, scope) as slot:
         reply = await forwarder.send(route, method, match.upstream_url, headers, body)
         try:
             received = await reply.read(route.max_stored_response)
         except BaseException:
             reply.close()
             raise
-    return Reply.from_upstream(reply, received)
+        passed = Reply.from_upstream(reply, received)
+        if passed.stream is not None:
+            passed = passed.holding(counted.keep(), slot.keep())
+    return passed
 
 
 def _preferred_wait(values: list[str], cap: float) -> float:

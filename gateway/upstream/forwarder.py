@@ -32,11 +32,11 @@ import aiohttp
 from yarl import URL
 
 from gateway.engine.errors import (
-    RouteSaturated,
     UpstreamConnectionLost,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from gateway.engine.fairness import Hold, Lane, RouteSlots
 from gateway.engine.headers import GATEWAY_OWNED, Pairs
 from gateway.telemetry.tracer import NO_TRACER, Tracer
 from gateway.upstream.headers import end_to_end
@@ -107,32 +107,6 @@ class UpstreamReply:
         self._response.release()
 
 
-class RouteGate:
-    """Counts upstream calls in progress on a route; refuses past the limit instead of queueing.
-
-    Entered before the claim, so a refused request has recorded nothing.
-    """
-
-    __slots__ = ("active", "limit", "route")
-
-    def __init__(self, route: str, limit: int) -> None:
-        self.route = route
-        self.limit = limit
-        self.active = 0
-
-    def __enter__(self) -> RouteGate:
-        if self.active >= self.limit:
-            raise RouteSaturated(
-                f"route {self.route!r} has {self.limit} upstream calls in progress",
-                retry_after=1,
-            )
-        self.active += 1
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.active -= 1
-
-
 class Forwarder:
     """One client session per route (its own pool, keep-alive limit and TLS), shared by all
     requests of that route.
@@ -145,16 +119,22 @@ class Forwarder:
         self._tracer = tracer
         self._routes = {route.name: route for route in routes}
         self._sessions: dict[str, aiohttp.ClientSession] = {}
-        self._gates = {route.name: RouteGate(route.name, route.max_concurrency) for route in routes}
+        self._slots = {
+            route.name: RouteSlots(route.name, route.max_concurrency) for route in routes
+        }
 
-    def gate(self, route: RouteSettings) -> RouteGate:
-        """`with forwarder.gate(route):` around everything one upstream call needs."""
-        return self._gates[route.name]
+    def gate(self, route: RouteSettings, scope: str, lane: Lane = Lane.CALLS) -> Hold:
+        """A slot of the route for one upstream exchange of `scope`
+        (`gateway.engine.fairness`): `with forwarder.gate(route, scope) as slot:` around
+        everything the exchange needs, and `slot.keep()` for an answer streamed past it."""
+        return self._slots[route.name].hold(scope, lane)
 
     async def start(self) -> None:
         for route in self._routes.values():
             connector = aiohttp.TCPConnector(
-                limit=route.max_concurrency,
+                # The gate refuses past the slots, so no exchange ever waits here for a
+                # connection that another holds: calls, and an MCP route's streams besides.
+                limit=route.max_concurrency * (2 if route.kind == "mcp" else 1),
                 keepalive_timeout=route.keepalive,
                 ssl=_ssl_context(route),
             )

@@ -69,6 +69,7 @@ from gateway.web.appkeys import (
     MCP_SESSIONS,
     METRICS,
     PROBE_JOBS,
+    QUOTAS,
     ROUTES,
     SCOPES,
     SETTINGS,
@@ -192,13 +193,14 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     )
     await keeper.start()
     scope_secret = await store.scope_secret()
+    quotas = ScopeQuotas(settings.quotas, workers=settings.server.workers)
     engine = IdempotencyEngine(
         store=store,
         forwarder=forwarder,
         keeper=keeper,
         prober=Prober(forwarder, dialects={"mcp": McpProbe()}),
         forwarded_keys=ForwardedKeys(scope_secret),
-        quotas=ScopeQuotas(settings.quotas),
+        quotas=quotas,
         settings=settings.idempotency,
         routes=settings.routes,
         observer=tracer.observing(metrics),
@@ -212,6 +214,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     app[STORE] = store
     app[FORWARDER] = forwarder
     app[ENGINE] = engine
+    app[QUOTAS] = quotas
     app[TRACER] = tracer
     app[SCOPES] = ScopeResolver(
         clients=settings.clients,

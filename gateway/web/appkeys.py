@@ -10,6 +10,7 @@ from aiohttp import web
 from gateway.config import Settings
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.exchange import RequestTrace
+from gateway.engine.quotas import ScopeQuotas
 from gateway.engine.scopes import ScopeResolver
 from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.hints import ReadOnlyHints
@@ -28,6 +29,7 @@ WORKER = web.AppKey("worker", RunningWorker)
 """Set when this process is one of a gateway's workers (`gateway.workers`)."""
 STORE = web.AppKey("store", Store)
 ENGINE = web.AppKey("engine", IdempotencyEngine)
+QUOTAS = web.AppKey("quotas", ScopeQuotas)
 FORWARDER = web.AppKey("forwarder", Forwarder)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 ROUTES = web.AppKey("routes", RouteTable)

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from gateway.engine.errors import UpstreamConnectionLost, UpstreamTimeout, UpstreamUnreachable
+from gateway.engine.fairness import Hold, RouteSlots
 from gateway.engine.headers import IDEMPOTENCY_KEY, without
-from gateway.upstream.forwarder import RouteGate
 from tests.simulation.context import CALL
 
 if TYPE_CHECKING:
@@ -385,13 +385,13 @@ class ReplicaUpstream:
         self._replica = replica
         self._clock = clock
         self._probe_prefix = probe_path.split("?", 1)[0]
-        self._gates: dict[str, RouteGate] = {}
+        self._slots: dict[str, RouteSlots] = {}
 
-    def gate(self, route: RouteSettings) -> RouteGate:
-        gate = self._gates.get(route.name)
-        if gate is None:
-            gate = self._gates[route.name] = RouteGate(route.name, route.max_concurrency)
-        return gate
+    def gate(self, route: RouteSettings, scope: str) -> Hold:
+        slots = self._slots.get(route.name)
+        if slots is None:
+            slots = self._slots[route.name] = RouteSlots(route.name, route.max_concurrency)
+        return slots.hold(scope)
 
     async def send(
         self,
