@@ -126,6 +126,17 @@ def test_a_refused_newcomer_turns_the_share_on() -> None:
         hold.__exit__(None, None, None)
 
 
+def test_on_a_route_of_two_clients_the_share_holds_from_the_first_request() -> None:
+    """Where two or more [[clients]] may use the route, the first to come is held to its
+    share alone, so the slots another will need are there when it comes."""
+    slots = RouteSlots("tickets", 4, tenants=True)
+    with slots.hold("client:noisy"), slots.hold("client:noisy"):
+        with pytest.raises(QuotaExceeded):
+            slots.hold("client:noisy")
+        with slots.hold("client:quiet"), slots.hold("client:quiet"):
+            assert slots.active(Lane.CALLS) == 4
+
+
 def test_the_share_ends_when_the_other_scope_stops_using_the_route() -> None:
     """A scope that neither holds a slot nor asked within the window no longer limits
     the others."""
@@ -245,14 +256,12 @@ async def _settled(
 async def test_slow_pass_through_requests_leave_other_clients_their_share(
     gateway_factory: GatewayFactory, upstream: CountingUpstream
 ) -> None:
-    """A client that sends 8 slow requests the route does not protect holds 4 of the
-    route's 8 slots (the rest are 429 quota-exceeded); another client's protected
-    call goes through meanwhile (security review, finding 1)."""
+    """A client that comes first and sends 8 slow requests the route does not protect
+    holds 4 of the route's 8 slots (the rest are 429 quota-exceeded); another client's
+    protected calls go through meanwhile (security review, finding 1)."""
     gateway = await gateway_factory(
         upstream.url, route={"max_concurrency": 8, "methods": ["POST"]}, clients=CLIENTS
     )
-    first = await gateway.post("/tickets/v1/issues", key="q1", json_body={}, headers=QUIET)
-    assert first.status == 201
     tasks = await _held_requests(gateway, "/tickets/v1/slow?hold=1", NOISY, 8)
     try:
         await upstream.wait_for_held(4)
@@ -263,13 +272,39 @@ async def test_slow_pass_through_requests_leave_other_clients_their_share(
         assert kind(document) == "quota-exceeded"
         assert document["safe_to_retry"] is True
         assert "its share of the route's 8" in document["detail"]
-        quiet = await gateway.post("/tickets/v1/issues", key="q2", json_body={}, headers=QUIET)
-        assert quiet.status == 201
+        for n in range(4):
+            quiet = await gateway.post(
+                "/tickets/v1/issues", key=f"q{n}", json_body={}, headers=QUIET
+            )
+            assert quiet.status == 201
     finally:
         upstream.release_held()
         results = await asyncio.gather(*tasks)
     assert sorted(r.status for r in results) == [200] * 4 + [429] * 4
     assert upstream.held == 4
+
+
+async def test_with_credential_scopes_a_newcomer_turns_the_share_on(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """Without [[clients]] a scope alone may fill the route; a newcomer refused for it
+    (503) turns the share on: the first scope's next request is 429, and the newcomer
+    gets the next slot given back."""
+    gateway = await gateway_factory(upstream.url, route={"max_concurrency": 2, "methods": ["POST"]})
+    tasks = await _held_requests(gateway, "/tickets/v1/slow?hold=1", NOISY, 2)
+    try:
+        await upstream.wait_for_held(2)
+        newcomer = await gateway.post("/tickets/v1/issues", key="q1", json_body={}, headers=QUIET)
+        assert newcomer.status == 503
+        assert kind(await newcomer.json(content_type=PROBLEM)) == "route-saturated"
+        again = await gateway.get("/tickets/v1/slow", headers=NOISY)
+        assert again.status == 429
+        assert kind(await again.json(content_type=PROBLEM)) == "quota-exceeded"
+    finally:
+        upstream.release_held()
+        await asyncio.gather(*tasks)
+    retried = await gateway.post("/tickets/v1/issues", key="q1", json_body={}, headers=QUIET)
+    assert retried.status == 201
 
 
 @dataclass
@@ -497,8 +532,9 @@ async def _gateway_with_streams(
     **options: Any,
 ) -> tuple[RunningGateway, OpenStreams]:
     quotas = options.pop("quotas", {})
+    clients = options.pop("clients", CLIENTS)
     gateway = await gateway_factory(
-        url, route=_mcp_route(url, **options), clients=CLIENTS, quotas=quotas
+        url, route=_mcp_route(url, **options), clients=clients, quotas=quotas
     )
     streams = OpenStreams(session, gateway)
     made.append(streams)
@@ -510,13 +546,13 @@ async def test_server_streams_never_take_a_calls_slot(
     mcp_server: StreamingServer,
     streams_of: list[OpenStreams],
 ) -> None:
-    """A client alone holding as many server streams as the route has slots leaves every
-    slot for calls: another client's protected call is answered (before, the streams
+    """A scope alone holding as many server streams as the route has slots leaves every
+    slot for calls: another scope's protected call is answered (before, the streams
     held the route's pooled connections and the call could not connect)."""
     async with aiohttp.ClientSession() as session:
         gateway, streams = await _gateway_with_streams(
             gateway_factory, streams_of, session, mcp_server.url,
-            max_concurrency=4, quotas={"max_streams": 8},
+            clients=None, max_concurrency=4, quotas={"max_streams": 8},
         )  # fmt: skip
         for _ in range(4):
             assert (await streams.open_one(NOISY)).status == 200
@@ -532,16 +568,14 @@ async def test_a_clients_streams_past_its_share_are_refused_in_json_rpc_form(
     mcp_server: StreamingServer,
     streams_of: list[OpenStreams],
 ) -> None:
-    """While another client uses the route, a client's third stream of a 4-slot route is
-    429 with a JSON-RPC error whose data is the quota-exceeded problem; the other client
-    still opens its own."""
+    """On a route of two clients, a client's third stream of a 4-slot route is 429 with a
+    JSON-RPC error whose data is the quota-exceeded problem, before the other client came;
+    the other client then opens its own."""
     async with aiohttp.ClientSession() as session:
-        gateway, streams = await _gateway_with_streams(
+        _, streams = await _gateway_with_streams(
             gateway_factory, streams_of, session, mcp_server.url,
             max_concurrency=4, quotas={"max_streams": 8},
         )  # fmt: skip
-        status, _ = await _tool_call(session, gateway, QUIET, _call("k1", title="a"))
-        assert status == 200
         assert (await streams.open_one(NOISY)).status == 200
         assert (await streams.open_one(NOISY)).status == 200
         refused = await streams.open_one(NOISY)
@@ -549,6 +583,7 @@ async def test_a_clients_streams_past_its_share_are_refused_in_json_rpc_form(
         error = (await refused.json())["error"]
         assert kind(error["data"]) == "quota-exceeded"
         assert "server streams open" in error["message"]
+        assert (await streams.open_one(QUIET)).status == 200
         assert (await streams.open_one(QUIET)).status == 200
 
 
@@ -607,10 +642,8 @@ async def test_a_tool_call_past_its_share_is_an_is_error_result_like_route_satur
         mcp_server.url, route=_mcp_route(mcp_server.url, max_concurrency=2), clients=CLIENTS
     )
     async with aiohttp.ClientSession() as session:
-        status, answer = await _tool_call(session, gateway, QUIET, _call("q1", title="a"))
-        assert (status, answer["result"]["isError"]) == (200, False)
         slow = asyncio.create_task(_tool_call(session, gateway, NOISY, _call("n1", slow=True)))
-        await mcp_server.wait_for("calls", 2)
+        await mcp_server.wait_for("calls", 1)
         status, answer = await _tool_call(session, gateway, NOISY, _call("n2", title="b"))
         assert status == 200
         result = answer["result"]
@@ -619,7 +652,9 @@ async def test_a_tool_call_past_its_share_is_an_is_error_result_like_route_satur
         assert kind(problem) == "quota-exceeded"
         assert problem["safe_to_retry"] is True
         assert "over its quota" in result["content"][0]["text"]
-        assert mcp_server.calls == 2
+        assert mcp_server.calls == 1
+        status, answer = await _tool_call(session, gateway, QUIET, _call("q1", title="a"))
+        assert (status, answer["result"]["isError"]) == (200, False)
         mcp_server.slow.set()
         assert (await slow)[0] == 200
     assert (await gateway.get("/operations/n2", headers=NOISY)).status == 404

@@ -172,7 +172,7 @@ class Settings(BaseModel):
             origin = _origin(route.upstream)
             mine = reached(route.upstream)
             siblings = [other for other in self.routes if reached(other.upstream) & mine]
-            reach = {self._scopes_reaching(other) for other in siblings}
+            reach = {self.scopes_reaching(other) for other in siblings}
             only = next(iter(reach)) if len(reach) == 1 else None
             if only is not None and len(only) == 1:
                 continue
@@ -184,7 +184,7 @@ class Settings(BaseModel):
                 '["<name>"] on each), else use "operation_id" or "scoped"',
             )
 
-    def _scopes_reaching(self, route: RouteSettings) -> frozenset[str]:
+    def scopes_reaching(self, route: RouteSettings) -> frozenset[str]:
         """The scopes that can use a route; an open set (HMAC scopes) as the empty set."""
         if self.clients:
             names = route.clients if route.clients is not None else self.clients_names
@@ -192,6 +192,14 @@ class Settings(BaseModel):
         if not self.idempotency.scope_headers:
             return frozenset({ANONYMOUS_SCOPE})  # shared_scope: everyone is one scope
         return frozenset()
+
+    @property
+    def tenant_routes(self) -> frozenset[str]:
+        """Routes that two or more `[[clients]]` may use: tenants by configuration, whose
+        share of the route's slots is kept whoever came first (`gateway.engine.fairness`)."""
+        return frozenset(
+            route.name for route in self.routes if len(self.scopes_reaching(route)) >= 2
+        )
 
     @property
     def clients_names(self) -> tuple[str, ...]:

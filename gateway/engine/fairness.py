@@ -12,12 +12,19 @@ A route has `max_concurrency` slots in each of two lanes:
 While two or more scopes use a route, no scope may hold more than its
 share of a lane, `fair_share(max_concurrency)` (half, rounded up): past it
 the scope is refused `quota-exceeded` (429) and the others keep the rest. A
-full lane refuses everyone else `route-saturated` (503). A scope alone on
-the route may use every slot; a scope "uses" the route while it holds a slot
-there, and for `USE_WINDOW_SECONDS` after its last request (refused ones
-included), so a newcomer refused because one scope filled the route turns
-the share on: the first scope's next requests are refused until it is back
-within its share, and the newcomer's retry gets a freed slot.
+full lane refuses everyone else `route-saturated` (503).
+
+Who uses a route:
+
+- on a route that two or more `[[clients]]` may use (`tenants`), they all
+  do, always: the share holds from the first request, so a client that came
+  first cannot take the slots another will need (a held slot cannot be taken
+  back: a call in progress is never cut to make room);
+- elsewhere (scopes made from credentials, which anyone can mint), a scope
+  uses the route while it holds a slot there and for `USE_WINDOW_SECONDS`
+  after its last request, refused ones included. A scope alone may use every
+  slot; a newcomer refused because it filled the route turns the share on,
+  and gets the slots given back as that scope's calls end.
 
 Counted per process: with `[server] workers = N`, each worker has its own
 slots and the share is half of that worker's.
@@ -138,11 +145,18 @@ class RouteSlots:
     """
 
     def __init__(
-        self, route: str, limit: int, *, clock: Callable[[], float] = time.monotonic
+        self,
+        route: str,
+        limit: int,
+        *,
+        tenants: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.route = route
         self.limit = limit
         self.share = fair_share(limit)
+        self.tenants = tenants
+        """Two or more `[[clients]]` may use the route: the share always holds."""
         self._clock = clock
         self._active = dict.fromkeys(Lane, 0)
         self._held: dict[tuple[str, Lane], int] = {}
@@ -182,8 +196,9 @@ class RouteSlots:
         seen[scope] = now
 
     def _shared(self, scope: str, now: float) -> bool:
-        """Whether another scope uses the route: holds a slot, or asked recently."""
-        if len(self._holders) > (scope in self._holders):
+        """Whether another scope uses the route: may (tenants), holds a slot, or asked
+        recently."""
+        if self.tenants or len(self._holders) > (scope in self._holders):
             return True
         # `_saw` put `scope` last: the entry before it is the most recent other scope.
         for other in reversed(self._seen):

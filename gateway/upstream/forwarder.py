@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -115,12 +115,21 @@ class Forwarder:
     >>> # reply = await forwarder.send(route, "POST", url, headers, body)
     """
 
-    def __init__(self, routes: Sequence[RouteSettings], *, tracer: Tracer = NO_TRACER) -> None:
+    def __init__(
+        self,
+        routes: Sequence[RouteSettings],
+        *,
+        tracer: Tracer = NO_TRACER,
+        tenant_routes: Collection[str] = (),
+    ) -> None:
         self._tracer = tracer
         self._routes = {route.name: route for route in routes}
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._slots = {
-            route.name: RouteSlots(route.name, route.max_concurrency) for route in routes
+            route.name: RouteSlots(
+                route.name, route.max_concurrency, tenants=route.name in tenant_routes
+            )
+            for route in routes
         }
 
     def gate(self, route: RouteSettings, scope: str, lane: Lane = Lane.CALLS) -> Hold:

@@ -183,7 +183,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         worker.channel.follow_workers()
         publisher = asyncio.create_task(_publish_metrics(metrics), name="metrics-snapshots")
     tracer = open_tracer()
-    forwarder = Forwarder(settings.routes, tracer=tracer)
+    forwarder = Forwarder(settings.routes, tracer=tracer, tenant_routes=settings.tenant_routes)
     await forwarder.start()
     keeper = LeaseKeeper(
         store,
