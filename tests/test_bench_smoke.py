@@ -149,6 +149,39 @@ def test_quick_run_prints_every_row() -> None:
     assert after == before, "bench/RESULTS.md changed without --write"
 
 
+def test_fairness_quick_run() -> None:
+    """`python -m bench.fairness --quick`: noisy is refused `quota-exceeded` past its share
+    of a route of 8 (4 streams, 4 calls), and quiet's calls, alone and while noisy holds
+    that share, are all answered: none refused, none otherwise not ok."""
+    # In a process group of its own, like the quick run above: the endpoint and the
+    # gateway it starts end with this test even if the run is killed.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.fairness", "--quick"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, errors = process.communicate(timeout=QUICK_RUN_SECONDS)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == 0, output[-3000:] + errors[-3000:]
+    rows = _table_rows(output, "## Fairness: one client holds its share of a route")
+    shared = "quiet while noisy holds its share (4 streams, 4 calls)"
+    assert {"quiet alone", shared} <= set(rows), output
+    for name in ("quiet alone", shared):
+        calls, _, _, not_ok, refused, _ = rows[name]
+        assert int(calls) > 0, f"{name}: {rows[name]}"
+        assert (not_ok, refused) == ("0", "0"), f"{name}: not ok / refused {rows[name]}"
+    assert "(the next: HTTP 429 quota-exceeded)" in output, output
+    assert "While noisy holds its share / alone: p50 " in output, output
+
+
 def test_guard_pair_alternates_windows() -> None:
     """`python -m bench.guard_pair` (the guard's cost in alternating windows) runs both
     gateways, prints the medians table, and no miss was refused."""
@@ -180,6 +213,7 @@ def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "module",
     [
+        "bench.fairness",
         "bench.large_mcp",
         "bench.loadgen",
         "bench.mcp_load",
