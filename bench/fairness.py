@@ -11,8 +11,7 @@ is what binds). Two phases in one run:
    `params._meta.idempotencyKey` and distinct arguments each, the tool answers
    after `--tool-delay-ms`) at `--concurrency`, until `--calls` or
    `--seconds`, and each call's latency is measured.
-2. quiet sends one more call (so two scopes use the route), then noisy opens
-   server streams (`GET`, kept open and read; the endpoint sends `: ping`
+2. noisy opens server streams (`GET`, kept open and read; the endpoint sends `: ping`
    every second) until one is refused, and starts protected calls to a tool
    the endpoint answers only when told to (pinging meanwhile) until one is
    refused: each refusal must be 429 `quota-exceeded`, which proves noisy
@@ -487,9 +486,8 @@ async def measure(
         )
         alone = await phase()
         try:
-            # Quiet uses the route now (its share applies while two scopes do), then noisy
-            # takes all it is given.
-            await _call(quiet, url, token, TOOL, 0, "quiet")
+            # Two [[clients]] may use the route, so noisy is held to its share whoever
+            # came first (gateway.engine.fairness); it takes all it is given.
             await _fill_share(
                 noisy, control, url, upstream_base, tokens["noisy"], max_concurrency + 1, share
             )
