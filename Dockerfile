@@ -18,7 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     IDEMPOTENCY_GATEWAY_SERVER__HOST=0.0.0.0 \
     IDEMPOTENCY_GATEWAY_STORE__URL=sqlite:////data/gateway.db
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl "uvloop>=0.19" \
+RUN pip install --no-cache-dir /wheels/*.whl \
     && rm -rf /wheels \
     && groupadd --system --gid 10001 gateway \
     && useradd --system --uid 10001 --gid gateway --home-dir /data --shell /usr/sbin/nologin gateway \

@@ -56,11 +56,9 @@ test: lint typecheck ts-test
 	$(BIN)/python -m pytest -n auto
 
 # The gateway against a plain aiohttp proxy and the store at 1M operations, in one
-# run (under 10 minutes on 2 cores); writes bench/RESULTS.md. With the `fast` extra
-# (uvloop), as the Docker image runs; the plain proxy then uses uvloop too. wrk
-# drives the HTTP rows when installed (Debian package wrk), else an aiohttp client.
+# run (under 10 minutes on 2 cores); writes bench/RESULTS.md. wrk drives the HTTP
+# rows when installed (Debian package wrk), else an aiohttp client.
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[fast]'
 	$(BIN)/python -m bench.run --write
 
 # The gateway's memory under 10 minutes of new keys; replaces the soak section of bench/RESULTS.md.

@@ -431,7 +431,7 @@ def test_gateway_paths_constant() -> None:
         (
             "[server]\nprot = 1",
             "server.prot: unknown key "
-            "(known keys: client_timeout, host, max_header_size, max_headers, port, "
+            "(known keys: client_timeout, host, loop, max_header_size, max_headers, port, "
             "trusted_proxies, workers)",
         ),
         ("[srever]\nport = 1", "srever: unknown key"),

@@ -30,3 +30,32 @@ def test_tune_garbage_collector_freezes_start_up_and_raises_the_young_threshold(
     assert same_older_thresholds == "True"
     assert int(young) == GC_YOUNG_THRESHOLD
     assert frozen == "True"
+
+
+_LOOP_PROBE = """
+import asyncio, sys
+from gateway.web.serve import use_event_loop
+installed = use_event_loop(sys.argv[1])
+async def main():
+    return type(asyncio.get_running_loop()).__module__
+print(installed, asyncio.run(main()))
+"""
+
+
+def test_the_event_loop_is_uvloop_unless_asyncio_is_chosen() -> None:
+    """`[server] loop`: uvloop by default (a dependency of the gateway), asyncio's own loop
+    when chosen. In a fresh interpreter: the loop policy is process-wide."""
+
+    def probe(choice: str) -> list[str]:
+        run = subprocess.run(
+            [sys.executable, "-c", _LOOP_PROBE, choice],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return run.stdout.split()
+
+    assert probe("uvloop") == ["uvloop", "uvloop"]
+    installed, module = probe("asyncio")
+    assert (installed, module.split(".")[0]) == ("asyncio", "asyncio")

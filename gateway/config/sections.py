@@ -67,6 +67,9 @@ class ServerSettings(BaseModel):
     max_header_size: Size = Field(default=8 * 1024, ge=1024)
     """Longest request line or header field accepted (larger: 400 from the parser)."""
     max_headers: int = Field(default=100, ge=8)
+    loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """The event loop: uvloop (installed with the gateway on Linux and macOS; asyncio's own
+    where it is missing), or asyncio's own on purpose."""
     workers: Annotated[int, BeforeValidator(_worker_count)] = Field(default=1, ge=1, le=256)
     """Serving processes on the one port: 1 (the default) serves in this process;
     more run under a supervisor (`gateway.workers`); "auto" is one per core."""

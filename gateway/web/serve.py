@@ -30,12 +30,21 @@ from gateway.workers.supervisor import WorkersFailed, supervise
 log = logging.getLogger("gateway.serve")
 
 
-def _use_uvloop() -> None:
-    try:
-        import uvloop  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+def use_event_loop(choice: str) -> str:
+    """Install the event loop `[server] loop` names; return the one installed.
+
+    uvloop is a dependency of the gateway where it installs (Linux, macOS); where it
+    does not (Windows), "uvloop" falls back to asyncio's own loop, said at start."""
+    if choice == "uvloop":
+        try:
+            import uvloop  # type: ignore[import-not-found, unused-ignore]
+        except ImportError:
+            log.warning("uvloop is not installed here: serving on asyncio's own event loop")
+            return "asyncio"
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    asyncio.set_event_loop_policy(None)
+    return "asyncio"
 
 
 GC_YOUNG_THRESHOLD = 50_000
@@ -143,7 +152,8 @@ def run(
     """Serve in this process, or as a supervisor of `[server] workers` processes."""
     configure_logging(settings.logging)
     protect_secrets(settings, config_file)
-    _use_uvloop()
+    loop = use_event_loop(settings.server.loop)
+    log.info("event loop: %s", loop, extra={"event": "event_loop", "loop": loop})
     try:
         if worker is None and settings.server.workers > 1:
             asyncio.run(supervise(settings))
