@@ -8,11 +8,14 @@ forwarded without a record (the route says so), but the answer tells the agent:
 
 from __future__ import annotations
 
-import logging
+import json
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from conftest import GatewayFactory
+from harness import GatewayProcess, spawn
 from upstream import CountingUpstream
 
 FORGED = "?forge=1"  # the upstream answers with its own gateway headers
@@ -48,13 +51,20 @@ async def test_without_a_key_an_unprotected_method_says_nothing(
 
 
 async def test_the_request_log_records_a_key_that_was_not_protected(
-    gateway_factory: GatewayFactory, upstream: CountingUpstream, caplog: pytest.LogCaptureFixture
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
 ) -> None:
-    gateway = await gateway_factory(upstream.url)
-    with caplog.at_level(logging.INFO, logger="gateway.access"):
-        answer: Any = await gateway.session.delete(
+    """The access line of a keyed DELETE says `not-protected`."""
+    gateway = spawn(processes, tmp_path, upstream.url, logging={"level": "info", "format": "json"})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.delete(
             gateway.url + "/tickets/v1/issues/7", headers={"Idempotency-Key": "k-9"}
-        )
+        ) as answer,
+    ):
         await answer.read()
-    outcomes = [getattr(record, "outcome", None) for record in caplog.records]
-    assert "not-protected" in outcomes, outcomes
+        request_id = answer.headers["X-Request-Id"]
+    gateway.stop()  # the line is written by the time the gateway has stopped
+    assert gateway.log_path is not None
+    lines = [json.loads(line) for line in gateway.log_path.read_text().splitlines()]
+    outcomes = [line.get("outcome") for line in lines if line.get("request_id") == request_id]
+    assert outcomes == ["not-protected"], outcomes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -45,6 +46,7 @@ from gateway.store.factory import make_store
 from gateway.store.sqlite_connection import SharedDatabase
 from gateway.telemetry.web import TRACER, open_tracer, tracing_middlewares
 from gateway.upstream.forwarder import Forwarder
+from gateway.web.access_log import AccessLog, access_log_for
 from gateway.web.admin_view import (
     list_operations,
     operation_history,
@@ -90,7 +92,7 @@ from gateway.web.openapi import openapi_json
 from gateway.web.operations_view import lookup, resolve
 from gateway.web.probe_jobs import ProbeJobs
 from gateway.web.problems import problem_middleware
-from gateway.web.request_log import request_log_middleware
+from gateway.web.request_log import request_logging
 from gateway.workers.role import RunningWorker
 
 log = logging.getLogger("gateway.app")
@@ -111,9 +113,10 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
 
     >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
     """
+    access = access_log_for(settings.logging.level, settings.logging.format)
     app = web.Application(
         middlewares=[
-            request_log_middleware,
+            request_logging(access),
             # Only an enabled admin API has answers to mark; otherwise no layer per request.
             *([admin_headers_middleware] if settings.admin.enabled else []),
             # The server span, when tracing is on (docs/operations.md, "Tracing").
@@ -137,6 +140,9 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app[BACKGROUND] = set()
     if worker is not None:
         app[WORKER] = worker
+    if access is not None:
+        # First in, last out: the lines of every drained request are written.
+        app.cleanup_ctx.append(functools.partial(_access_log, access))
     app.cleanup_ctx.append(_services)
 
     app.router.add_get("/healthz", healthz)
@@ -241,6 +247,14 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         await forwarder.close()
         await store.close()
         await tracer.close()  # last: the drained calls' spans are flushed too
+
+
+async def _access_log(access: AccessLog, app: web.Application) -> AsyncIterator[None]:
+    access.start()
+    try:
+        yield
+    finally:
+        await access.close()
 
 
 def _shared_database(worker: RunningWorker | None) -> SharedDatabase | None:

@@ -1,25 +1,23 @@
 """One structured log line per request, and the request id that ties lines together.
 
-The line carries route, method, path, outcome, state, status, upstream and
-total latency, the key, a short hash of the scope and the request id. It never
-carries a credential or a body: handlers only ever put those facts into the
-request's `RequestTrace`.
+The line (`gateway.web.access_log`) carries route, method, path, outcome,
+state, status, upstream and total latency, the key, a short hash of the scope
+and the request id. It never carries a credential or a body: handlers only
+ever put those facts into the request's `RequestTrace`.
 """
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gateway.engine.exchange import RequestTrace
-from gateway.engine.scopes import scope_hash
+from gateway.web.access_log import AccessLog
 from gateway.web.appkeys import METRICS, TRACE
 from gateway.web.problems import Handler
-
-log = logging.getLogger("gateway.access")
 
 _QUIET = frozenset({"/healthz", "/readyz", "/metrics"})
 REQUEST_ID = "X-Request-Id"
@@ -38,48 +36,29 @@ def _request_id(request: web.Request) -> str:
     return secrets.token_hex(8)
 
 
-@web.middleware
-async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    started = time.monotonic()
-    trace = RequestTrace(request_id=_request_id(request))
-    request[TRACE] = trace
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        response.headers[REQUEST_ID] = trace.request_id
-        return response
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    finally:
-        elapsed = time.monotonic() - started
-        if trace.route is not None:
-            request.app[METRICS].request_time(trace.route, elapsed)
-        if log.isEnabledFor(logging.INFO) and request.path not in _QUIET:
-            log.info(
-                "%s %s %d",
-                request.method,
-                request.path,
-                status,
-                extra={
-                    "event": "request",
-                    "request_id": trace.request_id,
-                    "method": request.method,
-                    "path": request.path,
-                    "status": status,
-                    "route": trace.route,
-                    "outcome": trace.outcome,
-                    "error": trace.error,
-                    "state": trace.state,
-                    "key": trace.key,
-                    "scope": scope_hash(trace.scope) if trace.scope else None,
-                    "operation_id": trace.operation_id,
-                    "upstream_ms": (
-                        round(trace.upstream_seconds * 1000, 3)
-                        if trace.upstream_seconds is not None
-                        else None
-                    ),
-                    "total_ms": round(elapsed * 1000, 3),
-                },
-            )
+def request_logging(access: AccessLog | None) -> Middleware:
+    """The middleware that gives every request its id and, with an access log (`info`
+    and `debug`), its line (`gateway.web.access_log`)."""
+
+    @web.middleware
+    async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.monotonic()
+        trace = RequestTrace(request_id=_request_id(request))
+        request[TRACE] = trace
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            response.headers[REQUEST_ID] = trace.request_id
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            elapsed = time.monotonic() - started
+            if trace.route is not None:
+                request.app[METRICS].request_time(trace.route, elapsed)
+            if access is not None and request.path not in _QUIET:
+                access.request(trace, request.method, request.path, status, elapsed=elapsed)
+
+    return request_log_middleware
