@@ -157,3 +157,24 @@ async def test_no_access_line_is_lost_when_the_gateway_is_stopped_under_load(
     missing = set(answered) - logged
     assert not missing, f"{len(missing)} of {len(answered)} answered requests have no line"
     assert any(line["message"].startswith("shutting down") for line in lines)
+
+
+async def test_a_line_is_what_json_dumps_makes_of_the_same_fields() -> None:
+    """Values that need escaping (quotes, a backslash, non-ASCII, a lone surrogate from
+    bytes that were not UTF-8, nulls) come out as `json.dumps` writes them."""
+    lines: list[str] = []
+    access = AccessLog("json", sink=lines.append)
+    access.start()
+    trace = RequestTrace(request_id='a"b\\c', key="clé-\udcff", scope=None)
+    access.request(trace, "POST", "/tickets/ü\t", 400, elapsed=0.5)
+    await access.close()
+    line = json.loads(lines[0])
+    expected = {"request_id": 'a"b\\c', "key": "clé-\udcff", "path": "/tickets/ü\t"}
+    assert {name: line[name] for name in expected} == expected
+    assert (line["route"], line["scope"], line["upstream_ms"], line["total_ms"]) == (
+        None,
+        None,
+        None,
+        500.0,
+    )
+    assert lines[0] == json.dumps(line) + "\n"

@@ -19,6 +19,7 @@ and one that is not UTF-8 is just another credential, never a server error.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Sequence
@@ -99,6 +100,7 @@ def is_credential(name: str, value: str) -> bool:
     return scheme.lower() not in AUTH_SCHEMES
 
 
+@functools.lru_cache(maxsize=4096)
 def scope_hash(scope: str) -> str:
     """A log-safe handle for a scope: never the client's token, never a raw header."""
     return hashlib.sha256(scope.encode()).hexdigest()[:12]

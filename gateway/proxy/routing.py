@@ -77,6 +77,13 @@ def check_path(raw_path: str) -> None:
     """Refuse targets that are not plain origin-form paths."""
     if not raw_path.startswith("/"):
         raise InvalidRequest("the request target must be an origin-form path starting with '/'")
+    if "." not in raw_path and "%" not in raw_path:
+        # Every other refusal below needs a dot or an escape; most paths have neither.
+        if "//" in raw_path:
+            raise InvalidRequest("the path may not contain empty segments ('//')")
+        if "\\" in raw_path:
+            raise InvalidRequest("the path may not contain backslashes or encoded slashes")
+        return
     if _DOT_SEGMENT.search(raw_path):
         raise InvalidRequest("the path may not contain '.' or '..' segments")
     if any(_is_dot_segment(segment) for segment in raw_path.split("/")):
