@@ -544,16 +544,24 @@ def baseline_sentence(found: Defaults) -> str:
 
 def section(found: Defaults, *, header: bool = True) -> list[str]:
     """The results as a Markdown section of bench/RESULTS.md (`HEADING` first)."""
+    marks = [f"run {i + 1}" for i in range(len(found.load_average) - 1)] + ["at the end"]
     loads = "; ".join(
-        f"run {i + 1}: {a:.2f}, {b:.2f}, {c:.2f}" for i, (a, b, c) in enumerate(found.load_average)
+        f"{mark}: {a:.2f}, {b:.2f}, {c:.2f}"
+        for mark, (a, b, c) in zip(marks, found.load_average, strict=True)
     )
-    if found.load_average:
-        loads += " (the last: at the end)"
+    repeats = (
+        "every row once"
+        if found.runs == 1
+        else f"every row {found.runs} times, the runs one after the other, the order reversed "
+        "every other run (figures: run 1 / run 2 ...)"
+    )
     lines = [HEADING, ""] if header else []
     lines += [
-        "What a user gets from `pip install` and config/gateway.toml: the JSON access log on "
-        '(`[logging] level = "info"`, a line per request), uvloop (`[server] loop`), a '
-        "credential per request (`Authorization`, hashed into the scope). The issue's "
+        "The configuration a user gets from `pip install` and config/gateway.toml: the JSON "
+        'access log on (`[logging] level = "info"`, a line per request, here to a file), '
+        "uvloop (`[server] loop`), a credential per request (`Authorization`, hashed into "
+        "the scope; config/gateway.toml's `shared_scope = true` changes nothing for requests "
+        "that carry one). The tuned rows further down run with the log at `warning`. The issue's "
         "harness exactly (`python -m bench.defaults`): one route, `require_key = true`, "
         '`scope_headers = ["Authorization"]`, `shared_scope` false, everything else the '
         "production default (SQLite in the run's temporary directory), in front of a bare "
@@ -562,9 +570,8 @@ def section(found: Defaults, *, header: bool = True) -> list[str]:
         "JSON body with `Authorization: Bearer bench-tenant`, a fresh `Idempotency-Key` per "
         f"request (miss) or `replay-<n mod {REPLAY_KEYS}>` (replay, every key sent once "
         f"beforehand). {found.seconds:g} s per window after {found.warmup:g} s of warm-up, "
-        f"every row {found.runs} time(s), the runs one after the other (figures: run 1 / "
-        f"run 2 ...); the baselines on asyncio's own loop, as in the issue. Whole harness "
-        f"{found.minutes:.1f} min; load average (1, 5, 15 min) {loads}.",
+        f"{repeats}; the baselines on asyncio's own loop, as in the issue. Whole harness "
+        f"{found.minutes:.1f} min; load average (1, 5, 15 min) at the start of {loads}.",
         "",
         summary_table(found).render(),
         "",
