@@ -221,7 +221,7 @@ def test_defaults_quick_run() -> None:
     assert process.returncode == 0, output[-3000:] + errors[-3000:]
     summary = _table_rows(output, "## The defaults: the issue's harness")
     assert summary["gateway"] == list(DEFAULTS_COLUMNS), output
-    for name in ("miss, 2xx/s", "replay, answers/s"):
+    for name in ("miss, a body per key, 2xx/s", "replay, answers/s"):
         assert all(cell.replace(",", "").isdigit() for cell in summary[name]), summary[name]
     targets = [name for name in summary if "target" in name]
     assert len(targets) == 3, summary
@@ -234,13 +234,18 @@ def test_defaults_quick_run() -> None:
     for server in ("bare handler", "plain proxy", "plain proxy (uvloop)", *DEFAULTS_COLUMNS):
         assert (server, "miss c=8") in loads, (server, output)
         assert (server, "miss c=1") in loads, (server, output)
+    for server in DEFAULTS_COLUMNS:
+        assert {(server, "miss, a body per key c=8"), (server, "replay")} <= loads, output
     for cells in rows:
         if len(cells) != 10 or cells[1].strip() == "load":
             continue
         assert cells[7].strip() == "0/0", f"failed answers: {cells}"
+        if cells[1].strip().startswith(("miss, a body per key", "replay")):
+            # No twins: each key its own body (replays never meet the guard).
+            assert all(part.strip() == "0" for part in cells[6].split("/")), f"409: {cells}"
         if cells[1].strip() == "replay":
-            flagged, ok = cells[8].strip().split("/")
-            assert flagged == ok != "0", f"replays not flagged: {cells}"
+            assert cells[8].strip().startswith("all "), f"replays not flagged: {cells}"
+            assert cells[8].strip() != "all 0", f"no replay answered: {cells}"
     after = RESULTS.read_bytes() if RESULTS.exists() else None
     assert after == before, "bench/RESULTS.md changed without --write"
 
