@@ -20,7 +20,9 @@ settings the issue compares with RESULTS.md) to `bench.run`'s own row:
 5. `bench.gateway_config.write_gateway_config` (`timeout = "10s"`): bench's config;
 6. the example tool API as the upstream: `bench.run`'s row exactly.
 
-Beside the chain, with the issue's load: `wrk -t2`, and `require_key = false`.
+Beside the chain, with the issue's load: a second gateway with the same config
+(the spread between two processes alike, the yardstick for the steps), `wrk
+-t2`, and `require_key = false`.
 And the denominators: the bare handler and the tool API (`bench.run`'s
 `direct`) each under both loads, and both plain proxies (the issue's on
 asyncio in front of the bare handler, `bench.run`'s on uvloop in front of the
@@ -102,6 +104,7 @@ def variants(seconds: float, warmup: float, connections: int) -> list[Variant]:
             Variant(path, "4 + bench/wrk_keys.lua", "shared", bench_mode=bench_mode),
             Variant(path, '5 + timeout "10s" (bench\'s config)', "bench", bench_mode=bench_mode),
             Variant(path, "6 + tool API upstream (bench.run's row)", "bench-api", None, bench_mode),
+            Variant(path, "beside 0: a second gateway, the same config", "issue-2", load),
             Variant(path, "beside 0: wrk -t2", "issue", replace(load, threads=2)),
             Variant(path, "beside 0: require_key = false", "no-require", load),
         ]
@@ -186,6 +189,7 @@ def measure_factors(
             )
 
         gateway("issue", issue_config("issue"))
+        gateway("issue-2", issue_config("issue-2"))  # the control: process-to-process spread
         gateway("shared", issue_config("shared", shared_scope=True))
         gateway("no-require", issue_config("no-require", open=True))
         for name, upstream in (("bench", bare.url), ("bench-api", api.url)):
