@@ -65,7 +65,7 @@ from bench import defaults_servers, processes
 from bench.gateway_config import LogLevel, sqlite_url
 from bench.loadgen import JsonBodies, LoadResult
 from bench.procstat import cpu_seconds
-from bench.report import Table, ms
+from bench.report import Table, machine_info, ms
 from bench.wrk import _execute, _parse, _result, wrk_available, wrk_version
 from gateway.config import Settings, render_effective
 
@@ -662,6 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.seconds, args.connections, args.runs, args.warmup = 1.0, 8, 1, 0.0
     columns = [c for c in COLUMNS if not args.only or c.name in args.only]
+    machine = machine_info()  # now: its load average is the one before the run
     with _workdir() as workdir:
         found = measure_defaults(
             workdir,
@@ -671,7 +672,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             warmup=args.warmup,
             columns=columns,
         )
-    found.notes.append(f"load generator: {wrk_version()}, `wrk -t1`, {SCRIPT.name}")
+    found.notes.append(f"load generator: {wrk_version()}, `wrk -t1`, bench/{SCRIPT.name}")
+    if args.write:
+        # Written apart from `make bench`: say when and where, beside the other runs' rows.
+        found.notes.append(
+            "written by `python -m bench.defaults --write`, not by `make bench`: the rows "
+            "of the other sections come from their own run (see the header)"
+        )
+        found.notes += [line.removeprefix("- ") for line in machine]
     lines = section(found)
     print("\n".join(lines), flush=True)
     if args.write:
