@@ -602,7 +602,8 @@ def section(found: Defaults, *, header: bool = True) -> list[str]:
         "true`), a distinct body per key, the example tool API upstream; "
         "`python -m bench.defaults_factors` measures each difference.",
     ]
-    lines += [f"- {note}" for note in found.notes]
+    if found.notes:
+        lines += ["", *(f"- {note}" for note in found.notes)]
     return lines
 
 
