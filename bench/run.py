@@ -2,7 +2,8 @@
 
 First the headline section, the gateway as people run it (`bench.defaults`:
 the issue's wrk harness, access log on, uvloop, a credential per request, in
-front of a bare aiohttp handler; one window per row, wrk only). Then starts,
+front of a bare aiohttp handler, beside the same with the log off; one window
+per row, wrk only). Then starts,
 on 127.0.0.1 with OS-chosen ports: the example tool API, the plain
 proxy, the gateway on a fresh SQLite file (beside it the same gateway with
 `similar_guard = "off"`, for the guard's cost on the miss path; then again
@@ -14,7 +15,7 @@ processes on one port (`bench.worker_rows`). Prints Markdown tables;
 `--write` also writes them, with the machine's description, to
 bench/RESULTS.md.
 
-    python -m bench.run --write          # the full run, about 11 minutes on 2 cores
+    python -m bench.run --write          # the full run, about 12 minutes on 2 cores
     python -m bench.run --quick          # a smoke run of well under a minute
     python -m bench.run --only mcp       # only the MCP rows (prints; never writes)
     python -m bench.run --only workers   # only the worker-process rows
@@ -36,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import processes
-from bench.defaults import Defaults, measure_defaults
+from bench.defaults import COLUMNS, Defaults, measure_defaults
 from bench.defaults import section as defaults_section
 from bench.large_mcp import LargeCalls, measure_large_calls
 from bench.large_mcp import section as large_section
@@ -73,6 +74,9 @@ SECTIONS = ("defaults", "http", "scale", "workers", "mcp", "large")
 worker-process rows, the MCP rows, the large-MCP-call row."""
 DEFAULTS_SECONDS = 5.0
 """The defaults harness's window (the issue's `-d5s`; shorter if the plan's rows are)."""
+DEFAULTS_COLUMNS = tuple(column for column in COLUMNS if column.loop == "uvloop")
+"""The defaults harness's gateways in `make bench`: the defaults and the access log off
+(the asyncio ones would take another minute of the run's 12)."""
 _ON_HTTP = ("http", "scale", "workers")
 """The sections whose rows run on the tool API and the chosen HTTP load generator."""
 
@@ -104,6 +108,11 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
                 connections=plan.concurrency,
                 runs=1,
                 warmup=plan.warmup,
+                columns=DEFAULTS_COLUMNS,
+            )
+            defaults.notes.append(
+                "`make bench` runs the uvloop columns only (its time); `python -m "
+                "bench.defaults` adds the asyncio ones and measures every row twice."
             )
         if on_http:
             with processes.tool_api(workdir) as api:
