@@ -1,6 +1,10 @@
 """`make bench`: the gateway against a plain aiohttp proxy, and the store at scale, in one run.
 
-Starts, on 127.0.0.1 with OS-chosen ports: the example tool API, the plain
+First the headline section, the gateway as people run it (`bench.defaults`:
+the issue's wrk harness, access log on, uvloop, a credential per request, in
+front of a bare aiohttp handler, beside the same with the log off; one window
+per row, wrk only). Then starts,
+on 127.0.0.1 with OS-chosen ports: the example tool API, the plain
 proxy, the gateway on a fresh SQLite file (beside it the same gateway with
 `similar_guard = "off"`, for the guard's cost on the miss path; then again
 with the info-level access log, for its cost), the gateway on a fresh
@@ -11,10 +15,11 @@ processes on one port (`bench.worker_rows`). Prints Markdown tables;
 `--write` also writes them, with the machine's description, to
 bench/RESULTS.md.
 
-    python -m bench.run --write          # the full run, under 10 minutes on 2 cores
+    python -m bench.run --write          # the full run, about 12 minutes on 2 cores
     python -m bench.run --quick          # a smoke run of well under a minute
     python -m bench.run --only mcp       # only the MCP rows (prints; never writes)
     python -m bench.run --only workers   # only the worker-process rows
+    python -m bench.run --only defaults  # only the headline section (bench.defaults)
 
 Every HTTP row's load comes from wrk when it is installed (`bench.wrk`), else
 from the aiohttp generator (`bench.loadgen`); `--client` chooses. The MCP
@@ -32,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import processes
+from bench.defaults import COLUMNS, Defaults, measure_defaults
+from bench.defaults import section as defaults_section
 from bench.large_mcp import LargeCalls, measure_large_calls
 from bench.large_mcp import section as large_section
 from bench.loadgen import Client
@@ -62,9 +69,14 @@ __all__ = ["main"]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HTTP_MISS = "gateway sqlite miss"
 """The HTTP row the MCP rows' added latency is compared with (`bench.scenarios`)."""
-SECTIONS = ("http", "scale", "workers", "mcp", "large")
-"""What `--only` can pick: the HTTP rows, the store-scale rows, the worker-process
-rows, the MCP rows, the large-MCP-call row."""
+SECTIONS = ("defaults", "http", "scale", "workers", "mcp", "large")
+"""What `--only` can pick: the defaults harness, the HTTP rows, the store-scale rows, the
+worker-process rows, the MCP rows, the large-MCP-call row."""
+DEFAULTS_SECONDS = 5.0
+"""The defaults harness's window (the issue's `-d5s`; shorter if the plan's rows are)."""
+DEFAULTS_COLUMNS = tuple(column for column in COLUMNS if column.loop == "uvloop")
+"""The defaults harness's gateways in `make bench`: the defaults and the access log off
+(the asyncio ones would take another minute of the run's 12)."""
 _ON_HTTP = ("http", "scale", "workers")
 """The sections whose rows run on the tool API and the chosen HTTP load generator."""
 
@@ -81,8 +93,27 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
     workers: WorkerRows | None = None
     mcp: McpRows | None = None
     large: LargeCalls | None = None
+    defaults: Defaults | None = None
+    skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         workdir = Path(tmp)
+        if "defaults" in sections and plan.client != "wrk":
+            why = "wrk is not installed" if not wrk_available() else "--client aiohttp"
+            skipped.append(f"The defaults section (the issue's wrk harness) not run: {why}.")
+        elif "defaults" in sections:
+            print("defaults (the issue's harness):", file=sys.stderr, flush=True)
+            defaults = measure_defaults(
+                workdir,
+                seconds=min(DEFAULTS_SECONDS, plan.duration),
+                connections=plan.concurrency,
+                runs=1,
+                warmup=plan.warmup,
+                columns=DEFAULTS_COLUMNS,
+            )
+            defaults.notes.append(
+                "`make bench` runs the uvloop columns only (its time); `python -m "
+                "bench.defaults` adds the asyncio ones and measures every row twice."
+            )
         if on_http:
             with processes.tool_api(workdir) as api:
                 if "http" in sections:
@@ -121,6 +152,8 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
         ]
     else:
         lines.append(f"- plan: {', '.join(sections)} rows only; whole run {minutes:.1f} min")
+    if defaults is not None:
+        lines += ["", *defaults_section(defaults)]
     if rows is not None:
         guard = guard_summary(rows)
         lines += [
@@ -149,6 +182,7 @@ def run(plan: Plan, sections: Sequence[str] = SECTIONS) -> str:
     if large is not None:
         lines += ["", *large_section(large)]
     notes = [
+        *skipped,
         *(rows.notes if rows else []),
         *(workers.notes if workers else []),
         *(mcp.notes if mcp else []),

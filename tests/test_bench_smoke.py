@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,6 +183,73 @@ def test_fairness_quick_run() -> None:
     assert "While noisy holds its share / alone: p50 " in output, output
 
 
+DEFAULTS_COLUMNS = (
+    "defaults (access log, uvloop)",
+    "access log off (uvloop)",
+    "asyncio loop (access log)",
+    "asyncio, log off",
+)
+"""`bench.defaults`' gateways: the issue's harness with each log level and event loop."""
+
+
+def test_defaults_quick_run() -> None:
+    """`python -m bench.defaults --quick` (the issue's wrk harness, `make bench`'s headline
+    section) prints its summary for all four gateways and every row, no answer failed,
+    every replay was flagged `Idempotent-Replayed`, and it writes no file without --write.
+    wrk drives it: skipped where wrk is missing, except in CI (`.ci/run` installs it)."""
+    if shutil.which("wrk") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("wrk is not installed: .ci/run installs the Debian package wrk")
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    before = RESULTS.read_bytes() if RESULTS.exists() else None
+    # In a process group of its own: the baselines and the four gateways end with the test.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.defaults", "--quick"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, errors = process.communicate(timeout=QUICK_RUN_SECONDS)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == 0, output[-3000:] + errors[-3000:]
+    summary = _table_rows(output, "## The defaults: the issue's harness")
+    assert summary["gateway"] == list(DEFAULTS_COLUMNS), output
+    for name in ("miss, a body per key, 2xx/s", "replay, answers/s"):
+        assert all(cell.replace(",", "").isdigit() for cell in summary[name]), summary[name]
+    targets = [name for name in summary if "target" in name]
+    assert len(targets) == 3, summary
+    for name in targets:
+        assert all(cell.endswith(("(met)", "(**not met**)")) for cell in summary[name]), name
+    assert "Baselines (same run, c=8): bare handler " in output, output
+    details = [line for line in output.splitlines() if line.startswith("| ")]
+    rows = [line.split("|")[1:-1] for line in details]
+    loads = {(cells[0].strip(), cells[1].strip()) for cells in rows if len(cells) == 10}
+    for server in ("bare handler", "plain proxy", "plain proxy (uvloop)", *DEFAULTS_COLUMNS):
+        assert (server, "miss c=8") in loads, (server, output)
+        assert (server, "miss c=1") in loads, (server, output)
+    for server in DEFAULTS_COLUMNS:
+        assert {(server, "miss, a body per key c=8"), (server, "replay")} <= loads, output
+    for cells in rows:
+        if len(cells) != 10 or cells[1].strip() == "load":
+            continue
+        assert cells[7].strip() == "0/0", f"failed answers: {cells}"
+        if cells[1].strip().startswith(("miss, a body per key", "replay")):
+            # No twins: each key its own body (replays never meet the guard).
+            assert all(part.strip() == "0" for part in cells[6].split("/")), f"409: {cells}"
+        if cells[1].strip() == "replay":
+            assert cells[8].strip().startswith("all "), f"replays not flagged: {cells}"
+            assert cells[8].strip() != "all 0", f"no replay answered: {cells}"
+    after = RESULTS.read_bytes() if RESULTS.exists() else None
+    assert after == before, "bench/RESULTS.md changed without --write"
+
+
 def test_guard_pair_alternates_windows() -> None:
     """`python -m bench.guard_pair` (the guard's cost in alternating windows) runs both
     gateways, prints the medians table, and no miss was refused."""
@@ -213,6 +281,8 @@ def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "module",
     [
+        "bench.defaults",
+        "bench.defaults_servers",
         "bench.fairness",
         "bench.large_mcp",
         "bench.loadgen",
