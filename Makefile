@@ -56,7 +56,8 @@ test: lint typecheck ts-test
 	$(BIN)/python -m pytest -n auto
 
 # The gateway against a plain aiohttp proxy and the store at 1M operations, in one
-# run (under 10 minutes on 2 cores); writes bench/RESULTS.md. wrk drives the HTTP
+# run (about 12 minutes on 2 cores); writes bench/RESULTS.md. Its first section is the
+# gateway as installed (access log on, uvloop), beside the tuned rows. wrk drives the HTTP
 # rows when installed (Debian package wrk), else an aiohttp client.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run --write

@@ -92,8 +92,8 @@ def mcp_config_note(workdir: Path) -> str:
         "`bench.gateway_config.write_mcp_gateway_config`, the production defaults (one "
         'route `kind = "mcp"`, every tool protected, SQLite in WAL mode with '
         f"`synchronous=FULL`, the store in the run's temporary directory, on "
-        f"{filesystem_of(workdir)}; one serving process; uvloop when installed "
-        "(`make bench` installs the `fast` extra), except two deliberate bench settings "
+        f"{filesystem_of(workdir)}; one serving process; uvloop (the default "
+        "`[server] loop`), except two deliberate bench settings "
         "documented there: "
         "`shared_scope = true` (the load sends no credential) and log level `warning`, "
         "so no access-log line a call (the production default is `info`; the HTTP rows' "

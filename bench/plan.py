@@ -1,7 +1,8 @@
 """How long and how hard each row runs: the full benchmark and the `--quick` smoke run.
 
 Full: about 10 s a row at c=64 and at c=1, a million stored operations for
-the store-scale run; the whole run stays well under 10 minutes on 2 cores.
+the store-scale run; the whole run, the defaults section included, takes
+about 12 minutes on 2 cores.
 Quick: c=8, 0.5 s a row, 10k stored operations and no PostgreSQL, so the smoke
 test finishes in well under its 90 s budget.
 

@@ -3,12 +3,13 @@
 Through `logging`, each line cost a `LogRecord`, its `extra` dict merged into
 the record, a formatter walking the record's attributes and a blocking write
 to stderr on the event loop: measured, about a third of replay throughput.
-Here a line is one format string filled with the request's values, each
-string escaped as JSON (the text form: one format string too), appended to a
-buffer; a writer thread takes the buffer in batches
-(every `FLUSH_SECONDS`, or at `MAX_BATCH` lines) and writes each batch with
-one call, holding the log handler's lock so that no warning or error line,
-which `logging` still writes at once, is ever cut into an access line.
+Here the event loop only appends the request's facts (a tuple) to a buffer.
+A writer thread takes the buffer in batches (every `FLUSH_SECONDS`, or at
+`MAX_BATCH` lines), formats each line (one format string filled with the
+values, each string escaped as JSON; the text form: one format string too),
+mostly while the loop waits on a socket or the store, and writes the batch
+with one call, holding the log handler's lock so that no warning or error
+line, which `logging` still writes at once, is ever cut into an access line.
 
 Nothing is lost on `SIGTERM`: the gateway drains its requests, then `close`
 writes what is buffered and waits for the writer. What a `SIGKILL` loses is
@@ -46,6 +47,14 @@ FLUSH_SECONDS = 0.1
 MAX_BATCH = 512
 """A buffer this long is handed to the writer at once, without waiting for the timer."""
 
+_Facts = tuple[
+    float, str, str, int, float, str, str | None, str | None, str | None, str | None,
+    str | None, str | None, str | None, float | None,
+]  # fmt: skip
+"""What a line says, taken on the event loop: the time, method, path, status, elapsed
+seconds, then the trace's request id, route, outcome, error, state, key, scope,
+operation id and upstream seconds."""
+
 _JSON_LINE = (
     '{"ts": "%s", "level": "info", "logger": "gateway.access", "message": %s, '
     '"event": "request", "request_id": %s, "method": %s, "path": %s, "status": %d, '
@@ -72,8 +81,8 @@ class AccessLog:
     def __init__(self, form: Literal["json", "text"], *, sink: Callable[[str], None]) -> None:
         self._format = self._json_line if form == "json" else self._text_line
         self._sink = sink
-        self._pending: list[str] = []
-        self._batches: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        self._pending: list[_Facts] = []
+        self._batches: queue.SimpleQueue[list[_Facts] | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -96,8 +105,26 @@ class AccessLog:
         *,
         elapsed: float,
     ) -> None:
-        """Log one finished request (on the event loop: no I/O here)."""
-        self._pending.append(self._format(trace, method, path, status, elapsed))
+        """Log one finished request. On the event loop only the facts are taken (a tuple);
+        the writer thread formats them, while the loop waits on a socket or the store."""
+        self._pending.append(
+            (
+                time.time(),
+                method,
+                path,
+                status,
+                elapsed,
+                trace.request_id,
+                trace.route,
+                trace.outcome,
+                trace.error,
+                trace.state,
+                trace.key,
+                trace.scope,
+                trace.operation_id,
+                trace.upstream_seconds,
+            )
+        )
         if len(self._pending) >= MAX_BATCH:
             self._hand_over()
         elif self._timer is None and self._loop is not None:
@@ -120,20 +147,23 @@ class AccessLog:
             return
         batch, self._pending = self._pending, []
         if self._writer is None:  # not started, or closed: write here rather than lose it
-            self._sink("".join(batch))
+            self._write(batch)
         else:
             self._batches.put(batch)
 
     def _write_batches(self) -> None:
         while (batch := self._batches.get()) is not None:
-            try:
-                self._sink("".join(batch))
-            except Exception:  # a full disk must not end the writer; logging says why
-                logging.getLogger(LOGGER).exception("access log lines could not be written")
+            self._write(batch)
 
-    def _timestamp(self) -> str:
+    def _write(self, batch: list[_Facts]) -> None:
+        form = self._format
+        try:
+            self._sink("".join([form(*facts) for facts in batch]))
+        except Exception:  # a full disk must not end the writer; logging says why
+            logging.getLogger(LOGGER).exception("access log lines could not be written")
+
+    def _timestamp(self, now: float) -> str:
         """`2026-12-02T16:10:00.123Z`; the part to the second is made once a second."""
-        now = time.time()
         second = int(now)
         if second != self._second:
             self._second = second
@@ -141,33 +171,42 @@ class AccessLog:
         return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
 
     def _json_line(
-        self, trace: RequestTrace, method: str, path: str, status: int, elapsed: float
+        self,
+        now: float,
+        method: str,
+        path: str,
+        status: int,
+        elapsed: float,
+        request_id: str,
+        route: str | None,
+        outcome: str | None,
+        error: str | None,
+        state: str | None,
+        key: str | None,
+        scope: str | None,
+        operation_id: str | None,
+        upstream: float | None,
     ) -> str:
-        upstream = trace.upstream_seconds
-        scope = trace.scope
         return _JSON_LINE % (
-            self._timestamp(),
+            self._timestamp(now),
             _text(f"{method} {path} {status}"),
-            _text(trace.request_id),
+            _text(request_id),
             _text(method),
             _text(path),
             status,
-            _text(trace.route),
-            _text(trace.outcome),
-            _text(trace.error),
-            _text(trace.state),
-            _text(trace.key),
+            _text(route),
+            _text(outcome),
+            _text(error),
+            _text(state),
+            _text(key),
             _text(scope_hash(scope)) if scope else "null",
-            _text(trace.operation_id),
+            _text(operation_id),
             repr(round(upstream * 1000, 3)) if upstream is not None else "null",
             repr(round(elapsed * 1000, 3)),
         )
 
-    def _text_line(
-        self, trace: RequestTrace, method: str, path: str, status: int, elapsed: float
-    ) -> str:
+    def _text_line(self, now: float, method: str, path: str, status: int, *_: object) -> str:
         """As `logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")` wrote it."""
-        now = time.time()
         second = int(now)
         if second != self._text_second:
             self._text_second = second
