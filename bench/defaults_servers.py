@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,22 +48,6 @@ def bare_app() -> web.Application:
 async def _created(request: web.Request) -> web.Response:
     await request.read()
     return web.Response(status=201, body=BARE_BODY, content_type="application/json")
-
-
-async def _serve(name: str, app: web.Application, host: str, port: int) -> None:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        print(f"{name} listening on http://{bound_host}:{bound_port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
 
 
 def server(log_dir: Path, kind: str, *, loop: str, upstream: str = "") -> ServerProcess:
@@ -99,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app, name = bare_app(), f"bare handler ({args.loop})"
     else:
         app, name = plain_proxy.create_app(args.upstream), f"plain proxy ({args.loop})"
-    asyncio.run(_serve(name, app, args.host, args.port))
+    asyncio.run(plain_proxy.serve_until_signalled(name, app, args.host, args.port))
     return 0
 
 

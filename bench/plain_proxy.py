@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import aiohttp
 from aiohttp import web
 
-__all__ = ["create_app", "main"]
+__all__ = ["create_app", "main", "serve_until_signalled"]
 
 HOP_BY_HOP = frozenset(
     {
@@ -106,13 +106,17 @@ async def _forward(request: web.Request) -> web.Response:
         return web.Response(status=upstream.status, headers=reply_headers, body=payload)
 
 
-async def _serve(host: str, port: int, upstream: str, *, reuse_port: bool) -> None:
-    runner = web.AppRunner(create_app(upstream), access_log=None)
+async def serve_until_signalled(
+    name: str, app: web.Application, host: str, port: int, *, reuse_port: bool = False
+) -> None:
+    """Serve `app` until SIGINT or SIGTERM, after printing the "<name> listening on URL"
+    line `bench.processes` waits for (the port the OS chose)."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
         bound_host, bound_port = runner.addresses[0][:2]
-        print(f"plain proxy listening on http://{bound_host}:{bound_port}", flush=True)
+        print(f"{name} listening on http://{bound_host}:{bound_port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -246,7 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.processes > 1:
         return _supervise(args.host, args.port, args.upstream, args.processes)
     _use_uvloop()
-    asyncio.run(_serve(args.host, args.port, args.upstream, reuse_port=args.reuse_port))
+    app = create_app(args.upstream)
+    asyncio.run(
+        serve_until_signalled("plain proxy", app, args.host, args.port, reuse_port=args.reuse_port)
+    )
     return 0
 
 

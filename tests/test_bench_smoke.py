@@ -85,14 +85,12 @@ def _table_rows(output: str, heading: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_quick_run_prints_every_row() -> None:
-    """A quick run exits 0, prints every row, sees no failed request and writes no file."""
-    before = RESULTS.read_bytes() if RESULTS.exists() else None
-    # In a process group of its own: the servers bench.run starts (tool API, plain proxy,
-    # gateways and their workers) are in it too, and all of them end with this test, even
-    # when the run is killed before it could stop them.
+def _quick_run(module: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """`python -m <module> --quick`, in a process group of its own: the servers it starts
+    (tool API, plain proxy, gateways and their workers) are in it too, and all of them
+    end with the test, even when the run is killed before it could stop them."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.run", "--quick", "--client", "aiohttp"],
+        [sys.executable, "-m", module, "--quick", *options],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -106,7 +104,13 @@ def test_quick_run_prints_every_row() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    completed = subprocess.CompletedProcess(process.args, process.returncode, output, errors)
+    return subprocess.CompletedProcess(process.args, process.returncode, output, errors)
+
+
+def test_quick_run_prints_every_row() -> None:
+    """A quick run exits 0, prints every row, sees no failed request and writes no file."""
+    before = RESULTS.read_bytes() if RESULTS.exists() else None
+    completed = _quick_run("bench.run", "--client", "aiohttp")
     assert completed.returncode == 0, completed.stderr[-3000:]
     output = completed.stdout
     assert "- load generator: aiohttp" in output, output
@@ -154,24 +158,9 @@ def test_fairness_quick_run() -> None:
     """`python -m bench.fairness --quick`: noisy is refused `quota-exceeded` past its share
     of a route of 8 (4 streams, 4 calls), and quiet's calls, alone and while noisy holds
     that share, are all answered: none refused, none otherwise not ok."""
-    # In a process group of its own, like the quick run above: the endpoint and the
-    # gateway it starts end with this test even if the run is killed.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.fairness", "--quick"],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, errors = process.communicate(timeout=QUICK_RUN_SECONDS)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    assert process.returncode == 0, output[-3000:] + errors[-3000:]
+    completed = _quick_run("bench.fairness")
+    output = completed.stdout
+    assert completed.returncode == 0, output[-3000:] + completed.stderr[-3000:]
     rows = _table_rows(output, "## Fairness: one client holds its share of a route")
     shared = "quiet while noisy holds its share (4 streams, 4 calls)"
     assert {"quiet alone", shared} <= set(rows), output
@@ -202,23 +191,9 @@ def test_defaults_quick_run() -> None:
             pytest.fail("wrk is not installed: .ci/run installs the Debian package wrk")
         pytest.skip("wrk is not installed (apt-get install wrk)")
     before = RESULTS.read_bytes() if RESULTS.exists() else None
-    # In a process group of its own: the baselines and the four gateways end with the test.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.defaults", "--quick"],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, errors = process.communicate(timeout=QUICK_RUN_SECONDS)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    assert process.returncode == 0, output[-3000:] + errors[-3000:]
+    completed = _quick_run("bench.defaults")
+    output = completed.stdout
+    assert completed.returncode == 0, output[-3000:] + completed.stderr[-3000:]
     summary = _table_rows(output, "## The defaults: the issue's harness")
     assert summary["gateway"] == list(DEFAULTS_COLUMNS), output
     for name in ("miss, a body per key, 2xx/s", "replay, answers/s"):
