@@ -5,7 +5,9 @@ The ticket API (plain HTTP, :9000) and the MCP server (Streamable HTTP,
 the gateway runs in this process with the given config, exactly as
 `idempotency-gateway serve` would. Ctrl-C stops all three. A tool that cannot
 start (its port taken) stops the demo with one line instead of leaving the
-gateway in front of whatever holds that port.
+gateway in front of whatever holds that port; every port (the tools', the
+gateway's, the admin listener's) is checked first, before anything starts or
+is printed.
 
 The demo config leaves the admin token empty (a shipped token would be a
 shared password), so the demo makes one per run, unless
@@ -20,6 +22,7 @@ import contextlib
 import os
 import secrets
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -50,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"make run: {config_error_message(exc)}", file=sys.stderr)
         return 2
+    if taken := _taken_ports(settings, args.tool_port, args.mcp_port):
+        # Before anything starts or is printed: no admin token for a gateway that won't run.
+        print(f"make run: {taken}", file=sys.stderr)
+        return 1
     try:
         with (
             _child("examples.tool_api", args.tool_port),
@@ -61,6 +68,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ToolDidNotStart as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1
+
+
+def _taken_ports(settings: Settings, tool_port: int, mcp_port: int) -> str | None:
+    """Which of the demo's ports another process holds (the first found), said in words;
+    None when all are free. Port 0 (the OS chooses) is never taken."""
+    wanted = [
+        ("the ticket API", "127.0.0.1", tool_port),
+        ("the MCP server", "127.0.0.1", mcp_port),
+        ("the gateway", settings.server.host, settings.server.port),
+    ]
+    if settings.admin.enabled:
+        wanted.append(("the gateway's admin listener", settings.admin.host, settings.admin.port))
+    for what, host, port in wanted:
+        if port and not _free(host, port):
+            return f"port {port} on {host} ({what}) is taken by another process; free it first"
+    return None
+
+
+def _free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _settings(config: str) -> tuple[Settings, bool]:
