@@ -18,6 +18,7 @@ from gateway.config import (
     load_settings,
     render_effective,
 )
+from gateway.config.routes import MCP_ONLY
 from gateway.engine.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -873,3 +874,27 @@ def test_the_example_shows_every_mcp_probe_key() -> None:
     mcp_part = text[text.index('kind = "mcp"') :]
     for key in ("tool", "arguments", "applied_pointer", "not_applied_after"):
         assert f"{key} =" in mcp_part, key
+
+
+def test_the_effective_config_shows_no_mcp_keys_on_an_http_route() -> None:
+    """check-config prints an HTTP route without the MCP-only keys (their defaults would
+    read as settings of the route); an MCP route keeps them, and both parse back."""
+    settings = Settings.model_validate(
+        {
+            "routes": [
+                {"name": "tickets", "prefix": "/tickets", "upstream": "http://127.0.0.1:9000"},
+                {
+                    "name": "tools",
+                    "prefix": "/mcp",
+                    "upstream": "http://127.0.0.1:9100/mcp",
+                    "kind": "mcp",
+                },
+            ]
+        }
+    )
+    text = render_effective(settings)
+    http_part, mcp_part = text.split("[[routes]]")[1:3]
+    for key in MCP_ONLY:
+        assert f"\n{key} =" not in http_part, key
+        assert f"\n{key} =" in mcp_part or key == "status_tool", key
+    assert Settings.model_validate(tomllib.loads(text.replace('"***"', '""'))) == settings

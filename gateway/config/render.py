@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, SecretStr
 
 from gateway.config.fields import _BARE_KEY_RE, _SECRET_KEYS, _mask_url
 from gateway.config.loader import ENV_PREFIX
+from gateway.config.routes import MCP_ONLY, RouteSettings
 from gateway.config.sections import TestingSettings
 from gateway.config.settings import Settings
 from gateway.config.units import format_duration, format_size, parse_duration, parse_size
@@ -46,10 +47,12 @@ def render_effective(settings: Settings) -> str:
 
 def _emit_table(lines: list[str], model: BaseModel, path: str) -> None:
     tables: list[tuple[str, list[BaseModel], bool]] = []
+    # An HTTP route has no MCP-only keys: printing their defaults would say it has.
+    skipped = MCP_ONLY if isinstance(model, RouteSettings) and model.kind == "http" else ()
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)
         dotted = f"{path}.{name}" if path else name
-        if value is None or (isinstance(value, TestingSettings) and not path):
+        if value is None or name in skipped or (isinstance(value, TestingSettings) and not path):
             continue
         if isinstance(value, BaseModel):
             tables.append((dotted, [value], False))

@@ -416,7 +416,7 @@ class RouteSettings(BaseModel):
         defaults = RouteSettings.model_fields
         return [
             ((name,), 'only applies to an MCP route (kind = "mcp")')
-            for name in _MCP_ONLY
+            for name in MCP_ONLY
             if getattr(self, name) != defaults[name].default
         ]
 
@@ -488,7 +488,7 @@ class RouteSettings(BaseModel):
         return None
 
 
-_MCP_ONLY = (
+MCP_ONLY: tuple[str, ...] = (
     "protect_tools",
     "skip_tools",
     "trust_read_only_hint",
