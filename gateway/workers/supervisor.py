@@ -411,8 +411,12 @@ class Supervisor:
         slot.channel.send(self._health.report().encode())  # what it reads first, once it follows
         assert process.stdin is not None
         try:
-            process.stdin.write(pickle.dumps((settings, role)))
-            await process.stdin.drain()
+            # A worker killed before it read its settings has closed the pipe; uvloop (the
+            # default loop) then refuses the write with RuntimeError where asyncio's loop
+            # drops it: either way the worker is dead, and `_until_listening` sees it exit.
+            if not process.stdin.is_closing():
+                process.stdin.write(pickle.dumps((settings, role)))
+                await process.stdin.drain()
         except OSError:  # BrokenPipeError, ConnectionResetError: it is dead already
             pass
         finally:
