@@ -105,6 +105,8 @@ async def test_completed_operation_json(
     assert document["resolution"]["note"] is None
     assert document["evidence"] == []
     assert document["safe_to_retry"] is True
+    # Settled for good: no lease is running, and nothing counts from the last one.
+    assert document["lease_expires_at"] is None
     assert upstream.count == 1
 
 

@@ -113,7 +113,12 @@ def _record_schema() -> dict[str, Any]:
                     },
                 },
             },
-            "lease_expires_at": nullable(_timestamp("The in-flight lease's expiry.")),
+            "lease_expires_at": nullable(
+                _timestamp(
+                    "The attempt's lease expiry (after the attempt, its last one: a grace "
+                    "counts from it). Null once `completed`."
+                )
+            ),
             "fencing_token": {"type": "integer"},
             "safe_to_retry": {
                 "type": "boolean",

@@ -87,7 +87,11 @@ def operation_json(
             }
             for item in operation.evidence
         ],
-        "lease_expires_at": iso(operation.lease_expires_at),
+        # A completed outcome is final: no grace counts from its last lease (the record
+        # keeps it for the states that can still be released).
+        "lease_expires_at": (
+            None if operation.state is State.COMPLETED else iso(operation.lease_expires_at)
+        ),
         "fencing_token": operation.token,
         "safe_to_retry": safe_to_retry(operation),
     }
