@@ -184,8 +184,8 @@ class RouteSlots:
 
     def _give_back(self, scope: str, lane: Lane) -> None:
         self._active[lane] -= 1
-        _decrement(self._held, (scope, lane))
-        _decrement(self._holders, scope)
+        decrement(self._held, (scope, lane))
+        decrement(self._holders, scope)
 
     def _saw(self, scope: str, now: float) -> None:
         seen = self._seen
@@ -207,7 +207,8 @@ class RouteSlots:
         return False
 
 
-def _decrement(table: dict[_K, int], key: _K) -> None:
+def decrement(table: dict[_K, int], key: _K) -> None:
+    """One less of `key`; a count that reaches 0 leaves the table (it stays bounded)."""
     remaining = table[key] - 1
     if remaining:
         table[key] = remaining

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.engine.errors import QuotaExceeded
-from gateway.engine.fairness import UNLIMITED, Hold, Lane
+from gateway.engine.fairness import UNLIMITED, Hold, Lane, decrement
 
 if TYPE_CHECKING:
     from gateway.config import QuotaSettings
@@ -91,14 +91,7 @@ class ScopeQuotas:
                 f"this client already has {current} {what} (limit {limit})", retry_after=1
             )
         self._in_flight[entry] = current + 1
-        return Hold(lambda: self._give_back(entry))
-
-    def _give_back(self, entry: tuple[str, Lane]) -> None:
-        remaining = self._in_flight[entry] - 1
-        if remaining:
-            self._in_flight[entry] = remaining
-        else:
-            del self._in_flight[entry]
+        return Hold(lambda: decrement(self._in_flight, entry))
 
     async def admit_new_key(
         self, scope: str, route: str, count: Callable[[], Awaitable[int]]
