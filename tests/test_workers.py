@@ -294,6 +294,9 @@ async def test_a_worker_crashing_in_each_window_leaves_an_honest_state(
                 assert status == 201
                 assert headers["Idempotent-Replayed"] == "true"
     assert upstream.count == effects
+    # The replays can be answered by the other worker before the supervisor has seen the
+    # death: wait for the replacement (a worker not there before) to run.
+    await wait_for_workers(supervisor, 1, besides=set(before), seconds=60)
     assert len(set(worker_pids(supervisor)) - set(before)) == 1  # one worker was replaced
 
 
