@@ -163,6 +163,9 @@ class GatewayProcess:
     expects_admin: bool = False
     """An admin token is configured: the admin listener's line follows the main one."""
     log_path: Path | None = None
+    command: tuple[str, ...] = (sys.executable, "-m", "gateway")
+    """How the gateway is started: this checkout's, unless a test installed one elsewhere."""
+    cwd: Path = ROOT
 
     def start(self, wait_seconds: float = 120.0) -> None:
         """Start the process and wait for its "listening on" line (blocking: it is quick).
@@ -174,8 +177,8 @@ class GatewayProcess:
         self.log_path = self.config_path.with_suffix(".log")
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path)],
-                cwd=ROOT,
+                [*self.command, "serve", "--config", str(self.config_path)],
+                cwd=self.cwd,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=log,

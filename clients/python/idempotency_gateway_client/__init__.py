@@ -94,6 +94,8 @@ from idempotency_gateway_client._run import Run
 from idempotency_gateway_client._sqlite_journal import SqliteJournal
 from idempotency_gateway_client._tools import HttpTool, Planner, SendingTool, Tool
 
+__version__ = "0.1.0"
+
 __all__ = [
     "MAX_KEY_LENGTH",
     "Backoff",
