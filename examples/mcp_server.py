@@ -17,6 +17,13 @@ can be asked about it: ``find_ticket(idempotency_key)`` answers ``{"found":
 (``config/gateway.toml``) calls to settle a ``create_ticket`` whose answer
 was lost.
 
+One switch makes it slow, as the example ticket API's ``?delay=``:
+``create_ticket``'s optional ``delay_seconds`` argument waits that long,
+then creates the ticket and answers (a tool that applies a call late, after
+its caller gave up). Behind the gateway, a silence past the route's
+``timeout`` ends the call ``unknown``, and the route's probe later finds the
+ticket.
+
 It is built on the official MCP Python SDK (``MCPServer``) and speaks the
 Streamable HTTP transport at ``/mcp``: sessions (``Mcp-Session-Id``) and SSE
 answers by default, ``--stateless`` and ``--json-response`` to change that.
@@ -35,11 +42,12 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
+from pydantic import Field
 from typing_extensions import TypedDict  # pydantic needs it for nested TypedDicts on 3.11
 
 if TYPE_CHECKING:
@@ -50,6 +58,8 @@ __all__ = ["MCP_PATH", "ServerState", "create_server", "main"]
 MCP_PATH = "/mcp"
 
 IDEMPOTENCY_KEY_META = "idempotencyKey"
+
+MAX_DELAY_SECONDS = 3600.0
 
 
 class Ticket(TypedDict):
@@ -80,6 +90,8 @@ class ServerState:
 
     tickets: list[Ticket] = field(default_factory=list)
     emails: list[Email] = field(default_factory=list)
+    late_work: set[asyncio.Future[Ticket]] = field(default_factory=set)
+    """Slow calls still being applied (their callers may have left)."""
 
 
 def create_server(state: ServerState | None = None) -> MCPServer:
@@ -99,13 +111,29 @@ def create_server(state: ServerState | None = None) -> MCPServer:
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False)
 
     @mcp.tool(annotations=writes, structured_output=True)
-    async def create_ticket(title: str, ctx: Context) -> Ticket:
-        """Create a ticket. Every call creates a new one, retries included."""
-        ticket = Ticket(
-            id=f"T-{len(state.tickets) + 1}", title=title, idempotency_key=_idempotency_key(ctx)
-        )
-        state.tickets.append(ticket)
-        return ticket
+    async def create_ticket(
+        title: str,
+        ctx: Context,
+        delay_seconds: Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS)] = 0.0,
+    ) -> Ticket:
+        """Create a ticket. Every call creates a new one, retries included. delay_seconds
+        (a demo switch) waits that long first, as a slow tool would."""
+        key = _idempotency_key(ctx)
+
+        async def create() -> Ticket:
+            await asyncio.sleep(delay_seconds)
+            ticket = Ticket(id=f"T-{len(state.tickets) + 1}", title=title, idempotency_key=key)
+            state.tickets.append(ticket)
+            return ticket
+
+        if not delay_seconds:
+            return await create()
+        # The SDK cancels a call whose caller went away; a slow tool applies it anyway,
+        # late: the work is a task of its own, kept until it is done.
+        late = asyncio.ensure_future(create())
+        state.late_work.add(late)
+        late.add_done_callback(state.late_work.discard)
+        return await asyncio.shield(late)
 
     @mcp.tool(annotations=writes, structured_output=True)
     async def send_email(to: str, subject: str, ctx: Context) -> Email:

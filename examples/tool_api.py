@@ -12,6 +12,13 @@ by default the operation id, different for every caller's scope) as
 ``GET /v1/issues?idempotency_key={forwarded_key}`` can then ask whether an
 effect exists. It does not dedupe on it: a retry is still a second ticket.
 
+One switch makes it slow, to see what the gateway does when a tool does not
+answer in time: ``?delay=SECONDS`` on a ``POST`` waits that long, then applies
+the effect and answers (a tool that applies a request late, after its caller
+gave up). Behind the gateway, a delay past the route's ``timeout`` ends in
+``504 upstream-timeout`` and an ``unknown`` operation that the route's probe
+later finds applied.
+
 Run it with::
 
     python -m examples.tool_api --host 127.0.0.1 --port 9000
@@ -70,7 +77,7 @@ def create_app() -> web.Application:
 
     >>> runner = web.AppRunner(create_app())
     """
-    app = web.Application(middlewares=[_json_errors])
+    app = web.Application(middlewares=[_json_errors, _slow])
     app[STATE] = ToolState()
     app.router.add_post("/v1/issues", _create_issue)
     app.router.add_get("/v1/issues", _list_issues)
@@ -86,6 +93,24 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return await handler(request)
     except BadRequest as exc:
         return web.json_response({"error": str(exc)}, status=400)
+
+
+MAX_DELAY_SECONDS = 3600.0
+
+
+@web.middleware
+async def _slow(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """`?delay=SECONDS` on a POST: wait, then apply the effect and answer."""
+    if request.method == "POST" and "delay" in request.query:
+        try:
+            seconds = float(request.query["delay"])
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds <= MAX_DELAY_SECONDS:  # also refuses nan and inf
+            raise BadRequest(f"delay must be a number of seconds from 0 to {MAX_DELAY_SECONDS:g}")
+        await request.read()  # kept by the request: the effect applies if the caller has left
+        await asyncio.sleep(seconds)
+    return await handler(request)
 
 
 async def _create_issue(request: web.Request) -> web.Response:

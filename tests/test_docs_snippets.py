@@ -90,8 +90,8 @@ TS_README = ROOT / "clients" / "typescript" / "README.md"
 TS_PRELUDE = "declare const runId: string, turn: number, callId: string; // left to the reader\n"
 """What the TypeScript blocks leave to the reader (one line: errors keep their line)."""
 
-SECONDS = 60.0
-"""The longest one block may run."""
+SECONDS = 90.0
+"""The longest one block may run (README's readme-slow waits for a 30 s timeout)."""
 
 
 def all_blocks() -> list[Block]:
@@ -180,6 +180,16 @@ def check_effects(tickets: int, emails: int, journal: str | None = None) -> Chec
 
 MCP_CREDENTIAL = {"Authorization": "Bearer agent-7-token"}
 """The credential docs/mcp.md's blocks send: their scope."""
+
+
+async def check_slow(ran: Ran) -> None:
+    """The late ticket is the only one the slow request made, and the probe's receipt."""
+    assert ran.tickets_and_emails == (5, 3)
+    operation = await ran.operation("slow-1:0:c1")
+    assert (operation["state"], operation["attempts"]) == ("completed", 1)
+    assert operation["receipt_source"] == "probe"
+    [late] = [issue for issue in ran.served.tool_state.issues if issue.title == "Printer smoking"]
+    assert late.idempotency_key == operation["id"]
 
 
 async def check_mcp_client(ran: Ran) -> None:
@@ -382,20 +392,25 @@ async with GatewayClient(os.environ["DOCS_GATEWAY_URL"]) as gw:
 NEEDS_NODE_CLIENT = ("node", "clients/typescript/dist/index.js")  # make ts-build; make test has it
 
 HARNESS: dict[str, Harness] = {
+    # The README's blocks run as a reader meets them: in order, on one `make run`.
     "readme-walkthrough": Harness(check=check_effects(1, 0)),
-    "readme-agent": Harness(check=check_effects(1, 1, "data/agent-run.json")),
+    "readme-agent": Harness(
+        after="readme-walkthrough", check=check_effects(2, 1, "data/agent-run.json")
+    ),
     "readme-node": Harness(
-        check=check_effects(1, 1, "data/agent-run-node.json"),
+        after="readme-agent",
+        check=check_effects(3, 2, "data/agent-run-node.json"),
         # It installs and builds into the repository; the block needs its result.
         not_run=("make ts-build",),
         needs=NEEDS_NODE_CLIENT,
     ),
     "readme-cross-language": Harness(
-        check=check_effects(1, 1, "data/agent-run.json"), needs=NEEDS_NODE_CLIENT
+        after="readme-node", check=check_effects(4, 3, "data/cross-run.json")
     ),
-    "readme-cli": Harness(after="readme-walkthrough", admin_cli=True, check=check_cli),
-    "readme-mcp": Harness(check=check_mcp_retry),
+    "readme-mcp": Harness(after="readme-cross-language", check=check_mcp_retry),
     "readme-mcp-agent": Harness(after="readme-mcp", check=check_mcp_agent),
+    "readme-slow": Harness(after="readme-mcp-agent", admin_cli=True, check=check_slow),
+    "readme-cli": Harness(after="readme-slow", admin_cli=True, check=check_cli),
     "agents-http": Harness(prelude='run_id, turn, call_id = "run-77", 0, "c1"', check=check_http),
     "agents-run": Harness(
         prelude=URL_PRELUDE, check=check_effects(1, 1, "runs/run-77.json"), max_effects=4

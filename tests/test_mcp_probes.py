@@ -644,3 +644,32 @@ async def test_the_demo_probe_settles_a_call_whose_gateway_died_after_the_server
     async with asyncio.timeout(LIMIT), mcp_client(example_server) as client:
         listed = await client.call_tool("list_tickets", {})
     assert listed.structured_content == {"items": [ticket]}
+
+
+@pytest.mark.slow
+async def test_the_demo_servers_slow_switch_ends_a_call_unknown_and_its_probe_finds_it_late(
+    processes: list[GatewayProcess], tmp_path: Path, example_server: str
+) -> None:
+    """The README's slow tool, over MCP: `create_ticket`'s `delay_seconds` outlasts the
+    route's timeout, so the call is `unknown`; the server still creates the ticket (a
+    caller that left does not cancel it), and the demo probe then finds it: `completed`,
+    one ticket."""
+    demo = load_settings(EXAMPLE, environ={}).routes[1]
+    route = {**demo.model_dump(), "upstream": example_server, "timeout": "1s"}
+    gateway = spawn(processes, tmp_path, example_server, route=route, idempotency=IDEMPOTENCY)
+    slow = {"title": "Printer", "delay_seconds": 3}
+    async with (
+        asyncio.timeout(LIMIT),
+        mcp_client(gateway.url + demo.prefix, headers=CALLER) as client,
+    ):
+        timed_out = await call_with_key(client, "create_ticket", slow, KEY)
+    assert idempotency_meta(timed_out)["idempotency"]["state"] == "unknown", timed_out
+
+    settled = await lookup_until(gateway, lambda operation: operation["state"] == "completed")
+
+    assert settled["resolution"]["by"] == "probe"
+    assert "not_applied_too_soon" in json.dumps(settled["history"])  # asked before it existed
+    async with asyncio.timeout(LIMIT), mcp_client(example_server) as client:
+        listed = await client.call_tool("list_tickets", {})
+    [ticket] = listed.structured_content["items"]  # type: ignore[index]
+    assert ticket["idempotency_key"] == settled["id"]

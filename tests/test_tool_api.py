@@ -142,3 +142,38 @@ async def test_cli_prints_its_address_when_ready() -> None:
     finally:
         process.terminate()
         assert await process.wait() == 0
+
+
+async def test_delay_applies_the_effect_late_even_when_the_caller_left(
+    tool_api: str, session: aiohttp.ClientSession
+) -> None:
+    """`?delay=` (the README's slow tool): the ticket is created after the delay, whether
+    or not the caller still waits for the answer, as a tool that applies a request late."""
+    with pytest.raises(asyncio.TimeoutError):
+        async with session.post(
+            f"{tool_api}/v1/issues?delay=0.5",
+            json={"title": "late"},
+            timeout=aiohttp.ClientTimeout(total=0.05),
+        ):
+            pass
+    async with asyncio.timeout(30):
+        while True:
+            async with session.get(f"{tool_api}/v1/issues") as response:
+                items = (await response.json())["items"]
+            if items:
+                break
+            await asyncio.sleep(0.05)
+    assert [item["title"] for item in items] == ["late"]
+
+
+@pytest.mark.parametrize("delay", ["soon", "-1", "nan", "inf", "3601"])
+async def test_a_delay_that_is_not_a_number_of_seconds_is_a_400(
+    tool_api: str, session: aiohttp.ClientSession, delay: str
+) -> None:
+    async with session.post(
+        f"{tool_api}/v1/issues", params={"delay": delay}, json={"title": "t"}
+    ) as response:
+        assert response.status == 400
+        assert "delay" in (await response.json())["error"]
+    async with session.get(f"{tool_api}/v1/stats") as response:
+        assert await response.json() == {"issues": 0, "emails": 0}
