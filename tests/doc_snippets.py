@@ -20,12 +20,13 @@ line right before its fence (invisible on GitHub):
 A marker separated from its fence (a blank line between) classifies nothing
 and is reported, as is every block without one.
 
-A Python block runs inside an `async def` (so that top-level `await` works),
-unless it runs itself: a block with a top-level `asyncio.run(...)` is a whole
-program, and runs as written.
+A Python `run` or `typecheck` block is a whole program, as a reader copies it
+into a file: its imports, the names it uses, an `async def main()` and a
+top-level `asyncio.run(main())`. It runs (and mypy checks it) as written,
+nothing put before or after it. The comment lines right under its last line
+of code are what it prints, matched as a shell command's shown output is.
 
-This module parses the markdown and the shell transcripts in it, assembles
-Python blocks into modules (for mypy and for running them), serves the
+This module parses the markdown and the shell transcripts in it, serves the
 servers `make run` serves (on free ports), a loopback fake model API, and
 runs the blocks in subprocesses with a time limit.
 """
@@ -41,7 +42,6 @@ import re
 import signal
 import socket
 import sys
-import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -497,25 +497,7 @@ class Transcript:
         return {value: found[name] for value, name in groups.items()}
 
 
-# --- Python blocks as modules -------------------------------------------------------------------
-
-SNIPPET_FUNCTION = "_doc_snippet"
-
-
-@dataclass(frozen=True)
-class PythonModule:
-    """A Python block assembled into a module: prelude, then the block (and the epilogue)
-    inside `async def _doc_snippet()`, so top-level `await` and `async with` work (for the
-    interpreter and for mypy alike), then a line that runs it. A block that runs itself
-    (`runs_itself`) follows the prelude as it is."""
-
-    source: str
-    first_line: int
-    """The module line of the block's first line."""
-
-    def block_line(self, module_line: int) -> int | None:
-        """The block line (1-based) a module line comes from; None for the harness's lines."""
-        return module_line - self.first_line + 1 if module_line >= self.first_line else None
+# --- Python blocks: whole programs --------------------------------------------------------------
 
 
 def runs_itself(block_text: str) -> bool:
@@ -540,20 +522,21 @@ def runs_itself(block_text: str) -> bool:
     )
 
 
-def assemble(block_text: str, prelude: str = "", epilogue: str = "") -> PythonModule:
-    head = textwrap.dedent(prelude).strip("\n")
-    if runs_itself(block_text):
-        if epilogue.strip():
-            raise ValueError("a block that runs itself takes no epilogue")
-        head_lines = [*head.splitlines(), "", ""] if head else []
-        source = "\n".join(head_lines) + ("\n" if head_lines else "") + block_text
-        return PythonModule(source=source, first_line=len(head_lines) + 1)
-    head_lines = [*head.splitlines(), "", "", f"async def {SNIPPET_FUNCTION}() -> None:"]
-    body = textwrap.indent(block_text.rstrip("\n"), "    ") + "\n"
-    tail = textwrap.indent(textwrap.dedent(epilogue).strip("\n"), "    ")
-    source = "\n".join(head_lines) + "\n" + body + (tail + "\n" if tail else "")
-    source += f"\n\nimport asyncio as _asyncio\n\n_asyncio.run({SNIPPET_FUNCTION}())\n"
-    return PythonModule(source=source, first_line=len(head_lines) + 1)
+def shown_output(block_text: str) -> Command:
+    """What a Python block shows it prints: the comment lines right under its last line of
+    code (no blank line between, as under a shell command), as the shown output of one
+    command (matched by `Transcript`)."""
+    lines = block_text.rstrip().splitlines()
+    end = len(lines)
+    while end > 0 and lines[end - 1].lstrip().startswith("#"):
+        end -= 1
+    if end == 0 or not lines[end - 1].strip():
+        end = len(lines)  # comments after a blank line, or only comments: prose
+    command = Command(line=0, text="\n".join(lines[:end]))
+    for line in lines[end:]:
+        shown = line.strip()[1:]
+        command.expected.append(shown[1:] if shown.startswith(" ") else shown)
+    return command
 
 
 LOOPBACK_GUARD = """
