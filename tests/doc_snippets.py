@@ -26,9 +26,9 @@ top-level `asyncio.run(main())`. It runs (and mypy checks it) as written,
 nothing put before or after it. The comment lines right under its last line
 of code are what it prints, matched as a shell command's shown output is.
 
-This module parses the markdown and the shell transcripts in it, serves the
-servers `make run` serves (on free ports), a loopback fake model API, and
-runs the blocks in subprocesses with a time limit.
+This module parses the markdown, the shell transcripts and the run ids in
+it, serves the servers `make run` serves (on free ports), a loopback fake
+model API, and runs the blocks in subprocesses with a time limit.
 """
 
 from __future__ import annotations
@@ -537,6 +537,54 @@ def shown_output(block_text: str) -> Command:
         shown = line.strip()[1:]
         command.expected.append(shown[1:] if shown.startswith(" ") else shown)
     return command
+
+
+# --- Run ids: each document its own -------------------------------------------------------------
+
+_KEY = re.compile(r"(?<![\w.%-])([A-Za-z0-9][\w.-]*)(?::|%3A)\d+(?::|%3A)[\w.-]+", re.IGNORECASE)
+"""A key `run_id:turn:call_id` (also percent-encoded, in a lookup URL): its run id."""
+_RUN_ID_NAMES = ("run_id", "thread_id")
+"""Python names, keywords and dict keys whose string value is a run id (LangGraph's
+thread id is the run id of its keys)."""
+
+
+def run_ids(block: Block) -> set[str]:
+    """The run ids a block a reader runs uses: those of the keys it shows (`run-77:0:c1`,
+    `run-77%3A0%3Ac1`) and, in Python, the strings given as a run id (`RUN_ID = ...`,
+    `run_id=...`, `{"thread_id": ...}`, `derive_key("...", ...)`). Random ones minted per run
+    (VOLATILE: the example agent's) are left out."""
+    texts = [block.text]
+    found: set[str] = set()
+    if block.lang == "python":
+        with contextlib.suppress(SyntaxError):
+            tree = ast.parse(block.text)
+            found = _python_run_ids(tree)
+            texts = [  # the keys in its strings and comments, not a slice `[1:2:3]`
+                *(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)),
+                *(line.partition("#")[2] for line in block.text.splitlines()),
+            ]
+    found |= {match[1] for text in texts if isinstance(text, str) for match in _KEY.finditer(text)}
+    return {run_id for run_id in found if not any(v.fullmatch(run_id) for v in VOLATILE)}
+
+
+def _python_run_ids(tree: ast.AST) -> set[str]:
+    def named(name: object) -> bool:
+        return isinstance(name, str) and name.lower() in _RUN_ID_NAMES
+
+    values: list[ast.expr | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and named(t.id) for t in targets):
+                values.append(node.value)
+        elif isinstance(node, ast.keyword) and named(node.arg):
+            values.append(node.value)
+        elif isinstance(node, ast.Dict):
+            pairs = zip(node.keys, node.values, strict=True)
+            values += [value for key, value in pairs if named(getattr(key, "value", None))]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("derive_key"):
+            values += node.args[:1]
+    return {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
 
 
 LOOPBACK_GUARD = """

@@ -40,6 +40,9 @@ file:line.
   (`gateway.config.load_settings`), which refuses unknown keys; `json` blocks
   parse (`json journal`: as a run journal, with the client's model); JSON
   `output` samples parse as JSON with `...` placeholders.
+- Each document has run ids of its own: a reader who runs README.md and then
+  the docs against one `make run` gateway (one store, one scope) never sends a
+  key another document bound to another request (`key-mismatch`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from doc_snippets import (
     make_run,
     parse_shell,
     read_blocks,
+    run_ids,
     run_process,
     runs_itself,
     shell_script,
@@ -179,7 +183,7 @@ MCP_CREDENTIAL = {"Authorization": "Bearer agent-7-token"}
 
 async def check_mcp_client(ran: Ran) -> None:
     [ticket] = ran.served.mcp_state.tickets
-    operation = await ran.operation("run-77:0:c1", MCP_CREDENTIAL)
+    operation = await ran.operation("run-mcp-1:0:c1", MCP_CREDENTIAL)
     assert ticket["idempotency_key"] == operation["id"]  # what the gateway forwarded
     lines = ran.output.splitlines()
     assert [line.split(" ", 1)[0] for line in lines] == ["1", "2"], ran.output
@@ -276,13 +280,14 @@ async def check_langgraph(ran: Ran) -> None:
     assert "resumed: T-1" in ran.output
 
 
-async def create_ticket_77(served: MakeRun) -> None:
+async def create_recovery_ticket(served: MakeRun) -> None:
+    """The ticket docs/recovery.md's lookup finds: its agent's call, made before the crash."""
     async with (
         aiohttp.ClientSession() as session,
         session.post(
             f"{served.gateway_url}/tickets/v1/issues",
             json={"title": "Printer on fire"},
-            headers={"Idempotency-Key": "run-77:0:c1"},
+            headers={"Idempotency-Key": "run-recovery-1:0:c1"},
         ) as response,
     ):
         assert response.status == 201
@@ -333,7 +338,7 @@ HARNESS: dict[str, Harness] = {
     ),
     "mcp-generations": Harness(after="mcp-client", check=check_mcp_generations),
     "mcp-lookup": Harness(after="mcp-generations"),
-    "recovery-lookup": Harness(setup=create_ticket_77, check=check_lookup),
+    "recovery-lookup": Harness(setup=create_recovery_ticket, check=check_lookup),
     "deploy-sqlite-backup": Harness(check=check_backup, needs=("sqlite3",)),
 }
 
@@ -398,6 +403,27 @@ def test_every_block_is_classified() -> None:
             problems.append(f"HARNESS[{name!r}] serves {harness.serves!r}: no such serve block")
         if harness.serves is not None and harness.after is not None:
             problems.append(f"HARNESS[{name!r}]: a block that runs after another is served by it")
+    assert not problems, "\n".join(problems)
+
+
+def test_each_document_has_its_own_run_ids() -> None:
+    """A reader runs README.md and then the docs against one `make run` gateway: one store,
+    and one scope for every block without a credential. A run id two documents use makes
+    the second one's keys the first one's: a replayed receipt of another request, or
+    `422 key-mismatch`. So the run ids of the blocks a reader runs (run, typecheck, and
+    the skipped commands they run elsewhere: a resolve) are each in one document only."""
+    used: dict[str, dict[Path, Block]] = {}
+    for block in BLOCKS:
+        if block.path in DOCS and block.kind in ("run", "typecheck", "skip"):
+            for run_id in run_ids(block):
+                used.setdefault(run_id, {}).setdefault(block.path, block)
+    problems = [
+        f"run id {run_id!r} in {len(where)} documents: "
+        + ", ".join(block.where for block in where.values())
+        + " (each document its own run ids: run-<document>-<n>)"
+        for run_id, where in sorted(used.items())
+        if len(where) > 1
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -736,6 +762,22 @@ def test_a_python_block_is_a_whole_program_and_shows_what_it_prints() -> None:
     assert (shown.text, shown.expected) == (program.rstrip("\n"), ["1", "  and more"])
     assert shown_output(program).expected == []
     assert shown_output(program + "\n# prose after a blank line\n").expected == []
+
+
+def test_run_ids_of_a_block(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "<!-- snippet: run a -->\n```python\n"
+        'RUN_ID = "run-a"\nconfig = {"configurable": {"thread_id": "run-b"}}\n'
+        'Run(journal, run_id="run-c")\nkey = derive_key("run-d", 0, "c1")\n'
+        'meta = {"idempotencyKey": "run-e:3:call_x"}\nturn = items[1:2:3]\n```\n\n'
+        "<!-- snippet: run b -->\n```sh\n"
+        "curl -s localhost:8080/operations/run-f:0:c1   # also /operations/run-g%3A0%3Ac1\n"
+        "curl -s http://127.0.0.1:8080/v1/issues\n# demo-b4f1c8:0:c1\n```\n"
+    )
+    python, shell = read_blocks(doc)
+    assert run_ids(python) == {"run-a", "run-b", "run-c", "run-d", "run-e"}
+    assert run_ids(shell) == {"run-f", "run-g"}  # not a URL's host:port, nor a random id
 
 
 def test_shown_output_must_be_printed_in_order() -> None:
