@@ -20,14 +20,15 @@ line right before its fence (invisible on GitHub):
 A marker separated from its fence (a blank line between) classifies nothing
 and is reported, as is every block without one.
 
-A Python block runs inside an `async def` (so that top-level `await` works),
-unless it runs itself: a block with a top-level `asyncio.run(...)` is a whole
-program, and runs as written.
+A Python `run` or `typecheck` block is a whole program, as a reader copies it
+into a file: its imports, the names it uses, an `async def main()` and a
+top-level `asyncio.run(main())`. It runs (and mypy checks it) as written,
+nothing put before or after it. The comment lines right under its last line
+of code are what it prints, matched as a shell command's shown output is.
 
-This module parses the markdown and the shell transcripts in it, assembles
-Python blocks into modules (for mypy and for running them), serves the
-servers `make run` serves (on free ports), a loopback fake model API, and
-runs the blocks in subprocesses with a time limit.
+This module parses the markdown, the shell transcripts and the run ids in
+it, serves the servers `make run` serves (on free ports), a loopback fake
+model API, and runs the blocks in subprocesses with a time limit.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import re
 import signal
 import socket
 import sys
-import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -497,25 +497,7 @@ class Transcript:
         return {value: found[name] for value, name in groups.items()}
 
 
-# --- Python blocks as modules -------------------------------------------------------------------
-
-SNIPPET_FUNCTION = "_doc_snippet"
-
-
-@dataclass(frozen=True)
-class PythonModule:
-    """A Python block assembled into a module: prelude, then the block (and the epilogue)
-    inside `async def _doc_snippet()`, so top-level `await` and `async with` work (for the
-    interpreter and for mypy alike), then a line that runs it. A block that runs itself
-    (`runs_itself`) follows the prelude as it is."""
-
-    source: str
-    first_line: int
-    """The module line of the block's first line."""
-
-    def block_line(self, module_line: int) -> int | None:
-        """The block line (1-based) a module line comes from; None for the harness's lines."""
-        return module_line - self.first_line + 1 if module_line >= self.first_line else None
+# --- Python blocks: whole programs --------------------------------------------------------------
 
 
 def runs_itself(block_text: str) -> bool:
@@ -540,20 +522,69 @@ def runs_itself(block_text: str) -> bool:
     )
 
 
-def assemble(block_text: str, prelude: str = "", epilogue: str = "") -> PythonModule:
-    head = textwrap.dedent(prelude).strip("\n")
-    if runs_itself(block_text):
-        if epilogue.strip():
-            raise ValueError("a block that runs itself takes no epilogue")
-        head_lines = [*head.splitlines(), "", ""] if head else []
-        source = "\n".join(head_lines) + ("\n" if head_lines else "") + block_text
-        return PythonModule(source=source, first_line=len(head_lines) + 1)
-    head_lines = [*head.splitlines(), "", "", f"async def {SNIPPET_FUNCTION}() -> None:"]
-    body = textwrap.indent(block_text.rstrip("\n"), "    ") + "\n"
-    tail = textwrap.indent(textwrap.dedent(epilogue).strip("\n"), "    ")
-    source = "\n".join(head_lines) + "\n" + body + (tail + "\n" if tail else "")
-    source += f"\n\nimport asyncio as _asyncio\n\n_asyncio.run({SNIPPET_FUNCTION}())\n"
-    return PythonModule(source=source, first_line=len(head_lines) + 1)
+def shown_output(block_text: str) -> Command:
+    """What a Python block shows it prints: the comment lines right under its last line of
+    code (no blank line between, as under a shell command), as the shown output of one
+    command (matched by `Transcript`)."""
+    lines = block_text.rstrip().splitlines()
+    end = len(lines)
+    while end > 0 and lines[end - 1].lstrip().startswith("#"):
+        end -= 1
+    if end == 0 or not lines[end - 1].strip():
+        end = len(lines)  # comments after a blank line, or only comments: prose
+    command = Command(line=0, text="\n".join(lines[:end]))
+    for line in lines[end:]:
+        shown = line.strip()[1:]
+        command.expected.append(shown[1:] if shown.startswith(" ") else shown)
+    return command
+
+
+# --- Run ids: each document its own -------------------------------------------------------------
+
+_KEY = re.compile(r"(?<![\w.%-])([A-Za-z0-9][\w.-]*)(?::|%3A)\d+(?::|%3A)[\w.-]+", re.IGNORECASE)
+"""A key `run_id:turn:call_id` (also percent-encoded, in a lookup URL): its run id."""
+_RUN_ID_NAMES = ("run_id", "thread_id")
+"""Python names, keywords and dict keys whose string value is a run id (LangGraph's
+thread id is the run id of its keys)."""
+
+
+def run_ids(block: Block) -> set[str]:
+    """The run ids a block a reader runs uses: those of the keys it shows (`run-77:0:c1`,
+    `run-77%3A0%3Ac1`) and, in Python, the strings given as a run id (`RUN_ID = ...`,
+    `run_id=...`, `{"thread_id": ...}`, `derive_key("...", ...)`). Random ones minted per run
+    (VOLATILE: the example agent's) are left out."""
+    texts = [block.text]
+    found: set[str] = set()
+    if block.lang == "python":
+        with contextlib.suppress(SyntaxError):
+            tree = ast.parse(block.text)
+            found = _python_run_ids(tree)
+            texts = [  # the keys in its strings and comments, not a slice `[1:2:3]`
+                *(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)),
+                *(line.partition("#")[2] for line in block.text.splitlines()),
+            ]
+    found |= {match[1] for text in texts if isinstance(text, str) for match in _KEY.finditer(text)}
+    return {run_id for run_id in found if not any(v.fullmatch(run_id) for v in VOLATILE)}
+
+
+def _python_run_ids(tree: ast.AST) -> set[str]:
+    def named(name: object) -> bool:
+        return isinstance(name, str) and name.lower() in _RUN_ID_NAMES
+
+    values: list[ast.expr | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and named(t.id) for t in targets):
+                values.append(node.value)
+        elif isinstance(node, ast.keyword) and named(node.arg):
+            values.append(node.value)
+        elif isinstance(node, ast.Dict):
+            pairs = zip(node.keys, node.values, strict=True)
+            values += [value for key, value in pairs if named(getattr(key, "value", None))]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("derive_key"):
+            values += node.args[:1]
+    return {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
 
 
 LOOPBACK_GUARD = """

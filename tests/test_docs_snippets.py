@@ -15,20 +15,22 @@ file:line.
   the `(exit status N)` its shown output ends with), and the output shown in
   the comments under it must be printed by it, in order (`...`, `op_01...`:
   anything; a random run id `demo-b4f1c8`: any, the same everywhere in the
-  block). A Python block runs inside an `async def` (so top-level `await` and
-  `async with` work) after HARNESS's prelude (the names the docs leave to the
-  reader) and before its epilogue (e.g. a `Run` over an SDK block's `plan`);
-  one with a top-level `asyncio.run(...)` runs as written, after the prelude.
-  The Python blocks of WHOLE_PROGRAMS' docs must all be such programs.
+  block). A Python block is a whole program (imports, the names it uses,
+  `async def main()`, a top-level `asyncio.run(main())`) and runs as written:
+  nothing is put before or after it, as when a reader copies it into a file.
+  The comment lines right under its last line of code are the output it
+  prints, matched like a shell command's.
   A block whose HARNESS entry `serves` a `serve` block talks to that config's
   gateway instead (its upstreams the same servers).
-  The model SDKs talk to a fake model API on loopback (FakeModel); a lookup or
-  connection anywhere else fails the block. HARNESS's checks then count the
-  effects on the tool APIs.
-- Python `run` and `typecheck` blocks, assembled the same way, are
-  type-checked with `mypy --strict` against the installed SDKs: the project's
-  own setting (`make typecheck`) and what a user with a typed code base runs
-  on a copied snippet. Strict also checks the bodies of unannotated functions
+  The model SDKs' clients, built as a user builds them (`AsyncOpenAI()`,
+  `AsyncAnthropic()`), find a fake model API on loopback (FakeModel) in the
+  environment (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL` and their keys); a
+  lookup or connection anywhere else fails the block. HARNESS's checks then
+  count the effects on the tool APIs.
+- Python `run` and `typecheck` blocks, as written, are type-checked with
+  `mypy --strict` against the installed SDKs: the project's own setting
+  (`make typecheck`) and what a user with a typed code base runs on a copied
+  snippet. Strict also checks the bodies of unannotated functions
   (--check-untyped-defs) and asks for the annotations that make the SDKs'
   types apply (`plan(turns: tuple[Turn, ...]) -> list[ToolCall]`).
 - The TypeScript blocks of clients/typescript/README.md (marked the same way)
@@ -38,6 +40,9 @@ file:line.
   (`gateway.config.load_settings`), which refuses unknown keys; `json` blocks
   parse (`json journal`: as a run journal, with the client's model); JSON
   `output` samples parse as JSON with `...` placeholders.
+- Each document has run ids of its own: a reader who runs README.md and then
+  the docs against one `make run` gateway (one store, one scope) never sends a
+  key another document bound to another request (`key-mismatch`).
 """
 
 from __future__ import annotations
@@ -63,15 +68,16 @@ from doc_snippets import (
     FakeModel,
     MakeRun,
     Transcript,
-    assemble,
     json_matches,
     make_run,
     parse_shell,
     read_blocks,
+    run_ids,
     run_process,
     runs_itself,
     shell_script,
     shown_json,
+    shown_output,
     split_transcript,
     stray_markers,
     subprocess_env,
@@ -82,9 +88,6 @@ from gateway.config import load_settings
 from gateway.engine.errors import ConfigError
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-WHOLE_PROGRAMS = (ROOT / "docs" / "mcp.md",)
-"""Docs whose Python blocks are whole programs (a top-level `asyncio.run`): a reader
-copies them into a file and runs it."""
 TS_README = ROOT / "clients" / "typescript" / "README.md"
 
 TS_PRELUDE = "declare const runId: string, turn: number, callId: string; // left to the reader\n"
@@ -137,10 +140,6 @@ Setup = Callable[[MakeRun], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Harness:
-    prelude: str = ""
-    """Python: module-level code before the block (the names the docs leave to the reader)."""
-    epilogue: str = ""
-    """Python: code after the block, in the same function (it sees what the block defined)."""
     setup: Setup | None = None
     check: Check | None = None
     after: str | None = None
@@ -194,7 +193,7 @@ async def check_slow(ran: Ran) -> None:
 
 async def check_mcp_client(ran: Ran) -> None:
     [ticket] = ran.served.mcp_state.tickets
-    operation = await ran.operation("run-77:0:c1", MCP_CREDENTIAL)
+    operation = await ran.operation("run-mcp-1:0:c1", MCP_CREDENTIAL)
     assert ticket["idempotency_key"] == operation["id"]  # what the gateway forwarded
     lines = ran.output.splitlines()
     assert [line.split(" ", 1)[0] for line in lines] == ["1", "2"], ran.output
@@ -258,17 +257,20 @@ async def check_mcp_agent(ran: Ran) -> None:
 
 async def check_mcp_run(ran: Ran) -> None:
     assert (len(ran.served.mcp_state.tickets), len(ran.served.mcp_state.emails)) == (1, 0)
-    assert ran.finished("runs/run-77.json")
+    assert ran.finished("runs/run-agents-3.json")
 
 
 async def check_http(ran: Ran) -> None:
     assert ran.tickets_and_emails == (1, 0)
     # Found in the scope of the block's credential, as its later lookups would be.
-    operation = await ran.operation("run-77:0:c1", {"Authorization": "Bearer <agent token>"})
+    operation = await ran.operation("run-agents-1:0:c1", {"Authorization": "Bearer <agent token>"})
     assert operation["state"] == "completed"
 
 
-def check_model_loop(sdk: str) -> Check:
+def check_model_loop(sdk: str, journal: str) -> Check:
+    """The block's `Run` asked the model for the tool call, made it, gave the model its
+    result, and finished with the model's answer."""
+
     async def check(ran: Ran) -> None:
         assert ran.tickets_and_emails == (1, 0)
         sent = [body for name, body in ran.model.requests if name == sdk]
@@ -276,25 +278,26 @@ def check_model_loop(sdk: str) -> Check:
         [ticket] = ran.served.tool_state.issues
         assert ticket.title == FakeModel.TITLE
         assert ticket.id in json.dumps(sent[1]["messages"][-1])  # the result went back
-        assert ran.finished("runs/model.json")
+        assert ran.finished(journal)
 
     return check
 
 
 async def check_langgraph(ran: Ran) -> None:
     assert ran.tickets_and_emails == (1, 0)  # the graph's call; its resume took the receipt
-    operation = await ran.operation("thread-7:0:call_7")
+    operation = await ran.operation("run-agents-6:0:call_1")
     assert (operation["state"], operation["attempts"]) == ("completed", 1)
     assert "resumed: T-1" in ran.output
 
 
-async def create_ticket_77(served: MakeRun) -> None:
+async def create_recovery_ticket(served: MakeRun) -> None:
+    """The ticket docs/recovery.md's lookup finds: its agent's call, made before the crash."""
     async with (
         aiohttp.ClientSession() as session,
         session.post(
             f"{served.gateway_url}/tickets/v1/issues",
             json={"title": "Printer on fire"},
-            headers={"Idempotency-Key": "run-77:0:c1"},
+            headers={"Idempotency-Key": "run-recovery-1:0:c1"},
         ) as response,
     ):
         assert response.status == 201
@@ -311,83 +314,6 @@ async def check_backup(ran: Ran) -> None:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     assert "operations" in tables
 
-
-RUN_PLAN = """
-from idempotency_gateway_client import FileJournal, GatewayClient, HttpTool, Run
-
-async with GatewayClient(os.environ["DOCS_GATEWAY_URL"]) as gw, Run(
-    FileJournal("runs/model.json"), client=gw, run_id="run-model", flow_version="v1",
-    tools={"create_ticket": HttpTool("POST", "/tickets/v1/issues")},
-) as run:
-    while not run.finished:
-        await run.step(plan)
-"""
-"""A `Run` over the `plan` an SDK block defines."""
-
-MODEL_PRELUDE = """
-import os
-
-TASK = "The printer on floor 2 is on fire: open a ticket."
-MODEL = "docs-model"
-"""
-
-URL_PRELUDE = """
-import os
-
-url = os.environ["DOCS_GATEWAY_URL"]
-run_id = "run-77"
-"""
-
-SCRIPTED_PLAN = """
-from idempotency_gateway_client import ToolCall, Turn
-
-
-def plan(turns: tuple[Turn, ...]) -> list[ToolCall]:
-    if turns:
-        return []
-    return [ToolCall(call_id="c1", name="create_ticket", arguments={"title": "Printer on fire"})]
-"""
-
-LANGGRAPH_PRELUDE = '''
-import json
-import os
-
-
-class OutcomeUnknownError(Exception):
-    """The agent's own exception that stops the graph."""
-'''
-
-LANGGRAPH_EPILOGUE = """
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
-from idempotency_gateway_client import GatewayClient
-
-def model(state: MessagesState) -> dict[str, list[AnyMessage]]:  # scripted: one call, then done
-    if any(message.type == "tool" for message in state["messages"]):
-        return {"messages": [AIMessage(content="The ticket is open.")]}
-    call = {"id": "call_7", "name": "create_ticket", "args": {"title": "Printer on fire"}}
-    return {"messages": [AIMessage(content="", tool_calls=[call])]}
-
-builder = StateGraph(MessagesState)
-builder.add_node("model", model)
-builder.add_node("tools", ToolNode([create_ticket]))
-builder.add_edge(START, "model")
-builder.add_conditional_edges("model", tools_condition)
-builder.add_edge("tools", "model")
-graph = builder.compile(checkpointer=InMemorySaver())
-config: RunnableConfig = {"configurable": {"thread_id": "thread-7"}}
-async with GatewayClient(os.environ["DOCS_GATEWAY_URL"]) as gw:
-    await graph.ainvoke({"messages": [HumanMessage("Open a ticket")]}, config)
-    # A crash inside the tool node loses that step: the thread resumes from the checkpoint
-    # before it (the AIMessage with the call) and runs the tool node again.
-    history = [snapshot async for snapshot in graph.aget_state_history(config)]
-    [before_tools] = [snapshot.config for snapshot in history if snapshot.next == ("tools",)]
-    resumed = await graph.ainvoke(None, before_tools)
-    [answer] = [message for message in resumed["messages"] if message.type == "tool"]
-    print("resumed:", json.loads(answer.content)["id"])
-"""
 
 NEEDS_NODE_CLIENT = ("node", "clients/typescript/dist/index.js")  # make ts-build; make test has it
 
@@ -411,20 +337,12 @@ HARNESS: dict[str, Harness] = {
     "readme-mcp-agent": Harness(after="readme-mcp", check=check_mcp_agent),
     "readme-slow": Harness(after="readme-mcp-agent", admin_cli=True, check=check_slow),
     "readme-cli": Harness(after="readme-slow", admin_cli=True, check=check_cli),
-    "agents-http": Harness(prelude='run_id, turn, call_id = "run-77", 0, "c1"', check=check_http),
-    "agents-run": Harness(
-        prelude=URL_PRELUDE, check=check_effects(1, 1, "runs/run-77.json"), max_effects=4
-    ),
-    "agents-mcp": Harness(prelude=URL_PRELUDE + SCRIPTED_PLAN, check=check_mcp_run),
-    "agents-openai": Harness(
-        prelude=MODEL_PRELUDE, epilogue=RUN_PLAN, check=check_model_loop("openai")
-    ),
-    "agents-anthropic": Harness(
-        prelude=MODEL_PRELUDE, epilogue=RUN_PLAN, check=check_model_loop("anthropic")
-    ),
-    "agents-langgraph": Harness(
-        prelude=LANGGRAPH_PRELUDE, epilogue=LANGGRAPH_EPILOGUE, check=check_langgraph
-    ),
+    "agents-http": Harness(check=check_http),
+    "agents-run": Harness(check=check_effects(1, 1, "runs/run-agents-2.json"), max_effects=4),
+    "agents-mcp": Harness(check=check_mcp_run),
+    "agents-openai": Harness(check=check_model_loop("openai", "runs/run-agents-4.json")),
+    "agents-anthropic": Harness(check=check_model_loop("anthropic", "runs/run-agents-5.json")),
+    "agents-langgraph": Harness(check=check_langgraph),
     "mcp-client": Harness(
         serves="mcp-gateway",
         check=check_mcp_client,
@@ -435,7 +353,7 @@ HARNESS: dict[str, Harness] = {
     ),
     "mcp-generations": Harness(after="mcp-client", check=check_mcp_generations),
     "mcp-lookup": Harness(after="mcp-generations"),
-    "recovery-lookup": Harness(setup=create_ticket_77, check=check_lookup),
+    "recovery-lookup": Harness(setup=create_recovery_ticket, check=check_lookup),
     "deploy-sqlite-backup": Harness(check=check_backup, needs=("sqlite3",)),
 }
 
@@ -476,14 +394,14 @@ def test_every_block_is_classified() -> None:
         elif block.kind == "json" and block.lang != "json":
             problems.append(f"{block.where}: json of a {what}")
         if (
-            block.path in WHOLE_PROGRAMS
-            and block.lang == "python"
+            block.lang == "python"
             and block.kind in ("run", "typecheck")
             and not runs_itself(block.text)
         ):
             problems.append(
-                f"{block.where}: not a whole program: imports, `async def main()` and a "
-                "top-level `asyncio.run(main())`, so that it runs as written"
+                f"{block.where}: not a whole program: imports, the names it uses, "
+                "`async def main()` and a top-level `asyncio.run(main())`, so that it "
+                "runs as written"
             )
     for path in [*DOCS, TS_README]:
         problems += [
@@ -500,6 +418,27 @@ def test_every_block_is_classified() -> None:
             problems.append(f"HARNESS[{name!r}] serves {harness.serves!r}: no such serve block")
         if harness.serves is not None and harness.after is not None:
             problems.append(f"HARNESS[{name!r}]: a block that runs after another is served by it")
+    assert not problems, "\n".join(problems)
+
+
+def test_each_document_has_its_own_run_ids() -> None:
+    """A reader runs README.md and then the docs against one `make run` gateway: one store,
+    and one scope for every block without a credential. A run id two documents use makes
+    the second one's keys the first one's: a replayed receipt of another request, or
+    `422 key-mismatch`. So the run ids of the blocks a reader runs (run, typecheck, and
+    the skipped commands they run elsewhere: a resolve) are each in one document only."""
+    used: dict[str, dict[Path, Block]] = {}
+    for block in BLOCKS:
+        if block.path in DOCS and block.kind in ("run", "typecheck", "skip"):
+            for run_id in run_ids(block):
+                used.setdefault(run_id, {}).setdefault(block.path, block)
+    problems = [
+        f"run id {run_id!r} in {len(where)} documents: "
+        + ", ".join(block.where for block in where.values())
+        + " (each document its own run ids: run-<document>-<n>)"
+        for run_id, where in sorted(used.items())
+        if len(where) > 1
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -576,11 +515,9 @@ async def test_python_blocks_type_check(tmp_path: Path, request: pytest.FixtureR
     ]
     modules = {}
     for block in blocks:
-        harness = HARNESS[block.arg]
-        module = assemble(block.text, harness.prelude, harness.epilogue)
         file = module_file(block)
-        (tmp_path / file).write_text(module.source)
-        modules[file] = (block, module)
+        (tmp_path / file).write_text(block.text)
+        modules[file] = block
     kept = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
     cache = kept.mkdir("docs-snippets-mypy") if kept is not None else tmp_path / "mypy-cache"
     options = ["--strict", "--config-file=", "--python-version=3.11", "--cache-dir", str(cache)]
@@ -605,7 +542,7 @@ async def test_python_blocks_type_check(tmp_path: Path, request: pytest.FixtureR
         if found is None or found["file"] not in modules:
             problems.append(line)
             continue
-        block, module = modules[found["file"]]
+        block = modules[found["file"]]
         message = found["message"]
         allowance = next(
             (a for a in allowed if a[0] == block.arg and message.startswith(f"error: {a[1]}")),
@@ -614,13 +551,7 @@ async def test_python_blocks_type_check(tmp_path: Path, request: pytest.FixtureR
         if allowance is not None:
             allowed.discard(allowance)
             continue
-        line_in_block = module.block_line(int(found["line"]))
-        if line_in_block is None or line_in_block > len(block.text.splitlines()):
-            where = (
-                f"{block.where} (HARNESS[{block.arg!r}], line {found['line']} of {found['file']})"
-            )
-        else:
-            where = f"{block.path.relative_to(ROOT)}:{block.line + line_in_block}"
+        where = f"{block.path.relative_to(ROOT)}:{block.line + int(found['line'])}"
         problems.append(f"{where}: {message}")
     problems += [
         f"HARNESS[{name!r}].mypy_allows: not needed any more: {a!r}" for name, a in allowed
@@ -751,7 +682,7 @@ async def run_block(block: Block, harness: Harness, served: MakeRun, model: Fake
 
     if block.lang == "python":
         script = served.cwd / module_file(block)
-        script.write_text(assemble(text, harness.prelude, harness.epilogue).source)
+        script.write_text(text)
         finished = await run_process(
             [sys.executable, "-c", LOOPBACK_GUARD, str(script)],
             cwd=served.cwd,
@@ -764,6 +695,16 @@ async def run_block(block: Block, harness: Harness, served: MakeRun, model: Fake
             pytest.fail(
                 f"{block.where} ({block.arg}): {why} after {finished.seconds:.1f} s; "
                 f"it printed:\n{finished.output[-6000:]}",
+                pytrace=False,
+            )
+        shown = shown_output(block.text)
+        problems = Transcript().mismatches(shown, finished.output.splitlines())
+        if problems:
+            line = block.line + 1 + len(shown.text.splitlines())
+            pytest.fail(
+                f"{block.path.relative_to(ROOT)}:{line}: "
+                + "; ".join(problems)
+                + f"; it printed:\n{finished.output[-6000:]}",
                 pytrace=False,
             )
         return finished.output
@@ -824,18 +765,34 @@ def test_markers_are_read_and_misplaced_ones_reported(tmp_path: Path) -> None:
     assert stray_markers(doc) == [11]
 
 
-def test_a_block_that_runs_itself_runs_as_written() -> None:
+def test_a_python_block_is_a_whole_program_and_shows_what_it_prints() -> None:
     program = "import asyncio\n\nasync def main() -> None:\n    print(1)\n\nasyncio.run(main())\n"
     assert runs_itself(program)
     guarded = 'if __name__ == "__main__":\n    asyncio.run'
     assert runs_itself(program.replace("asyncio.run", guarded))
     assert not runs_itself("await main()\n")
-    module = assemble(program, prelude="X = 1")
-    assert module.source.endswith(program)
-    assert "_doc_snippet" not in module.source
-    assert module.source.splitlines()[module.first_line - 1] == "import asyncio"
-    with pytest.raises(ValueError, match="epilogue"):
-        assemble(program, epilogue="print(2)")
+    assert not runs_itself("async with client:\n    await client.call()\n")  # SyntaxError
+    assert not runs_itself("async def main() -> None:\n    asyncio.run(other())\n")
+    shown = shown_output(program + "# 1\n#   and more\n")
+    assert (shown.text, shown.expected) == (program.rstrip("\n"), ["1", "  and more"])
+    assert shown_output(program).expected == []
+    assert shown_output(program + "\n# prose after a blank line\n").expected == []
+
+
+def test_run_ids_of_a_block(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "<!-- snippet: run a -->\n```python\n"
+        'RUN_ID = "run-a"\nconfig = {"configurable": {"thread_id": "run-b"}}\n'
+        'Run(journal, run_id="run-c")\nkey = derive_key("run-d", 0, "c1")\n'
+        'meta = {"idempotencyKey": "run-e:3:call_x"}\nturn = items[1:2:3]\n```\n\n'
+        "<!-- snippet: run b -->\n```sh\n"
+        "curl -s localhost:8080/operations/run-f:0:c1   # also /operations/run-g%3A0%3Ac1\n"
+        "curl -s http://127.0.0.1:8080/v1/issues\n# demo-b4f1c8:0:c1\n```\n"
+    )
+    python, shell = read_blocks(doc)
+    assert run_ids(python) == {"run-a", "run-b", "run-c", "run-d", "run-e"}
+    assert run_ids(shell) == {"run-f", "run-g"}  # not a URL's host:port, nor a random id
 
 
 def test_shown_output_must_be_printed_in_order() -> None:
