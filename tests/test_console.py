@@ -356,9 +356,15 @@ async def test_probe_now_settles_and_labels_the_receipt(
     assert any(
         "applied: the upstream has the effect" in text for text in events_of(history, "probe")
     )
+    # Who settled it is said once: no "as probe" after "by probe", and no note in the
+    # probe's name (a note is a person's own words).
+    [resolved] = events_of(history, "resolved")
+    assert resolved.lower().count("probe") == 1, resolved
     assert not await page.displayed("probe-box"), "settled: nothing left to probe"
     await page.screenshot("probed")
-    assert (await admin_operation(gateway, op_id))["receipt_source"] == "probe"
+    operation = await admin_operation(gateway, op_id)
+    assert operation["receipt_source"] == "probe"
+    assert (operation["resolution"]["by"], operation["resolution"]["note"]) == ("probe", None)
 
 
 async def test_the_note_of_a_release_stays_after_the_retry_completes(

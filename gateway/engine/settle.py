@@ -342,7 +342,7 @@ class Settler:
                 outcome=outcome,
                 by="probe",
                 response=response,
-                note="settled by probe",
+                note=None,  # a note is a person's own words; `by` and `actor` say who
                 actor="probe",
                 probe_event=probe_event(outcome, status=status, detail="the probe settled it"),
             )

@@ -213,7 +213,10 @@ function eventDetails(event) {
     case "resolved":
       return [
         event.outcome === "applied" ? "applied: the effect exists" : "not applied: the key may be sent again",
-        ...(event.by ? [`as ${event.by}`] : []),
+        // Who, once: "by admin:ana" already says "as admin".
+        ...(event.by && event.actor !== event.by && !event.actor?.startsWith(`${event.by}:`)
+          ? [`as ${event.by}`]
+          : []),
         ...(event.force ? ["FORCED before the tool's grace ended"] : []),
         ...(event.share_with_owner ? ["note shown to the caller"] : []),
       ];
