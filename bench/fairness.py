@@ -55,6 +55,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.gateway_config import MCP_PREFIX, sqlite_url
+from bench.jsonrpc_answers import response_in
 from bench.processes import ServerProcess, gateway
 from bench.report import Table, machine_info, ms, ratio
 from gateway.config import Settings, render_effective
@@ -189,7 +190,7 @@ def verdict(status: int, body: bytes) -> str:
     >>> verdict(502, b"Bad Gateway"), verdict(200, b'data: {"id":1,"result":{"isError":true}}')
     ('HTTP 502', 'isError')
     """
-    message = _message(body)
+    message = response_in(body)
     if message is None:
         return "unreadable answer" if 200 <= status < 300 else f"HTTP {status}"
     error = message.get("error")
@@ -206,20 +207,6 @@ def verdict(status: int, body: bytes) -> str:
         kind = problem.get("type") if isinstance(problem, dict) else None
         return str(kind) if kind else "isError"
     return "ok" if 200 <= status < 300 else f"HTTP {status}"
-
-
-def _message(body: bytes) -> dict[str, Any] | None:
-    """The JSON-RPC response in an answer (JSON, or the first one in an event stream)."""
-    text = body.decode("utf-8", "replace")
-    events = [line[5:] for line in text.splitlines() if line.startswith("data:")]
-    for data in events or [text]:
-        try:
-            message = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(message, dict) and ("result" in message or "error" in message):
-            return message
-    return None
 
 
 def _is_refusal(status: int, kind: str) -> bool:

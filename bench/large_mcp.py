@@ -37,6 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.gateway_config import MCP_PREFIX, write_mcp_gateway_config
+from bench.jsonrpc_answers import response_in
 from bench.processes import ServerProcess, gateway
 from bench.report import Table, ms
 
@@ -142,17 +143,11 @@ def _is_error(answer: bytes) -> bool:
     >>> _is_error(b'data: {"jsonrpc":"2.0","id":1,"result":{"isError":true}}\\n\\n')
     True
     """
-    text = answer.decode("utf-8", "replace")
-    events = [line[5:] for line in text.splitlines() if line.startswith("data:")]
-    for data in events or [text]:
-        try:
-            message = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(message, dict) and "id" in message:
-            result = message.get("result")
-            return "error" in message or not isinstance(result, dict) or bool(result.get("isError"))
-    return True
+    message = response_in(answer)
+    if message is None:
+        return True
+    result = message.get("result")
+    return "error" in message or not isinstance(result, dict) or bool(result.get("isError"))
 
 
 async def measure(gateway_url: str, *, size: int, agents: int, seconds: float) -> dict[str, float]:

@@ -58,6 +58,7 @@ from typing import Any, Literal, get_args
 
 import aiohttp
 
+from bench.jsonrpc_answers import response_in
 from bench.loadgen import REQUEST_TIMEOUT, LoadResult
 from bench.loadgen import _percentile as percentile
 from bench.procstat import cpu_seconds
@@ -261,7 +262,7 @@ class _Agent:
         ) as response:
             body = await response.read()
             session_id = response.headers.get("Mcp-Session-Id")
-            answer = _response_to(0, response.content_type, body)
+            answer = response_in(body, 0)
         if response.status != 200 or session_id is None or answer is None or "result" not in answer:
             raise _NoSession(f"initialize answered HTTP {response.status}: {body[:200]!r}")
         self._headers["Mcp-Session-Id"] = session_id
@@ -294,7 +295,7 @@ class _Agent:
             if response.status == 404 and self.session_id is not None:
                 self.session_id = None  # the server forgot the session: open a new one
             return f"HTTP {response.status}"
-        return _verdict(_response_to(call_id, response.content_type, body))
+        return _verdict(response_in(body, call_id))
 
     async def close(self) -> None:
         """DELETE the session, so the server does not keep it until its idle timeout."""
@@ -303,26 +304,6 @@ class _Agent:
         async with self._http.delete(self._spec.url, headers=self._headers) as response:
             await response.read()
         self.session_id = None
-
-
-def _response_to(call_id: int, content_type: str, body: bytes) -> dict[str, Any] | None:
-    """The JSON-RPC response to `call_id` in a JSON or event-stream body, if there is one."""
-    if content_type == "text/event-stream":
-        candidates = [
-            line[5:].strip()
-            for line in body.decode("utf-8", "replace").splitlines()
-            if line.startswith("data:")
-        ]
-    else:
-        candidates = [body.decode("utf-8", "replace")]
-    for data in candidates:
-        try:
-            message = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(message, dict) and message.get("id") == call_id and "method" not in message:
-            return message
-    return None
 
 
 def _verdict(answer: dict[str, Any] | None) -> str:

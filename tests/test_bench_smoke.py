@@ -259,6 +259,7 @@ def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:
         "bench.defaults",
         "bench.defaults_servers",
         "bench.fairness",
+        "bench.jsonrpc_answers",
         "bench.large_mcp",
         "bench.loadgen",
         "bench.mcp_load",
