@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gateway.mcp.raw_json import read_raw_response, replay_raw
@@ -48,6 +48,9 @@ def responses(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @given(responses(), st.sampled_from([None, "2025-11-25", "2026-07-28"]), _IDS)
+# Found by this test in a full run: an error's `data: null` became `original: null` in the
+# raw replay, and nothing in the parsed one.
+@example({"jsonrpc": "2.0", "id": 0, "error": {"code": 0, "message": "", "data": None}}, None, 0)
 def test_the_scan_and_the_raw_replay_agree_with_the_parser(
     response: dict[str, Any], version: str | None, new_id: Any
 ) -> None:

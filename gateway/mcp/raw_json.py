@@ -141,6 +141,8 @@ def _with_marker(text: str, meta: Member) -> str:
     """A `_meta`/`data` object without the gateway's own keys, plus the replay marker
     (a `data` that is not an object is kept as `original`, as for parsed receipts)."""
     raw = meta.raw(text)
+    if raw == "null":  # no data, as the parsed path reads it: nothing to keep
+        return f'{{"{_REPLAYED}":true}}'
     if not raw.startswith("{"):
         return f'{{"{_REPLAYED}":true,"original":{raw}}}'
     members, _ = _object_members(text, meta.start)
