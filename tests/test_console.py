@@ -179,6 +179,8 @@ async def test_operator_settles_an_unknown_timeout_and_the_retry_replays(
     history = await page.history()
     assert [event["type"] for event in history] == ["claimed", "sent", "timed-out"], history
     assert f"forwarded key {op_id}" in events_of(history, "sent")[0]
+    # Its time is the outcome's (one write), which the line says rather than let it mislead.
+    assert "recorded with the attempt's outcome" in events_of(history, "sent")[0]
     assert "by gateway" in events_of(history, "timed-out")[0]
     assert await page.displayed("resolve-form")
     assert not await page.displayed("probe-box"), "this route has no probe"

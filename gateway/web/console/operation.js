@@ -189,6 +189,7 @@ function eventDetails(event) {
         ...attempt(event),
         ...(event.token !== undefined ? [`fencing token ${event.token}`] : []),
         event.forwarded_key ? `forwarded key ${event.forwarded_key}` : "no key forwarded",
+        "recorded with the attempt's outcome (the send began after the claim)",
       ];
     case "answered":
       return [
