@@ -267,15 +267,19 @@ export class GatewayClient {
 
   private async send(exchange: Exchange): Promise<GatewayResponse> {
     const url = this.baseUrl + exchange.path;
+    const init: RequestInit = {
+      method: exchange.method,
+      headers: exchange.headers,
+      body: exchange.body,
+      redirect: "manual",
+    };
+    // What fetch refuses before sending anything (a body on GET, a method or header it cannot
+    // send) throws its TypeError here, outside the catch below: the caller's error, never a lost
+    // connection to retry.
+    new Request(url, init);
     const signal = bothSignals(AbortSignal.timeout(exchange.limit * 1000), exchange.signal);
     try {
-      const answer = await this.fetch(url, {
-        method: exchange.method,
-        headers: exchange.headers,
-        body: exchange.body,
-        redirect: "manual",
-        signal,
-      });
+      const answer = await this.fetch(url, { ...init, signal });
       const received = new Uint8Array(await answer.arrayBuffer());
       return new GatewayResponse(answer.status, answer.headers, received);
     } catch (error) {
