@@ -13,6 +13,7 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,9 @@ from idempotency_gateway_client import (
     RunLeaseLost,
     SqliteJournal,
     StoredResponse,
+    Tool,
     ToolCall,
+    ToolRequest,
     ToolResult,
     Turn,
     Worker,
@@ -286,6 +289,32 @@ async def test_a_plan_naming_an_unknown_tool_is_refused_before_it_is_saved(
             await run.step(fixed_plan([bad]))
         with pytest.raises(ValueError, match="appears twice"):
             await run.step(fixed_plan([ticket("c1"), ticket("c1")]))
+        assert run.turns == ()
+    assert upstream.count == 0
+
+
+@dataclass(frozen=True)
+class GetWithBody:
+    """A tool of one's own that (wrongly) gives a GET a body."""
+
+    def request(self, call: ToolCall) -> ToolRequest:
+        return ToolRequest(method="get", path=ISSUES, json=dict(call.arguments))
+
+
+async def test_a_get_or_head_with_a_body_is_refused_before_it_is_saved(
+    store: Stores, gw: GatewayClient, upstream: CountingUpstream
+) -> None:
+    """No client sends a body on GET or HEAD: a plan holding one would never complete."""
+    refused: dict[str, Tool] = {
+        "read": HttpTool("GET", ISSUES),
+        "peek": HttpTool("HEAD", ISSUES),
+        "own": GetWithBody(),
+    }
+    async with open_run(store, gw, tools=refused) as run:
+        for name in refused:
+            call = ToolCall(call_id="c1", name=name, arguments={"q": "x"})
+            with pytest.raises(ValueError, match="no body"):
+                await run.step(fixed_plan([call]))
         assert run.turns == ()
     assert upstream.count == 0
 
