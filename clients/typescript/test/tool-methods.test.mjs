@@ -10,7 +10,9 @@ import { after, before, describe, test } from "node:test";
 import { Backoff, FileJournal, GatewayClient, GatewayConnectionError, HttpTool, Run } from "../dist/index.js";
 import { startGateway, temporaryDirectory } from "./support/servers.mjs";
 
-const ROUTE = '[[routes]]\nname = "items"\nprefix = "/items"\nupstream = "%s"\ntimeout = "60s"\nmethods = ["GET", "HEAD", "DELETE", "POST"]\n';
+const ROUTE =
+  '[[routes]]\nname = "items"\nprefix = "/items"\nupstream = "%s"\ntimeout = "60s"\n' +
+  'methods = ["GET", "HEAD", "DELETE", "POST"]\n';
 
 let upstream;
 let gateway;
@@ -102,10 +104,11 @@ describe("a run's steps with methods that take no body", () => {
         [200, "completed"],
       ],
     );
+    const target = `/v1/${path.split("/").at(-1)}`; // the route's prefix taken off
     assert.deepEqual(upstream.received.slice(before), [
-      { method: "GET", target: `/v1/${path.split("/").at(-1)}?state=open`, body: "", contentType: null },
-      { method: "HEAD", target: `/v1/${path.split("/").at(-1)}`, body: "", contentType: null },
-      { method: "DELETE", target: `/v1/${path.split("/").at(-1)}`, body: '{"reason":"duplicate"}', contentType: "application/json" },
+      { method: "GET", target: `${target}?state=open`, body: "", contentType: null },
+      { method: "HEAD", target, body: "", contentType: null },
+      { method: "DELETE", target, body: '{"reason":"duplicate"}', contentType: "application/json" },
     ]);
     for (const id of ["c1", "c2", "c3"]) {
       const operation = await client.lookup(`${runId}:0:${id}`);
