@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
@@ -165,13 +166,42 @@ async def test_the_plan_is_durable_before_any_call_runs(
         "headers": {},
     }
     assert on_disk["results"] == {}
-    # No temporary left; the lock's last generation stays, marked released.
+    # No temporary left; the lock's last generation stays, marked released, hidden.
     entries = sorted(os.listdir(path.parent))
     assert len(entries) == 3, entries
-    assert entries[0] == "run.json"
-    generation = entries[1].removeprefix("run.json.lock.")
+    generation = entries[0].removeprefix(".run.json.lock.")
     assert generation.isdigit(), entries
-    assert entries[2] == f"run.json.lock.{generation}.released"
+    assert entries[1:] == [f".run.json.lock.{generation}.released", "run.json"]
+
+
+async def test_after_runs_their_directory_lists_only_the_journals(
+    tmp_path: Path, gw: GatewayClient, upstream: CountingUpstream
+) -> None:
+    """The lock's files are hidden: `ls runs/` shows each run's journal and nothing else.
+
+    What stays of each lock (its last generation, released) has a leading dot, as
+    the lock's staging files and the journal's temporary files do.
+    """
+    runs = tmp_path / "runs"
+    for run_id in ("run-1", "run-2"):
+        async with Run(
+            FileJournal(runs / f"{run_id}.json"),
+            client=gw,
+            run_id=run_id,
+            flow_version="v1",
+            tools=tools(),
+        ) as run:
+            while not run.finished:
+                await run.step(fixed_plan([ticket("c1")]))
+    visible = sorted(name for name in os.listdir(runs) if not name.startswith("."))
+    assert visible == ["run-1.json", "run-2.json"]
+    hidden = sorted(name for name in os.listdir(runs) if name.startswith("."))
+    assert [re.sub(r"\.lock\.[0-9]+", ".lock.N", name) for name in hidden] == [
+        ".run-1.json.lock.N",
+        ".run-1.json.lock.N.released",
+        ".run-2.json.lock.N",
+        ".run-2.json.lock.N.released",
+    ]
 
 
 async def test_resume_takes_the_receipt_of_an_effect_whose_result_was_not_saved(
