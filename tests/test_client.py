@@ -193,6 +193,33 @@ async def test_the_tools_own_errors_are_responses(
     assert upstream.count == 1
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD", "get"])
+@pytest.mark.parametrize(
+    "body", [{"json": {"q": "x"}}, {"json": {}}, {"content": b"q=x"}], ids=["json", "{}", "content"]
+)
+async def test_a_body_on_get_or_head_is_refused_before_anything_is_sent(
+    gw: GatewayClient, upstream: CountingUpstream, method: str, body: dict[str, Any]
+) -> None:
+    """The TypeScript client cannot send one (fetch refuses it), so neither client does."""
+    with pytest.raises(ValueError, match=r"GET|HEAD.*no body"):
+        await gw.request(method, ISSUES, key="get-body", **body)
+    assert upstream.count == 0
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "DELETE", "POST"])
+async def test_json_none_sends_no_body_and_no_content_type(
+    gw: GatewayClient, upstream: CountingUpstream, method: str
+) -> None:
+    """A planned call without a body (`json: null`) sends none, as the TypeScript client does.
+
+    Not the JSON text `null`, and no `Content-Type` (aiohttp would add
+    `application/octet-stream` to a bodiless POST; the gateway fingerprints it).
+    """
+    await gw.request(method, ISSUES, key=f"no-body-{method}", json=None)
+    [effect] = upstream.effects
+    assert (effect.method, effect.body, effect.headers.get("content-type")) == (method, b"", None)
+
+
 async def test_default_headers_go_with_every_request_and_scope_lookups(
     gateway: RunningGateway, make_client: ClientFactory, upstream: CountingUpstream
 ) -> None:

@@ -1,9 +1,10 @@
 """The Python client against the shared vectors in `clients/vectors/` (read by the Node client too).
 
 Keys, canonical JSON, the gateway's problem bodies, journal files at each step
-of a run and the lease rules: where both clients pass the same vectors, a key
-one derives is the key the other derives, a body one sends is the bytes the
-other sends, and a journal one writes, the other resumes.
+of a run, the lease rules and the requests planned calls send: where both
+clients pass the same vectors, a key one derives is the key the other derives,
+a body one sends is the bytes the other sends, and a journal one writes, the
+other resumes.
 """
 
 from __future__ import annotations
@@ -11,16 +12,24 @@ from __future__ import annotations
 import base64
 import inspect
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
+from aiohttp import web
 from idempotency_gateway_client import (
+    FileJournal,
+    GatewayClient,
+    HttpTool,
     JournalDocument,
     JournalError,
     KeyFormatError,
+    Run,
     SimilarOperation,
     SimilarTwin,
+    ToolCall,
     Worker,
     canonical_json,
     derive_key,
@@ -46,6 +55,7 @@ CANONICAL = load("canonical-json.json")
 PROBLEMS = load("problems.json")
 JOURNALS = load("journals/index.json")
 LEASES = load("leases.json")
+REQUESTS = load("requests.json")
 
 
 @pytest.mark.parametrize("case", KEYS["derive"], ids=lambda case: repr(case)[:60])
@@ -220,3 +230,84 @@ def test_every_gateway_problem_vector_says_what_its_type_says_to_do_next() -> No
             assert expect["next_action"] is None, case["description"]
     internal = {"internal-error", "invalid-config"}
     assert set(next_action) - internal <= said, sorted(set(next_action) - internal - said)
+
+
+# -- what a planned call sends -----------------------------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def recorder() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """A stand-in gateway on loopback: every lookup is 404 `unknown-key` (never sent), every
+    other request is recorded as the vectors write it down and answered 200."""
+    received: list[dict[str, Any]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.path.startswith("/operations/"):
+            problem = {"type": "https://idempotency-gateway.dev/problems/unknown-key"}
+            return web.json_response(problem, status=404, content_type="application/problem+json")
+        body = await request.read()
+        received.append(
+            {
+                "method": request.method,
+                "target": request.raw_path,
+                "body": body.decode("utf-8") if body else None,
+                "content_type": request.headers.get("Content-Type"),
+            }
+        )
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    yield f"http://{host}:{port}", received
+    await runner.cleanup()
+
+
+def _planned_journal(request: dict[str, Any]) -> bytes:
+    """A journal whose one planned call, not yet sent, has `request` as the vector writes it."""
+    planned = {
+        "call": {"call_id": "c1", "name": "tool", "arguments": {}},
+        "key": "run-v:0:c1",
+        "request": request,
+    }
+    turn = {"index": 0, "calls": [planned], "results": {}, "planned_at": 1764583201.25}
+    document = {"format": 1, "run_id": "run-v", "flow_version": "v1", "turns": [turn]}
+    return json.dumps(document).encode()
+
+
+@pytest.mark.parametrize("case", REQUESTS["cases"], ids=lambda case: case["description"][:60])
+async def test_planned_requests(
+    case: dict[str, Any], recorder: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """An HttpTool's plan, and the request a run resuming that plan sends, byte for byte."""
+    if "tool" in case:
+        tool = HttpTool(**case["tool"])
+        call = ToolCall(call_id="c1", name="tool", arguments=case["arguments"])
+        if case.get("refused") == "plan":
+            with pytest.raises(ValueError, match="no body"):
+                tool.request(call)
+            return
+        assert tool.request(call).model_dump(mode="json", by_alias=True) == case["request"]
+    url, received = recorder
+    path = tmp_path / "run.json"
+    path.write_bytes(_planned_journal(case["request"]))
+    async with (
+        GatewayClient(url) as client,
+        Run(
+            FileJournal(path),
+            client=client,
+            run_id="run-v",
+            flow_version="v1",
+            tools={"tool": HttpTool("POST", "/unused")},
+        ) as run,
+    ):
+        if case.get("refused") == "send":
+            with pytest.raises(ValueError, match="no body"):
+                await run.step(lambda turns: [])
+        else:
+            await run.step(lambda turns: [])
+            assert run.finished
+    assert received == ([] if "refused" in case else [case["sent"]])

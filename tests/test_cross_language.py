@@ -6,6 +6,8 @@ with kill -9 at a step boundary and resumed by the other language, through a
 real gateway in front of the example ticket API. The plan holds a float and
 non-ASCII text: whichever client sends a planned call, it must send the same
 bytes (RFC 8785 canonical JSON), or a resend would be refused as `key-mismatch`.
+One-call agents do the same for GET, HEAD, DELETE and POST steps (no body on a
+GET or HEAD, in either client).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ToolAPI
+from conftest import GatewayFactory, ToolAPI
 from harness import ROOT, RunningGateway, journal_agent_args, paused_agent, run_agent
 from idempotency_gateway_client import FileJournal, GatewayClient
+from upstream import CountingUpstream, Effect
 
 pytestmark = pytest.mark.slow
 
@@ -111,6 +114,29 @@ async def test_a_python_worker_is_refused_while_a_node_worker_holds_the_run(
     await assert_each_effect_once(tickets, tool_api, tmp_path)
 
 
+async def run_node(node: str, script: str, *args: str) -> dict[str, object]:
+    """Run an inline Node module against the built client; its one JSON line of output."""
+    process = await asyncio.create_subprocess_exec(
+        node,
+        "--input-type=module",
+        "-e",
+        script % (TYPESCRIPT / "dist" / "index.js").as_uri(),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        # Beyond the client's 30 s of retries: a refusal retried as a lost connection shows as such.
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 45)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, stderr.decode()
+    answer: dict[str, object] = json.loads(stdout)
+    return answer
+
+
 RESEND_PLANNED_C1 = """
 import { FileJournal, GatewayClient } from "%s";
 const [gateway, path] = process.argv.slice(1);
@@ -131,18 +157,131 @@ async def test_node_resends_the_bytes_python_sent_for_a_planned_call(
     args = journal_agent_args(tickets.url, tmp_path)
     killed = await run_agent(str(PYTHON_AGENT), *args, pause_at="response:c1")
     assert killed.returncode == -signal.SIGKILL
-    script = RESEND_PLANNED_C1 % (TYPESCRIPT / "dist" / "index.js").as_uri()
-    resent = await asyncio.create_subprocess_exec(
-        node,
-        "--input-type=module",
-        "-e",
-        script,
-        tickets.url,
-        str(tmp_path / "run.json"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    stdout, stderr = await asyncio.wait_for(resent.communicate(), 20)
-    assert resent.returncode == 0, stderr.decode()
-    assert json.loads(stdout) == {"status": 201, "replayed": True}
+    resent = await run_node(node, RESEND_PLANNED_C1, tickets.url, str(tmp_path / "run.json"))
+    assert resent == {"status": 201, "replayed": True}
     assert len(tool_api.state.issues) == 1
+
+
+ONE_CALL_AGENT = """
+import asyncio, json, sys, time
+from idempotency_gateway_client import FileJournal, GatewayClient, HttpTool, Run, ToolCall
+
+gateway, journal, method, path, arguments, _, pause_at = sys.argv[1:]
+
+def pause(event):
+    here = f"{event.kind}:{event.call.call_id if event.call else event.turn}"
+    if here == pause_at:
+        print(f"PAUSED {here}", flush=True)
+        time.sleep(60)  # the test kills the process here
+
+def plan(turns):
+    return [] if turns else [ToolCall(call_id="c1", name="call", arguments=json.loads(arguments))]
+
+async def main():
+    async with GatewayClient(gateway) as client, Run(
+        FileJournal(journal), client=client, run_id="run-1", flow_version="v1",
+        tools={"call": HttpTool(method, path)}, on_event=pause,
+    ) as run:
+        while not run.finished:
+            await run.step(plan)
+
+asyncio.run(main())
+"""
+
+RESUME_WITH_RUN = """
+import { FileJournal, GatewayClient, HttpTool, Run } from "%s";
+const [gateway, path, method, toolPath] = process.argv.slice(1);
+const run = await Run.open(new FileJournal(path), {
+  client: new GatewayClient(gateway), runId: "run-1", flowVersion: "v1",
+  tools: { call: new HttpTool(method, toolPath) },
+});
+try {
+  while (!run.finished) await run.step(() => []);
+} finally {
+  await run.close();
+}
+const result = (await new FileJournal(path).read()).turns[0].results.c1;
+console.log(JSON.stringify({ status: result.status, source: result.source }));
+"""
+
+PROTECTED = ["GET", "HEAD", "DELETE", "POST"]
+"""The methods the route protects here: each call is recorded, and a resend is replayed."""
+
+METHODS = [
+    # method, the tool's path, the model's arguments, what the upstream must see
+    # (target without the route prefix, body, Content-Type)
+    pytest.param(
+        "GET", "/tickets/v1/items?state=open", {}, ("/v1/items?state=open", b"", None), id="GET"
+    ),
+    pytest.param("HEAD", "/tickets/v1/items/7", {}, ("/v1/items/7", b"", None), id="HEAD"),
+    pytest.param(
+        "DELETE",
+        "/tickets/v1/items/7",
+        {"reason": "café"},
+        ("/v1/items/7", '{"reason":"café"}'.encode(), "application/json"),
+        id="DELETE",
+    ),
+    pytest.param(
+        "POST",
+        "/tickets/v1/items",
+        {"estimate": 1.0},
+        ("/v1/items", b'{"estimate":1}', "application/json"),
+        id="POST",
+    ),
+]
+
+
+def seen(effect: Effect) -> tuple[str, bytes, str | None]:
+    """What reached the upstream: the target, the body and the Content-Type."""
+    target = effect.path + (f"?{effect.query}" if effect.query else "")
+    return target, effect.body, effect.headers.get("content-type")
+
+
+@pytest.mark.parametrize(("method", "path", "arguments", "expected"), METHODS)
+async def test_node_resends_the_bytes_python_sent_for_each_method(
+    method: str,
+    path: str,
+    arguments: dict[str, object],
+    expected: tuple[str, bytes, str | None],
+    node: str,
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    tmp_path: Path,
+) -> None:
+    """Python sent c1 with `method`; Node resending it from the journal is a replay.
+
+    A replay, not `key-mismatch`: the gateway fingerprints the method, the target, the
+    content type and the body, so Node sent what Python sent. A GET or HEAD carries no
+    body in either client (Node's fetch cannot send one).
+    """
+    gateway = await gateway_factory(upstream.url, route={"methods": PROTECTED})
+    journal = str(tmp_path / "run.json")
+    agent = ["-c", ONE_CALL_AGENT, gateway.url, journal, method, path, json.dumps(arguments)]
+    killed = await run_agent(*agent, pause_at="response:c1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resent = await run_node(node, RESEND_PLANNED_C1, gateway.url, journal)
+    assert resent == {"status": 201 if method == "POST" else 200, "replayed": True}
+    assert [(effect.method, seen(effect)) for effect in upstream.effects] == [(method, expected)]
+
+
+@pytest.mark.parametrize(("method", "path", "arguments", "expected"), METHODS)
+async def test_node_resumes_a_call_python_planned_for_each_method(
+    method: str,
+    path: str,
+    arguments: dict[str, object],
+    expected: tuple[str, bytes, str | None],
+    node: str,
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    tmp_path: Path,
+) -> None:
+    """Python saved the plan and died before sending; Node's Run sends the planned request."""
+    gateway = await gateway_factory(upstream.url, route={"methods": PROTECTED})
+    journal = str(tmp_path / "run.json")
+    agent = ["-c", ONE_CALL_AGENT, gateway.url, journal, method, path, json.dumps(arguments)]
+    killed = await run_agent(*agent, pause_at="planned:0")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert upstream.count == 0
+    resumed = await run_node(node, RESUME_WITH_RUN, gateway.url, journal, method, path)
+    assert resumed == {"status": 201 if method == "POST" else 200, "source": "response"}
+    assert [(effect.method, seen(effect)) for effect in upstream.effects] == [(method, expected)]

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,9 @@ from idempotency_gateway_client import (
     RunLeaseLost,
     SqliteJournal,
     StoredResponse,
+    Tool,
     ToolCall,
+    ToolRequest,
     ToolResult,
     Turn,
     Worker,
@@ -162,13 +166,42 @@ async def test_the_plan_is_durable_before_any_call_runs(
         "headers": {},
     }
     assert on_disk["results"] == {}
-    # No temporary left; the lock's last generation stays, marked released.
+    # No temporary left; the lock's last generation stays, marked released, hidden.
     entries = sorted(os.listdir(path.parent))
     assert len(entries) == 3, entries
-    assert entries[0] == "run.json"
-    generation = entries[1].removeprefix("run.json.lock.")
+    generation = entries[0].removeprefix(".run.json.lock.")
     assert generation.isdigit(), entries
-    assert entries[2] == f"run.json.lock.{generation}.released"
+    assert entries[1:] == [f".run.json.lock.{generation}.released", "run.json"]
+
+
+async def test_after_runs_their_directory_lists_only_the_journals(
+    tmp_path: Path, gw: GatewayClient, upstream: CountingUpstream
+) -> None:
+    """The lock's files are hidden: `ls runs/` shows each run's journal and nothing else.
+
+    What stays of each lock (its last generation, released) has a leading dot, as
+    the lock's staging files and the journal's temporary files do.
+    """
+    runs = tmp_path / "runs"
+    for run_id in ("run-1", "run-2"):
+        async with Run(
+            FileJournal(runs / f"{run_id}.json"),
+            client=gw,
+            run_id=run_id,
+            flow_version="v1",
+            tools=tools(),
+        ) as run:
+            while not run.finished:
+                await run.step(fixed_plan([ticket("c1")]))
+    visible = sorted(name for name in os.listdir(runs) if not name.startswith("."))
+    assert visible == ["run-1.json", "run-2.json"]
+    hidden = sorted(name for name in os.listdir(runs) if name.startswith("."))
+    assert [re.sub(r"\.lock\.[0-9]+", ".lock.N", name) for name in hidden] == [
+        ".run-1.json.lock.N",
+        ".run-1.json.lock.N.released",
+        ".run-2.json.lock.N",
+        ".run-2.json.lock.N.released",
+    ]
 
 
 async def test_resume_takes_the_receipt_of_an_effect_whose_result_was_not_saved(
@@ -286,6 +319,32 @@ async def test_a_plan_naming_an_unknown_tool_is_refused_before_it_is_saved(
             await run.step(fixed_plan([bad]))
         with pytest.raises(ValueError, match="appears twice"):
             await run.step(fixed_plan([ticket("c1"), ticket("c1")]))
+        assert run.turns == ()
+    assert upstream.count == 0
+
+
+@dataclass(frozen=True)
+class GetWithBody:
+    """A tool of one's own that (wrongly) gives a GET a body."""
+
+    def request(self, call: ToolCall) -> ToolRequest:
+        return ToolRequest(method="get", path=ISSUES, json=dict(call.arguments))
+
+
+async def test_a_get_or_head_with_a_body_is_refused_before_it_is_saved(
+    store: Stores, gw: GatewayClient, upstream: CountingUpstream
+) -> None:
+    """No client sends a body on GET or HEAD: a plan holding one would never complete."""
+    refused: dict[str, Tool] = {
+        "read": HttpTool("GET", ISSUES),
+        "peek": HttpTool("HEAD", ISSUES),
+        "own": GetWithBody(),
+    }
+    async with open_run(store, gw, tools=refused) as run:
+        for name in refused:
+            call = ToolCall(call_id="c1", name=name, arguments={"q": "x"})
+            with pytest.raises(ValueError, match="no body"):
+                await run.step(fixed_plan([call]))
         assert run.turns == ()
     assert upstream.count == 0
 

@@ -1,28 +1,28 @@
-"""The journal lock that Python and Node journal writers share: generations `<journal>.lock.<n>`.
+"""The journal lock that Python and Node journal writers share: generations `.<journal>.lock.<n>`.
 
-Each generation is a `{"host", "pid", "nonce", "at"}` record hard-linked into place, and the
-highest one decides: the lock is free when there is none, when it has its marker
-`<journal>.lock.<n>.released`, or when its holder is dead
+Each generation is a `{"host", "pid", "nonce", "at"}` record hard-linked into place from a staging
+file `.<journal>.lock-staging.<pid>.<nonce>`, and the highest one decides: the lock is free when
+there is none, when it has its marker `.<journal>.lock.<n>.released`, or when its holder is dead
 (`clients/python/idempotency_gateway_client/_lock_file.py`, and
 `clients/typescript/src/lock-file.ts` for Node; `docs/journal.md`). These tests pin what the
 protocol promises: a release creates the marker and leaves its generation in place, so a grant
-leaves exactly its generation and marker behind and the next grant is `n + 1`, removing `n` and
-its marker; generation numbers only grow, one per grant. A dead holder (a gone process of this
-host, a file that holds no record) is succeeded at once by the next generation, its file removed
-only after that generation exists. A live holder of this host, any record of this very process
-(another thread, a second copy of the module, an orphan) and any holder of another host are
-waited for, then refused with a `JournalError` naming them and the file; a released generation
-is free whoever holds it. Two writers that judge one generation free race for one link, and the
-loser waits; a writer that looked long ago withdraws; a writer that judged a grant being
-released, or paused before its link, never holds beside a newer grant; an error after a won link
-leaves that generation released; the winner removes staging files of dead writers only; odd
-records are judged the same by both languages; Python and Node processes exclude each other;
-`FileJournal` keeps its read-check-write whole under it. Every test runs under `audit`: no lock
-file is renamed; the highest generation and its marker are never removed; a generation is
-removed only by the writer that linked it (withdrawing) or by one that holds a newer generation,
-a marker only by one that holds a newer generation, and only the writer that linked a
-generation creates its marker; a staging file of a live process other than this one is never
-removed. `clients/typescript/test/lock.test.mjs` pins the same cases for the Node client.
+leaves exactly its generation and marker behind and the next grant is `n + 1`, removing `n` and its
+marker; generation numbers only grow, one per grant. A dead holder (a gone process of this host, a
+file that holds no record) is succeeded at once by the next generation, its file removed only after
+that generation exists. A live holder of this host, any record of this very process (another
+thread, a second copy of the module, an orphan) and any holder of another host are waited for, then
+refused with a `JournalError` naming them and the file; a released generation is free whoever holds
+it. Two writers that judge one generation free race for one link, and the loser waits; a writer
+that looked long ago withdraws; a writer that judged a grant being released, or paused before its
+link, never holds beside a newer grant; an error after a won link leaves that generation released;
+the winner removes staging files of dead writers only, and nothing else as one; odd records are
+judged the same by both languages; Python and Node processes exclude each other; `FileJournal`
+keeps its read-check-write whole under it, and its lock's files hidden, in both clients. Every test
+runs under `audit`: no lock file is renamed; the highest generation and its marker are never
+removed; a generation is removed only by the writer that linked it (withdrawing) or by one that
+holds a newer generation, a marker only by one that holds a newer generation, and only the writer
+that linked a generation creates its marker; a staging file of a live process other than this one
+is never removed. `clients/typescript/test/lock.test.mjs` pins the same cases for the Node client.
 """
 
 from __future__ import annotations
@@ -193,9 +193,9 @@ process.stdout.write(JSON.stringify(results));
 
 # --- the audit: how the lock's files may change ---------------------------------------------
 
-GENERATION = re.compile(r"(?P<lock>[^.].*\.lock)\.(?P<n>[1-9][0-9]*)")
-MARKER = re.compile(r"(?P<lock>[^.].*\.lock)\.(?P<n>[1-9][0-9]*)\.released")
-STAGING = re.compile(r"\.(?P<lock>.+\.lock)\.(?P<pid>[0-9]+)\.[^.]+")
+GENERATION = re.compile(r"(?P<lock>.+\.lock)\.(?P<n>[1-9][0-9]*)")
+MARKER = re.compile(r"(?P<lock>.+\.lock)\.(?P<n>[1-9][0-9]*)\.released")
+STAGING = re.compile(r"(?P<lock>.+\.lock)-staging\.(?P<pid>[0-9]+)\.[^.]+")
 
 
 def alive(pid: int) -> bool:
@@ -485,10 +485,10 @@ def names(directory: Path) -> list[str]:
 
 def lock_files(directory: Path) -> list[str]:
     """The names in `directory` but the staging files of writers still acquiring."""
-    return [name for name in names(directory) if not name.startswith(".")]
+    return [name for name in names(directory) if not STAGING.fullmatch(name)]
 
 
-def left(n: int, *others: str, lock: str = "run.json.lock") -> list[str]:
+def left(n: int, *others: str, lock: str = ".run.json.lock") -> list[str]:
     """The names a directory holds after the grant of generation `n` was released: that
     generation and its marker (nothing older, no staging file), and `others`."""
     return sorted([*others, f"{lock}.{n}", f"{lock}.{n}.released"])
@@ -499,9 +499,9 @@ def last_generation(directory: Path, journal: str = "run.json") -> int:
     nothing else (no older generation, no staging or temporary file)."""
     entries = names(directory)
     assert len(entries) == 3, entries
-    n = entries[1].removeprefix(f"{journal}.lock.")
+    n = entries[0].removeprefix(f".{journal}.lock.")
     assert n.isdigit(), entries
-    assert entries == [journal, f"{journal}.lock.{n}", f"{journal}.lock.{n}.released"]
+    assert entries == [f".{journal}.lock.{n}", f".{journal}.lock.{n}.released", journal]
     return int(n)
 
 
@@ -546,7 +546,7 @@ def directory(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def lock_path(directory: Path) -> Path:
-    return directory / "run.json.lock"
+    return directory / ".run.json.lock"
 
 
 # --- grants, releases and dead holders ---------------------------------------------------------
@@ -557,14 +557,14 @@ def test_a_release_leaves_its_generation_and_marker_and_the_next_grant_is_n_plus
 ) -> None:
     """While held: the journal and `.lock.n`, this grant's record. Released: its marker
     `.lock.n.released` beside it, the file itself as it was (same bytes, same inode), no staging
-    `.run.json.lock.<pid>.<nonce>`. The next grant is `n + 1` and removes `n` and its marker,
-    so generations only grow: 1, 2, 3, and a `FileJournal`'s three grants leave 3."""
+    file `.run.json.lock-staging.<pid>.<nonce>`. The next grant is `n + 1` and removes `n` and
+    its marker, so generations only grow: 1, 2, 3, and a `FileJournal`'s three grants leave 3."""
     journal = directory / "run.json"
     journal.write_text("{}")
     lock = LockFile(lock_path, LONG)
     for n in (1, 2, 3):
         with lock.held():
-            assert names(directory) == ["run.json", f"run.json.lock.{n}"]
+            assert names(directory) == [f".run.json.lock.{n}", "run.json"]
             assert lock.generations() == [n]
             held = holder_of(generation(lock_path, n))
             assert (held["host"], held["pid"]) == (HOST, os.getpid())
@@ -574,23 +574,23 @@ def test_a_release_leaves_its_generation_and_marker_and_the_next_grant_is_n_plus
         assert lock.generations() == [n]
     me = threading.current_thread().name
     assert audit.by(me) == [
-        ("link", "run.json.lock.1"),
-        ("mark", "run.json.lock.1.released"),
-        ("link", "run.json.lock.2"),
-        ("unlink", "run.json.lock.1"),
-        ("unlink", "run.json.lock.1.released"),
-        ("mark", "run.json.lock.2.released"),
-        ("link", "run.json.lock.3"),
-        ("unlink", "run.json.lock.2"),
-        ("unlink", "run.json.lock.2.released"),
-        ("mark", "run.json.lock.3.released"),
+        ("link", ".run.json.lock.1"),
+        ("mark", ".run.json.lock.1.released"),
+        ("link", ".run.json.lock.2"),
+        ("unlink", ".run.json.lock.1"),
+        ("unlink", ".run.json.lock.1.released"),
+        ("mark", ".run.json.lock.2.released"),
+        ("link", ".run.json.lock.3"),
+        ("unlink", ".run.json.lock.2"),
+        ("unlink", ".run.json.lock.2.released"),
+        ("mark", ".run.json.lock.3.released"),
     ]
     writer = FileJournal(journal.with_name("other.json"), lock_timeout=LONG)
     document = writer.acquire("run-1", "v1", Worker.current("w1"), duration=60)
     writer.write(document, duration=60)
     writer.release(document)
     assert names(directory) == sorted(
-        left(3, "run.json") + left(3, "other.json", lock="other.json.lock")
+        left(3, "run.json") + left(3, "other.json", lock=".other.json.lock")
     )
 
 
@@ -659,14 +659,14 @@ def test_after_a_release_a_waiter_takes_n_plus_1_and_only_then_removes_n(
             if thread.ident is not None:  # started
                 thread.join(SUBPROCESS_TIMEOUT)
     assert not failures, failures
-    assert inside == [["run.json.lock.2"]]
+    assert inside == [[".run.json.lock.2"]]
     assert names(directory) == left(2)
-    assert audit.by("H") == [("link", "run.json.lock.1"), ("mark", "run.json.lock.1.released")]
+    assert audit.by("H") == [("link", ".run.json.lock.1"), ("mark", ".run.json.lock.1.released")]
     assert audit.by("W") == [
-        ("link", "run.json.lock.2"),
-        ("unlink", "run.json.lock.1"),
-        ("unlink", "run.json.lock.1.released"),
-        ("mark", "run.json.lock.2.released"),
+        ("link", ".run.json.lock.2"),
+        ("unlink", ".run.json.lock.1"),
+        ("unlink", ".run.json.lock.1.released"),
+        ("mark", ".run.json.lock.2.released"),
     ]
 
 
@@ -684,12 +684,12 @@ def test_a_dead_holder_at_generation_7_is_succeeded_by_generation_8(
         assert len(audit.polls) == looked  # taken at the first look, no wait
         assert lock.generations() == [8]
         assert holder_of(generation(lock_path, 8))["pid"] == os.getpid()
-        assert names(directory) == ["run.json.lock.8"]
-    assert audit.links == [("run.json.lock.8", True)]
+        assert names(directory) == [".run.json.lock.8"]
+    assert audit.links == [(".run.json.lock.8", True)]
     assert [what for what, _, _ in audit.events] == ["link", "unlink", "mark"]
     assert names(directory) == left(8)
     with lock.held():
-        assert names(directory) == ["run.json.lock.9"]
+        assert names(directory) == [".run.json.lock.9"]
     assert names(directory) == left(9)
 
 
@@ -722,7 +722,7 @@ def test_a_writer_killed_in_its_section_is_waited_for_then_succeeded(
     looked = len(audit.polls)
     with lock.held():
         assert len(audit.polls) == looked  # taken at the first look, no wait
-        assert names(directory) == ["run.json.lock.2"]
+        assert names(directory) == [".run.json.lock.2"]
     assert names(directory) == left(2)
 
 
@@ -766,7 +766,7 @@ def test_an_orphan_record_of_this_process_is_waited_for(
     looked = len(audit.polls)
     with LockFile(lock_path, SHORT).held():
         assert len(audit.polls) == looked  # taken at the first look, no wait
-        assert names(directory) == ["run.json.lock.5"]
+        assert names(directory) == [".run.json.lock.5"]
     assert names(directory) == left(5)
 
 
@@ -786,7 +786,7 @@ def test_a_released_generation_is_free_whoever_holds_it(
     looked = len(audit.polls)
     with LockFile(lock_path, SHORT).held():
         assert len(audit.polls) == looked  # taken at the first look, no wait
-        assert names(directory) == ["run.json.lock.4"]
+        assert names(directory) == [".run.json.lock.4"]
     assert names(directory) == left(4)
 
 
@@ -823,23 +823,23 @@ def test_another_grant_of_this_process_is_waited_for(
         thread.join(SUBPROCESS_TIMEOUT)
     assert not failures, failures
     with LockFile(lock_path, LONG).held():
-        assert names(directory) == ["run.json.lock.2"]
+        assert names(directory) == [".run.json.lock.2"]
     assert names(directory) == left(2)
 
 
 def test_files_that_are_not_generations_are_ignored(
     directory: Path, lock_path: Path, audit: Audit
 ) -> None:
-    """The legacy `<journal>.lock` (no generation), even with a live record, another journal's
-    lock, `.lock.0` and `.lock.01`, a live writer's staging file: none is the lock, none is
-    touched."""
+    """The lock's own name `.<journal>.lock` (no generation), even with a live record, another
+    journal's lock, `.lock.0` and `.lock.01`, a live writer's staging file: none is the lock,
+    none is touched."""
     with sleeper() as live:
         others = {
             lock_path: record(pid=live.pid),
-            directory / "other.json.lock.5": record(pid=live.pid),
-            directory / "run.json.lock.0": record(pid=live.pid),
-            directory / "run.json.lock.01": record(pid=live.pid),
-            directory / f".run.json.lock.{live.pid}.{NONCE}": record(pid=live.pid),
+            directory / ".other.json.lock.5": record(pid=live.pid),
+            directory / ".run.json.lock.0": record(pid=live.pid),
+            directory / ".run.json.lock.01": record(pid=live.pid),
+            directory / f".run.json.lock-staging.{live.pid}.{NONCE}": record(pid=live.pid),
         }
         for path, raw in others.items():
             path.write_bytes(raw)
@@ -857,20 +857,23 @@ def test_files_that_are_not_generations_are_ignored(
 def test_the_winner_removes_staging_files_of_dead_writers_only(
     directory: Path, lock_path: Path, live_pid: int
 ) -> None:
-    """Staging files `.run.json.lock.<pid>.<nonce>` of writers that died before their link stay
-    while the lock is waited for; the next writer to win a generation removes those whose pid
-    is no process and that are older than any wait (ten minutes), and keeps a fresh one (its
-    name has no host: a writer on another host may have that pid), those of a live process
-    (this one included) and every other file (a non-ASCII digit is no pid)."""
+    """Staging files `.run.json.lock-staging.<pid>.<nonce>` of writers that died before their
+    link stay while the lock is waited for; the next writer to win a generation removes those
+    whose pid is no process and that are older than any wait (ten minutes), and keeps a fresh
+    one (its name has no host: a writer on another host may have that pid), those of a live
+    process (this one included) and every other file (a non-ASCII digit is no pid)."""
     dead = dead_pid()
-    doomed = [directory / f".run.json.lock.{dead}.{NONCE}", directory / f".run.json.lock.{dead}.0"]
+    doomed = [
+        directory / f".run.json.lock-staging.{dead}.{NONCE}",
+        directory / f".run.json.lock-staging.{dead}.0",
+    ]
     kept = [
-        directory / f".run.json.lock.{dead}.fresh",
-        directory / f".run.json.lock.{live_pid}.{NONCE}",
-        directory / f".run.json.lock.{os.getpid()}.{NONCE}",
-        directory / f".other.json.lock.{dead}.{NONCE}",
-        directory / f".run.json.lock.x{dead}.{NONCE}",
-        directory / ".run.json.lock.\u00b2.x",  # '²' is a digit to str.isdigit, but no pid
+        directory / f".run.json.lock-staging.{dead}.fresh",
+        directory / f".run.json.lock-staging.{live_pid}.{NONCE}",
+        directory / f".run.json.lock-staging.{os.getpid()}.{NONCE}",
+        directory / f".other.json.lock-staging.{dead}.{NONCE}",
+        directory / f".run.json.lock-staging.x{dead}.{NONCE}",
+        directory / ".run.json.lock-staging.\u00b2.x",  # '²' is a digit to str.isdigit, but no pid
     ]
     for path in doomed + kept:
         path.write_bytes(record(pid=dead))
@@ -883,8 +886,33 @@ def test_the_winner_removes_staging_files_of_dead_writers_only(
         refused(lock_path, held, holder.pid, HOST)
         assert all(path.exists() for path in doomed), "a waiter that never won removed files"
     with LockFile(lock_path, LONG).held():
-        assert names(directory) == sorted(["run.json.lock.4", *(path.name for path in kept)])
+        assert names(directory) == sorted([".run.json.lock.4", *(path.name for path in kept)])
     assert {path: snapshot(path) for path in kept} == before
+
+
+def test_no_generation_or_marker_is_taken_for_a_staging_file_however_old(
+    directory: Path, lock_path: Path
+) -> None:
+    """The staging files have a stem of their own (`-staging`), and a name of exactly one
+    more part after the pid: the lock of a journal named `run.json.lock-staging.<pid>`, its
+    generation and marker an hour old with that pid dead, is not this lock's staging file,
+    nor is a staging file of the earlier naming (`.run.json.lock.<pid>.<nonce>`, which
+    a hidden generation `.run.json.lock.<n>` would have looked like)."""
+    dead = dead_pid()
+    kept = [
+        directory / f".run.json.lock-staging.{dead}.lock.7",
+        directory / f".run.json.lock-staging.{dead}.lock.7.released",
+        directory / f".run.json.lock.{dead}.{NONCE}",
+    ]
+    an_hour_ago = time.time() - 3600
+    for path in kept:
+        path.write_bytes(record(pid=dead))
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    before = {path: snapshot(path) for path in kept}
+    with LockFile(lock_path, LONG).held():
+        pass
+    assert {path: snapshot(path) for path in kept} == before
+    assert names(directory) == sorted([*left(1), *(path.name for path in kept)])
 
 
 @pytest.mark.parametrize("where", ["the-look-above-its-link", "the-cleanup"])
@@ -915,12 +943,12 @@ def test_an_error_after_a_won_link_leaves_that_generation_released(
         monkeypatch.setattr(lock, "_clean", clean)
     with pytest.raises(OSError, match="injected after the link"), lock.held():
         pytest.fail("held the lock though acquiring it failed")
-    assert audit.links == [("run.json.lock.5", True)]
-    assert names(directory) == ["run.json.lock.4", *left(5)]
+    assert audit.links == [(".run.json.lock.5", True)]
+    assert names(directory) == [".run.json.lock.4", *left(5)]
     looked = len(audit.polls)
     with LockFile(lock_path, SHORT).held():
         assert len(audit.polls) == looked  # taken at the first look, no wait
-        assert names(directory) == ["run.json.lock.6"]
+        assert names(directory) == [".run.json.lock.6"]
     assert names(directory) == left(6)
 
 
@@ -1001,7 +1029,7 @@ def test_two_writers_that_judge_one_dead_generation_race_for_one_link(
         plant(lock_path, d, record(pid=dead))
         audit.links.clear()
         gate.append(threading.Barrier(2, timeout=2.0))
-        contested[0], arrivals[0] = f"run.json.lock.{d + 1}", 0
+        contested[0], arrivals[0] = f".run.json.lock.{d + 1}", 0
         grants = race_once(lock_path, monkeypatch)
         assert sorted(audit.linked(contested[0])) == [False, True], (round_, audit.links)
         assert grants == [[d + 1], [d + 2]], f"round {round_}: {grants}"
@@ -1036,13 +1064,13 @@ def test_a_writer_that_looked_long_ago_withdraws_from_its_low_generation(
             lock.held(),
         ):
             pytest.fail("held a low generation below a live holder's")
-        mine = f"run.json.lock.{(stale_view or [0])[-1] + 1}"
+        mine = f".run.json.lock.{(stale_view or [0])[-1] + 1}"
         assert audit.links == [(mine, True)]
         assert snapshot(top) == before
-        assert names(directory) == ["run.json.lock.3", "run.json.lock.9"]
+        assert names(directory) == [".run.json.lock.3", ".run.json.lock.9"]
     # Its holder gone, 9 is succeeded by 10, and the older generations are cleared.
     with LockFile(lock_path, LONG).held():
-        assert names(directory) == ["run.json.lock.10"]
+        assert names(directory) == [".run.json.lock.10"]
     assert names(directory) == left(10)
 
 
@@ -1100,11 +1128,11 @@ def test_a_writer_paused_between_its_look_and_its_link_never_holds_beside_anothe
     assert not failures, failures
     assert granted == {"A": [6], "C": [7], "B": [8]}
     assert audit.by("B")[:3] == [  # 6 was gone (C removed it): B won it, saw 7, withdrew
-        ("link", "run.json.lock.6"),
-        ("unlink", "run.json.lock.6"),
-        ("link", "run.json.lock.8"),
+        ("link", ".run.json.lock.6"),
+        ("unlink", ".run.json.lock.6"),
+        ("link", ".run.json.lock.8"),
     ]
-    assert audit.linked("run.json.lock.6") == [True, True]  # A's, then B's after C took 7
+    assert audit.linked(".run.json.lock.6") == [True, True]  # A's, then B's after C took 7
     assert names(directory) == left(8)
 
 
@@ -1128,7 +1156,7 @@ def test_a_writer_that_judges_a_just_released_grant_never_holds_beside_the_next(
         found = real_read(path)
         if (
             threading.current_thread().name == "W"
-            and path.name == "run.json.lock.1"
+            and path.name == ".run.json.lock.1"
             and not read_it.is_set()
         ):
             read_it.set()
@@ -1201,7 +1229,7 @@ def test_a_writer_that_judges_a_just_released_grant_never_holds_beside_the_next(
     assert granted == {"C": [2], "W": [3]}
     # The gone holder was judged dead: W linked 2 after C had.
     expected = [True, False] if holder == "another-process" else [True]
-    assert audit.linked("run.json.lock.2") == expected
+    assert audit.linked(".run.json.lock.2") == expected
     assert names(directory) == left(3)
 
 
@@ -1257,7 +1285,7 @@ def test_a_waiter_whose_top_vanished_after_its_look_finds_the_next_taken(
     assert not failures, failures
     assert one_is_gone
     assert granted == {"C": [2], "W": [3]}
-    assert audit.linked("run.json.lock.2") == [True, False]
+    assert audit.linked(".run.json.lock.2") == [True, False]
     assert names(directory) == left(3)
 
 
@@ -1384,7 +1412,7 @@ def node_verdicts(
     root = tmp_path_factory.mktemp("node-verdicts")
     cases = []
     for index, (name, (_, build)) in enumerate(ODD_RECORDS.items()):
-        lock = root / str(index) / "run.json.lock"
+        lock = root / str(index) / ".run.json.lock"
         lock.parent.mkdir()
         plant(lock, PLANTED, build(odd_pids))
         cases.append({"name": name, "lock": str(lock)})
@@ -1437,7 +1465,7 @@ def test_an_odd_lock_record_is_judged_the_same_by_both_clients(
         holder = json.loads(before[0], parse_int=int)
         pid, host = int(holder["pid"]), holder["host"]
         for message in (python["message"], node["message"]):
-            assert f"run.json.lock.{PLANTED} stayed locked" in message
+            assert f".run.json.lock.{PLANTED} stayed locked" in message
             assert re.search(rf"\bpid {pid} on {re.escape(host)}\b", message), message
         assert python["seconds"] >= SHORT
         assert node["seconds"] >= SHORT
@@ -1491,6 +1519,36 @@ def test_python_and_node_processes_exclude_each_other(
     switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
     assert switches >= 2, f"the writers never interleaved: {order}"
     assert names(directory) == left(3 + 2 * INCREMENTS)
+
+
+NODE_JOURNAL_TURN = """
+const { FileJournal, currentWorker } = await import(process.env.DIST_URL);
+const journal = new FileJournal(process.env.JOURNAL, { lockTimeout: 10 });
+const document = await journal.acquire("run-1", "v1", currentWorker("node"), 60);
+await journal.release(document);
+"""
+
+
+def test_a_python_and_a_node_file_journal_take_one_lock(node: str, directory: Path) -> None:
+    """Both clients' `FileJournal`s name the same hidden lock for one journal: each grant,
+    whichever language takes it, is the next generation of one lock, and only the journal is
+    visible in its directory."""
+    path = directory / "run.json"
+    journal = FileJournal(path, lock_timeout=LONG)
+    for turn in range(2):
+        node_turn = subprocess.run(
+            node_command(node, NODE_JOURNAL_TURN),
+            env=child_env(JOURNAL=str(path)),
+            capture_output=True,
+            timeout=SUBPROCESS_TIMEOUT,
+            check=False,
+        )
+        assert node_turn.returncode == 0, node_turn.stderr.decode()
+        assert last_generation(directory) == 4 * turn + 2  # Node's acquire and release
+        document = journal.acquire("run-1", "v1", Worker.current("py"), duration=60)
+        journal.release(document)
+        assert last_generation(directory) == 4 * turn + 4
+    assert [name for name in names(directory) if not name.startswith(".")] == ["run.json"]
 
 
 def test_concurrent_writes_through_two_file_journals_keep_the_json_whole(tmp_path: Path) -> None:
@@ -1641,9 +1699,9 @@ def test_a_takeover_is_never_overwritten_by_an_old_holder(tmp_path: Path) -> Non
 def test_a_staging_name_with_a_non_ascii_digit_is_not_a_pid(
     directory: Path, lock_path: Path
 ) -> None:
-    """`.run.json.lock.².x` names no pid (`'²'.isdigit()` is true in Python): it is left alone,
-    and the lock is taken, not refused by `int('²')`."""
-    odd = directory / ".run.json.lock.\u00b2.x"
+    """`.run.json.lock-staging.².x` names no pid (`'²'.isdigit()` is true in Python): it is left
+    alone, and the lock is taken, not refused by `int('²')`."""
+    odd = directory / ".run.json.lock-staging.\u00b2.x"
     odd.write_bytes(b"")
     with LockFile(lock_path, SHORT).held():
         assert odd.exists()

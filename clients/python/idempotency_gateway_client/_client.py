@@ -29,9 +29,19 @@ from idempotency_gateway_client._problems import problem_from
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["GatewayClient", "canonical_json"]
+__all__ = ["BODILESS_METHODS", "GatewayClient", "canonical_json"]
 
-_UNSET: Any = object()
+BODILESS_METHODS = frozenset({"GET", "HEAD"})
+"""Methods whose requests carry no body, in both clients.
+
+`fetch` refuses a body on them, so the TypeScript client cannot send one; a
+planned call must send the same request whichever client sends it, so this
+client refuses one too, before anything is sent.
+"""
+
+_NO_CONTENT_TYPE = frozenset({"Content-Type"})
+"""aiohttp adds `Content-Type: application/octet-stream` to a bodiless POST, PUT or PATCH;
+the gateway fingerprints the content type, and `fetch` sends none: neither may this client."""
 
 
 def canonical_json(value: Any) -> bytes:
@@ -135,7 +145,7 @@ class GatewayClient:
         path: str,
         *,
         key: str | None,
-        json: Any = _UNSET,
+        json: Any = None,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         wait: float | None = None,
@@ -144,12 +154,19 @@ class GatewayClient:
         """Send one request through the gateway with `key` as its `Idempotency-Key`.
 
         `json` is sent as canonical JSON (`canonical_json`); `content` as raw
-        bytes. `wait` asks the gateway to hold an in-flight answer up to that
-        many seconds (`Prefer: wait=N`). Any answer that is not a gateway
-        problem is returned, whatever its status: it is the tool's answer.
+        bytes; with neither (`json=None`, as a planned call with `json: null`)
+        the request has no body and no `Content-Type` (the JSON text `null` is
+        `content=b"null"`). A GET or HEAD has no body: `json` or `content` with
+        one is a ValueError, raised before anything is sent, as the TypeScript
+        client refuses it. `wait` asks the gateway to hold an in-flight answer
+        up to that many seconds (`Prefer: wait=N`). Any answer that is not a
+        gateway problem is returned, whatever its status: it is the tool's answer.
         """
-        if json is not _UNSET and content is not None:
+        if json is not None and content is not None:
             raise ValueError("pass json or content, not both")
+        method = method.upper()
+        if method in BODILESS_METHODS and (json is not None or content is not None):
+            raise ValueError(f"a {method} request has no body: pass no json or content")
         sent = dict(self.headers)
         sent.update(headers or {})
         if key is not None:
@@ -157,7 +174,7 @@ class GatewayClient:
                 raise ValueError("pass the key as key=..., not also as a header")
             sent["Idempotency-Key"] = key_header(validate_key(key))
         body = content
-        if json is not _UNSET:
+        if json is not None:
             body = canonical_json(json)
             sent.setdefault("Content-Type", "application/json")
         limit = self.timeout
@@ -167,7 +184,7 @@ class GatewayClient:
             sent["Prefer"] = f"wait={wait:g}"
             limit = max(limit, wait + 10.0)
         return await self._exchange(
-            method.upper(),
+            method,
             path,
             body=body,
             headers=sent,
@@ -176,7 +193,7 @@ class GatewayClient:
             backoff=backoff or self.backoff,
         )
 
-    async def post(self, path: str, *, key: str, json: Any = _UNSET, **kwargs: Any) -> Response:
+    async def post(self, path: str, *, key: str, json: Any = None, **kwargs: Any) -> Response:
         """`request("POST", ...)`."""
         return await self.request("POST", path, key=key, json=json, **kwargs)
 
@@ -319,6 +336,7 @@ class GatewayClient:
                 url,
                 data=body,
                 headers=headers,
+                skip_auto_headers=_NO_CONTENT_TYPE if body is None else None,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=limit),
             ) as answer:

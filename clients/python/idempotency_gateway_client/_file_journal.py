@@ -3,9 +3,12 @@
 Every write goes to a temporary file in the same directory, is fsynced,
 renamed over the journal, and the directory is fsynced, so a crash at any
 instant leaves either the old journal or the new one. Writers serialize on the
-journal's lock, files `<journal>.lock.<n>` (`_lock_file.py`: a protocol the
-Node client shares, so Python and Node workers exclude each other), and re-read
-the journal under it to check their lease before writing.
+journal's lock, hidden files `.<journal>.lock.<n>` beside it (`_lock_file.py`:
+a protocol the Node client shares, so Python and Node workers exclude each
+other), and re-read the journal under it to check their lease before writing.
+Hidden, so that a runs directory lists its journals and nothing else: the
+lock's last generation and its marker stay after a run (the highest
+generation is never removed, see `_lock_file.py`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class FileJournal:
         if lock_timeout <= 0:
             raise ValueError(f"lock_timeout must be > 0 seconds, got {lock_timeout!r}")
         self.path = Path(path)
-        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.lock_path = self.path.with_name(f".{self.path.name}.lock")
         self.lock_timeout = lock_timeout
         self._lock = LockFile(self.lock_path, lock_timeout)
 

@@ -2,12 +2,16 @@
 
 Neither language has a lock the other can see without native code (Node has
 no `flock`), so the lock is made of files both can create atomically. It has
-generations, `<journal>.lock.<n>`, each a record `{"host", "pid", "nonce",
-"at"}` hard-linked into place from a fully written temporary file (so it
-appears whole or not at all, and `link` refuses a name that exists). The
-highest generation decides: the lock is free when there is none, when it is
-released (a marker `<journal>.lock.<n>.released` beside it), or when its
-holder is dead; otherwise its holder holds the lock.
+generations, `<lock>.<n>`, each a record `{"host", "pid", "nonce", "at"}`
+hard-linked into place from a fully written staging file
+`<lock>-staging.<pid>.<nonce>` (so it appears whole or not at all, and `link`
+refuses a name that exists). The highest generation decides: the lock is free
+when there is none, when it is released (a marker `<lock>.<n>.released` beside
+it), or when its holder is dead; otherwise its holder holds the lock. A
+`FileJournal`'s lock is `.<journal>.lock`, hidden beside the journal, so its
+files are too. The three kinds of name end differently (a number of at most
+15 digits; `released`; a nonce of 16 hex digits), and staging files have a
+stem of their own: none is taken for another, whatever the journal's name.
 
 - To take the lock, a writer links its record to `top + 1` once the highest
   generation `top` is free. `link` lets one writer win each generation. The
@@ -57,12 +61,16 @@ _STAGING_SECONDS = 600.0
 
 
 class LockFile:
-    """`<journal>.lock.<n>`: held for one read-check-write at a time."""
+    """The generations `<path>.<n>`: held for one read-check-write at a time.
+
+    `path` names the lock, not a file: `.<journal>.lock` for a `FileJournal`.
+    """
 
     def __init__(self, path: Path, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
         self._generation = re.compile(re.escape(path.name) + r"\.([1-9][0-9]{0,14})")
+        self._staging = re.compile(re.escape(path.name) + r"-staging\.([0-9]+)\.[^.]+")
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -95,7 +103,7 @@ class LockFile:
             "nonce": nonce,
             "at": time.time(),
         }
-        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.{nonce}")
+        staging = self.path.with_name(f"{self.path.name}-staging.{os.getpid()}.{nonce}")
         staging.write_text(json.dumps(record))
         deadline = time.monotonic() + self.timeout
         try:
@@ -142,11 +150,10 @@ class LockFile:
             # marker that could make a later holder of that number look released.
             self._marker(generation).unlink(missing_ok=True)
             self._file(generation).unlink(missing_ok=True)
-        prefix = f".{self.path.name}."
         stale_before = time.time() - _STAGING_SECONDS
         for entry in os.listdir(self.path.parent):
-            pid = entry[len(prefix) :].split(".", 1)[0] if entry.startswith(prefix) else ""
-            if not (pid.isascii() and pid.isdigit()) or process_exists(int(pid)):
+            match = self._staging.fullmatch(entry)
+            if match is None or process_exists(int(match.group(1))):
                 continue
             staging = self.path.with_name(entry)
             # A staging name has no host: a writer on another host may share this pid

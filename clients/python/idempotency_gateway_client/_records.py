@@ -51,10 +51,11 @@ class ToolRequest(BaseModel):
     """The request a tool call becomes, fixed in the plan so every retry sends it exactly.
 
     For an HTTP tool, `path` is the gateway path (with the route prefix) and
-    `json` the body. For an MCP tool (`McpTool`), `method` is `tools/call`,
-    `path` the tool's name on the server and `json` its arguments: the
-    method and path the gateway records for an MCP operation, so a lookup
-    can be checked against the plan the same way.
+    `json` the body (None: no body, as a GET or HEAD always has). For an MCP
+    tool (`McpTool`), `method` is `tools/call`, `path` the tool's name on the
+    server and `json` its arguments: the method and path the gateway records
+    for an MCP operation, so a lookup can be checked against the plan the
+    same way.
     """
 
     model_config = _FROZEN

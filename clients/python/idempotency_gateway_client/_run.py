@@ -29,6 +29,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Self
 
+from idempotency_gateway_client._client import BODILESS_METHODS
 from idempotency_gateway_client._events import EventKind, RunEvent, RunObserver
 from idempotency_gateway_client._exceptions import (
     CallUnconfirmed,
@@ -49,6 +50,7 @@ from idempotency_gateway_client._records import (
     JournalDocument,
     PlannedCall,
     ToolCall,
+    ToolRequest,
     ToolResult,
     Turn,
 )
@@ -231,7 +233,9 @@ class Run:
             if tool is None:
                 raise ValueError(f"turn {turn}: no tool {call.name!r}; tools: {sorted(self.tools)}")
             key = derive_key(self.run_id, turn, call.call_id)
-            planned.append(PlannedCall(call=call, key=key, request=tool.request(call)))
+            request = tool.request(call)
+            _check_sendable(turn, call, request)
+            planned.append(PlannedCall(call=call, key=key, request=request))
         return tuple(planned)
 
     async def _look_up(self, turn: int, planned: PlannedCall) -> ToolResult | None:
@@ -463,6 +467,20 @@ def _receipt(operation: Operation) -> ToolResult | None:
         state="completed",
         source="receipt",
     )
+
+
+def _check_sendable(turn: int, call: ToolCall, request: ToolRequest) -> None:
+    """A tool's GET or HEAD with a body is refused before the plan is saved.
+
+    No client would send it (`BODILESS_METHODS`): saved, it would stop this
+    run at every attempt to send it.
+    """
+    method = request.method.upper()
+    if method in BODILESS_METHODS and request.json_body is not None:
+        raise ValueError(
+            f"turn {turn}: tool {call.name!r} made a {method} request with a body; "
+            f"a {method} request has no body (json None)"
+        )
 
 
 def _check_same_request(planned: PlannedCall, operation: Operation) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from idempotency_gateway_client._client import BODILESS_METHODS
 from idempotency_gateway_client._records import PlannedCall, ToolCall, ToolRequest, ToolResult, Turn
 
 __all__ = ["HttpTool", "Planner", "SendingTool", "Tool"]
@@ -68,6 +69,12 @@ class SendingTool(Tool, Protocol):
 class HttpTool:
     """A tool that is one HTTP endpoint behind the gateway: the arguments are the JSON body.
 
+    A GET or HEAD has no body (`BODILESS_METHODS`): its request is the path as
+    written (query included) with `json` None, and a call with arguments is a
+    ValueError when the plan is made, since there is no body to carry them; a
+    tool of your own can put them in the path. Other methods (DELETE too) send
+    the arguments, `{}` when there are none.
+
     >>> tools = {"create_ticket": HttpTool("POST", "/tickets/v1/issues")}
     >>> tools["create_ticket"].request(ToolCall(call_id="c1", name="create_ticket",
     ...                                         arguments={"title": "x"})).path
@@ -83,9 +90,11 @@ class HttpTool:
             raise ValueError(f"HttpTool.path must start with '/', got {self.path!r}")
 
     def request(self, call: ToolCall) -> ToolRequest:
-        return ToolRequest(
-            method=self.method.upper(),
-            path=self.path,
-            json=dict(call.arguments),
-            headers=dict(self.headers),
-        )
+        method = self.method.upper()
+        if method in BODILESS_METHODS and call.arguments:
+            raise ValueError(
+                f"{call.name}: a {method} request has no body to carry the arguments "
+                f"{sorted(call.arguments)}; put them in the path with a tool of your own"
+            )
+        body = None if method in BODILESS_METHODS else dict(call.arguments)
+        return ToolRequest(method=method, path=self.path, json=body, headers=dict(self.headers))

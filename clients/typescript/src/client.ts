@@ -24,10 +24,20 @@ export interface GatewayClientOptions {
   readonly fetch?: typeof fetch;
 }
 
+/**
+ * Methods whose requests carry no body, in both clients: `fetch` refuses one, and a planned call
+ * must send the same request whichever client sends it.
+ */
+export const BODILESS_METHODS: ReadonlySet<string> = new Set(["GET", "HEAD"]);
+
 export interface RequestOptions {
   /** The `Idempotency-Key`; null sends the request without one. */
   readonly key: string | null;
-  /** Sent as canonical JSON (RFC 8785), with `Content-Type: application/json`. */
+  /**
+   * Sent as canonical JSON (RFC 8785), with `Content-Type: application/json`. `undefined` or
+   * `null` (a planned call's `json: null`): no body and no `Content-Type` (the JSON text `null`
+   * is `body: "null"`). A GET or HEAD takes neither `json` nor `body` (a `TypeError`).
+   */
   readonly json?: unknown;
   /** Sent as is. */
   readonly body?: string | Uint8Array;
@@ -105,10 +115,20 @@ export class GatewayClient {
     this.fetch = options.fetch ?? globalThis.fetch;
   }
 
-  /** Send one request through the gateway with `options.key` as its `Idempotency-Key`. */
+  /**
+   * Send one request through the gateway with `options.key` as its `Idempotency-Key`.
+   *
+   * A body on a GET or HEAD is a `TypeError`, thrown before anything is sent (as the Python
+   * client refuses it), never a `GatewayConnectionError` to retry.
+   */
   async request(method: string, path: string, options: RequestOptions): Promise<GatewayResponse> {
-    if (options.json !== undefined && options.body !== undefined) {
+    const json = options.json ?? undefined;
+    if (json !== undefined && options.body !== undefined) {
       throw new TypeError("pass json or body, not both");
+    }
+    const upper = method.toUpperCase();
+    if (BODILESS_METHODS.has(upper) && (json !== undefined || options.body !== undefined)) {
+      throw new TypeError(`a ${upper} request has no body: pass no json or body`);
     }
     if (options.key !== null && new Headers(options.headers).has("Idempotency-Key")) {
       throw new TypeError("pass the key as options.key, not also as a header");
@@ -121,8 +141,8 @@ export class GatewayClient {
       merged.set("Idempotency-Key", keyHeader(validateKey(key)));
     }
     let body: string | Uint8Array | null = options.body ?? null;
-    if (options.json !== undefined) {
-      body = canonicalJson(options.json);
+    if (json !== undefined) {
+      body = canonicalJson(json);
       if (!merged.has("Content-Type")) {
         merged.set("Content-Type", "application/json");
       }
@@ -137,7 +157,7 @@ export class GatewayClient {
       limit = Math.max(limit, options.wait + 10);
     }
     return this.exchange({
-      method: method.toUpperCase(),
+      method: upper,
       path,
       body,
       headers,
@@ -267,15 +287,19 @@ export class GatewayClient {
 
   private async send(exchange: Exchange): Promise<GatewayResponse> {
     const url = this.baseUrl + exchange.path;
+    const init: RequestInit = {
+      method: exchange.method,
+      headers: exchange.headers,
+      body: exchange.body,
+      redirect: "manual",
+    };
+    // What fetch refuses before sending anything (a body on GET, a method or header it cannot
+    // send) throws its TypeError here, outside the catch below: the caller's error, never a lost
+    // connection to retry.
+    new Request(url, init);
     const signal = bothSignals(AbortSignal.timeout(exchange.limit * 1000), exchange.signal);
     try {
-      const answer = await this.fetch(url, {
-        method: exchange.method,
-        headers: exchange.headers,
-        body: exchange.body,
-        redirect: "manual",
-        signal,
-      });
+      const answer = await this.fetch(url, { ...init, signal });
       const received = new Uint8Array(await answer.arrayBuffer());
       return new GatewayResponse(answer.status, answer.headers, received);
     } catch (error) {

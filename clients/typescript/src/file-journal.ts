@@ -3,9 +3,12 @@
  *
  * Every write goes to a temporary file in the same directory, is fsynced, renamed
  * over the journal, and the directory is fsynced, so a crash at any instant leaves
- * either the old journal or the new one. Writers serialize on the journal's lock
- * file (`lock-file.ts`, the same protocol as the Python client's) and re-read the
- * journal under it to check their lease before writing.
+ * either the old journal or the new one. Writers serialize on the journal's lock,
+ * hidden files `.<journal>.lock.<n>` beside it (`lock-file.ts`, the same protocol as
+ * the Python client's), and re-read the journal under it to check their lease before
+ * writing. Hidden, so that a runs directory lists its journals and nothing else: the
+ * lock's last generation and its marker stay after a run (the highest generation is
+ * never removed, see `lock-file.ts`).
  */
 
 import { randomBytes } from "node:crypto";
@@ -33,7 +36,7 @@ export class FileJournal implements JournalStore {
       throw new RangeError(`lockTimeout must be > 0 seconds, got ${lockTimeout}`);
     }
     this.path = path;
-    this.lock = new LockFile(path + ".lock", lockTimeout);
+    this.lock = new LockFile(join(dirname(path), `.${basename(path)}.lock`), lockTimeout);
   }
 
   toString(): string {

@@ -3,12 +3,16 @@
  *
  * Neither language has a lock the other can see without native code (Node has no
  * `flock`), so the lock is made of files both can create atomically. It has
- * generations, `<journal>.lock.<n>`, each a record `{"host", "pid", "nonce", "at"}`
- * hard-linked into place from a fully written temporary file (so it appears whole or
- * not at all, and `link` refuses a name that exists). The highest generation
- * decides: the lock is free when there is none, when it is released (a marker
- * `<journal>.lock.<n>.released` beside it), or when its holder is dead; otherwise
- * its holder holds the lock.
+ * generations, `<lock>.<n>`, each a record `{"host", "pid", "nonce", "at"}`
+ * hard-linked into place from a fully written staging file
+ * `<lock>-staging.<pid>.<nonce>` (so it appears whole or not at all, and `link`
+ * refuses a name that exists). The highest generation decides: the lock is free
+ * when there is none, when it is released (a marker `<lock>.<n>.released` beside
+ * it), or when its holder is dead; otherwise its holder holds the lock. A
+ * `FileJournal`'s lock is `.<journal>.lock`, hidden beside the journal, so its files
+ * are too. The three kinds of name end differently (a number of at most 15 digits;
+ * `released`; a nonce of 16 hex digits), and staging files have a stem of their own:
+ * none is taken for another, whatever the journal's name.
  *
  * - To take the lock, a writer links its record to `top + 1` once the highest
  *   generation `top` is free. `link` lets one writer win each generation. The winner
@@ -64,15 +68,21 @@ export class LockFile {
   private readonly directory: string;
   private readonly name: string;
   private readonly pattern: RegExp;
+  private readonly staging: RegExp;
 
-  /** `path` is `<journal>.lock`; the generations are `<journal>.lock.<n>`. */
+  /**
+   * `path` names the lock, not a file (`.<journal>.lock` for a `FileJournal`): the
+   * generations are `<path>.<n>`.
+   */
   constructor(
     readonly path: string,
     readonly timeout: number,
   ) {
     this.directory = dirname(path);
     this.name = basename(path);
-    this.pattern = new RegExp(`^${this.name.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}\\.([1-9][0-9]{0,14})$`);
+    const stem = this.name.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    this.pattern = new RegExp(`^${stem}\\.([1-9][0-9]{0,14})$`);
+    this.staging = new RegExp(`^${stem}-staging\\.([0-9]+)\\.[^.]+$`);
   }
 
   /** The generations on disk, lowest first. */
@@ -95,7 +105,7 @@ export class LockFile {
       nonce: randomBytes(8).toString("hex"),
       at: Date.now() / 1000,
     };
-    const staging = join(this.directory, `.${this.name}.${process.pid}.${record.nonce}`);
+    const staging = join(this.directory, `${this.name}-staging.${process.pid}.${record.nonce}`);
     await writeFile(staging, JSON.stringify(record), { mode: 0o644 });
     const deadline = performance.now() + this.timeout * 1000;
     try {
@@ -170,11 +180,10 @@ export class LockFile {
       await gone(this.marker(generation));
       await gone(this.file(generation));
     }
-    const prefix = `.${this.name}.`;
     const staleBefore = Date.now() - STAGING_SECONDS * 1000;
     for (const entry of await readdir(this.directory)) {
-      const pid = entry.startsWith(prefix) ? entry.slice(prefix.length).split(".", 1)[0] ?? "" : "";
-      if (!/^\d+$/.test(pid) || processExists(Number(pid))) {
+      const pid = this.staging.exec(entry)?.[1];
+      if (pid === undefined || processExists(Number(pid))) {
         continue;
       }
       // A staging name has no host: a writer on another host may share this pid number,

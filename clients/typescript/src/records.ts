@@ -30,7 +30,7 @@ export interface ToolCall {
  * The request a tool call becomes, fixed in the plan so every retry sends it exactly.
  *
  * For an HTTP tool, `path` is the gateway path (with the route prefix) and `json`
- * the body. For an MCP tool, `method` is `tools/call`, `path` the tool's name on
+ * the body (null: no body, as a GET or HEAD always has). For an MCP tool, `method` is `tools/call`, `path` the tool's name on
  * the server and `json` its arguments: what the gateway records for an MCP call.
  */
 export interface ToolRequest {

@@ -23,7 +23,7 @@
  * a run started by one resumes in the other.
  */
 
-import type { GatewayClient } from "./client.js";
+import { BODILESS_METHODS, type GatewayClient } from "./client.js";
 import {
   CallUnconfirmed,
   type GatewayProblem,
@@ -49,6 +49,7 @@ import {
   type PlannedCall,
   resultFromBytes,
   type ToolCall,
+  type ToolRequest,
   type ToolResult,
   type Turn,
   withTurn,
@@ -275,7 +276,9 @@ export class Run {
       }
       const key = deriveKey(this.runId, turn, call.call_id);
       const frozen: ToolCall = { call_id: call.call_id, name: call.name, arguments: { ...call.arguments } };
-      return { call: frozen, key, request: tool.request(frozen) };
+      const request = tool.request(frozen);
+      checkSendable(turn, frozen, request);
+      return { call: frozen, key, request };
     });
   }
 
@@ -533,6 +536,20 @@ function receiptOf(operation: Operation): ToolResult | null {
     source: "receipt",
     recorded_at: now(),
   };
+}
+
+/**
+ * A tool's GET or HEAD with a body is refused before the plan is saved: no client would send it
+ * (`BODILESS_METHODS`), so saved, it would stop this run at every attempt to send it.
+ */
+function checkSendable(turn: number, call: ToolCall, request: ToolRequest): void {
+  const method = request.method.toUpperCase();
+  if (BODILESS_METHODS.has(method) && request.json !== null && request.json !== undefined) {
+    throw new TypeError(
+      `turn ${turn}: tool ${JSON.stringify(call.name)} made a ${method} request with a body; ` +
+        `a ${method} request has no body (json null)`,
+    );
+  }
 }
 
 /** A receipt is taken only for the request the plan names (a reused run id would differ). */

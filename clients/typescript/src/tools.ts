@@ -8,6 +8,7 @@
  * `SendingTool` (an `McpTool`) sends the stored request itself, with the same key.
  */
 
+import { BODILESS_METHODS } from "./client.js";
 import type { PlannedCall, ToolCall, ToolRequest, ToolResult, Turn } from "./records.js";
 
 /**
@@ -46,7 +47,14 @@ export function isSendingTool(tool: Tool | undefined): tool is SendingTool {
   return tool !== undefined && typeof (tool as Partial<SendingTool>).send === "function";
 }
 
-/** A tool that is one HTTP endpoint behind the gateway: the arguments are the JSON body. */
+/**
+ * A tool that is one HTTP endpoint behind the gateway: the arguments are the JSON body.
+ *
+ * A GET or HEAD has no body (`BODILESS_METHODS`): its request is the path as written (query
+ * included) with `json` null, and a call with arguments is a `TypeError` when the plan is made,
+ * since there is no body to carry them; a tool of your own can put them in the path. Other
+ * methods (DELETE too) send the arguments, `{}` when there are none. As the Python `HttpTool`.
+ */
 export class HttpTool implements Tool {
   readonly method: string;
   readonly path: string;
@@ -62,6 +70,15 @@ export class HttpTool implements Tool {
   }
 
   request(call: ToolCall): ToolRequest {
-    return { method: this.method, path: this.path, json: { ...call.arguments }, headers: { ...this.headers } };
+    const bodiless = BODILESS_METHODS.has(this.method);
+    const names = Object.keys(call.arguments);
+    if (bodiless && names.length > 0) {
+      throw new TypeError(
+        `${call.name}: a ${this.method} request has no body to carry the arguments ` +
+          `${JSON.stringify(names.sort())}; put them in the path with a tool of your own`,
+      );
+    }
+    const json = bodiless ? null : { ...call.arguments };
+    return { method: this.method, path: this.path, json, headers: { ...this.headers } };
   }
 }

@@ -55,6 +55,16 @@ describe("GatewayClient.request", () => {
     }
   });
 
+  test("a request fetch refuses before sending (a method it cannot send) is its TypeError, not retried", async () => {
+    const { fetch, sent } = scripted(ok);
+    const client = new GatewayClient("http://gw.test", { fetch, backoff: fast });
+    await assert.rejects(client.request("CONNECT", "/x", { key: "k-1" }), (error) => {
+      assert.ok(!(error instanceof GatewayConnectionError), String(error));
+      return error instanceof TypeError;
+    });
+    assert.equal(sent.length, 0);
+  });
+
   test("a problem that is not safe to retry is thrown at once", async () => {
     const { fetch, sent } = scripted(problem(422, "key-mismatch"));
     const client = new GatewayClient("http://gw.test", { fetch, backoff: fast });

@@ -1,26 +1,27 @@
-// The journal lock that Node and Python journal writers share: generations <journal>.lock.<n>.
-// Each generation is a {"host", "pid", "nonce", "at"} record hard-linked into place, and the
-// highest one decides: the lock is free when there is none, when it has its marker
-// <journal>.lock.<n>.released, or when its holder is dead (src/lock-file.ts, and _lock_file.py in
-// the Python client; docs/journal.md). What the protocol promises: a release creates the marker
-// and leaves its generation in place, so a grant leaves exactly its generation and marker behind
-// and the next grant is n + 1, removing n and its marker; generation numbers only grow, one per
-// grant. A dead holder (a gone process of this host, a file that holds no record) is succeeded
-// at once by the next generation, its file removed only after that generation exists. A live
-// holder of this host, any record of this very process (another async writer, a worker thread, a
-// second copy of the module, an orphan) and any holder of another host are waited for, then
-// refused with a JournalError naming them and the file; a released generation is free whoever
-// holds it. Two writers that judge one generation free race for one link, and the loser waits; a
-// writer that looked long ago withdraws; a writer that judged a grant being released, or paused
-// before its link, never holds beside a newer grant; an error after a won link leaves that
-// generation released; the winner removes staging files of dead writers only; processes exclude
-// each other; FileJournal keeps its read-check-write whole under it. Every test runs under the
-// audit below: no lock file is renamed; the highest generation and its marker are never removed;
-// a generation is removed only by the writer that linked it (withdrawing) or by one that holds a
-// newer generation, a marker only by one that holds a newer generation, and only the writer that
-// linked a generation creates its marker; a staging file of a live process other than this one
-// is never removed. tests/test_journal_lock.py pins the same cases for the Python client, Python
-// against Node processes, and that both clients judge odd records alike.
+// The journal lock that Node and Python journal writers share: generations .<journal>.lock.<n>.
+// Each generation is a {"host", "pid", "nonce", "at"} record hard-linked into place from a staging
+// file .<journal>.lock-staging.<pid>.<nonce>, and the highest one decides: the lock is free when
+// there is none, when it has its marker .<journal>.lock.<n>.released, or when its holder is dead
+// (src/lock-file.ts, and _lock_file.py in the Python client; docs/journal.md). What the protocol
+// promises: a release creates the marker and leaves its generation in place, so a grant leaves
+// exactly its generation and marker behind and the next grant is n + 1, removing n and its marker;
+// generation numbers only grow, one per grant. A dead holder (a gone process of this host, a file
+// that holds no record) is succeeded at once by the next generation, its file removed only after
+// that generation exists. A live holder of this host, any record of this very process (another
+// async writer, a worker thread, a second copy of the module, an orphan) and any holder of another
+// host are waited for, then refused with a JournalError naming them and the file; a released
+// generation is free whoever holds it. Two writers that judge one generation free race for one
+// link, and the loser waits; a writer that looked long ago withdraws; a writer that judged a grant
+// being released, or paused before its link, never holds beside a newer grant; an error after a won
+// link leaves that generation released; the winner removes staging files of dead writers only, and
+// nothing else as one; processes exclude each other; FileJournal keeps its read-check-write whole
+// under it, and its lock's files hidden, in both clients. Every test runs under the audit below: no
+// lock file is renamed; the highest generation and its marker are never removed; a generation is
+// removed only by the writer that linked it (withdrawing) or by one that holds a newer generation,
+// a marker only by one that holds a newer generation, and only the writer that linked a generation
+// creates its marker; a staging file of a live process other than this one is never removed.
+// tests/test_journal_lock.py pins the same cases for the Python client, Python against Node
+// processes, and that both clients judge odd records alike.
 import assert from "node:assert/strict";
 import { AsyncLocalStorage } from "node:async_hooks";
 import { spawn, spawnSync } from "node:child_process";
@@ -38,9 +39,9 @@ import { Worker } from "node:worker_threads";
 // release() runs in an AsyncLocalStorage context naming its writer and holding the generations
 // it linked, so an unlink or a marker knows whose it is.
 
-const GENERATION = /^([^.].*\.lock)\.([1-9][0-9]*)$/;
-const MARKER = /^([^.].*\.lock)\.([1-9][0-9]*)\.released$/;
-const STAGING = /^\.(.+\.lock)\.([0-9]+)\.[^.]+$/;
+const GENERATION = /^(.+\.lock)\.([1-9][0-9]*)$/;
+const MARKER = /^(.+\.lock)\.([1-9][0-9]*)\.released$/;
+const STAGING = /^(.+\.lock)-staging\.([0-9]+)\.[^.]+$/;
 const audit = {
   links: [], // [file name, "made" | error code] for each link to a generation
   events: [], // ["link" | "mark" | "unlink", file name, writer label] for generations and markers
@@ -157,9 +158,8 @@ fsp.readFile = async function readFile(file, ...options) {
 
 syncBuiltinESMExports();
 
-const { currentWorker, FileJournal, JournalError, LockFile, RunLeased, RunLeaseLost } = await import(
-  "../dist/index.js"
-);
+const { currentWorker, FileJournal, GatewayClient, HttpTool, JournalError, LockFile, Run, RunLeased, RunLeaseLost } =
+  await import("../dist/index.js");
 
 const storeOf = new WeakMap(); // grant -> its writer's context
 
@@ -298,7 +298,7 @@ async function inTemporaryDirectory(body) {
   const directory = path.join(root, "journal");
   fs.mkdirSync(directory);
   try {
-    return await body(directory, path.join(directory, "run.json.lock"), root);
+    return await body(directory, path.join(directory, ".run.json.lock"), root);
   } finally {
     fs.rmSync(root, { recursive: true, force: true });
   }
@@ -306,21 +306,21 @@ async function inTemporaryDirectory(body) {
 
 const names = (directory) => fs.readdirSync(directory).sort();
 /** The names in `directory` but the staging files of writers still acquiring. */
-const lockFiles = (directory) => names(directory).filter((name) => !name.startsWith("."));
+const lockFiles = (directory) => names(directory).filter((name) => !STAGING.test(name));
 const generation = (lockPath, n) => `${lockPath}.${n}`;
 
 /**
  * The names a directory holds after the grant of generation `n` was released: that generation
  * and its marker (nothing older, no staging file), and `others`.
  */
-const left = (n, others = [], lock = "run.json.lock") => [...others, `${lock}.${n}`, `${lock}.${n}.released`].sort();
+const left = (n, others = [], lock = ".run.json.lock") => [...others, `${lock}.${n}`, `${lock}.${n}.released`].sort();
 
 /** The generation the last grant left beside `journal`, and nothing else; its number. */
 function lastGeneration(directory, journal = "run.json") {
   const entries = names(directory);
-  const n = (entries[1] ?? "").slice(`${journal}.lock.`.length);
+  const n = (entries[0] ?? "").slice(`.${journal}.lock.`.length);
   assert.match(n, /^[1-9][0-9]*$/, JSON.stringify(entries));
-  assert.deepEqual(entries, [journal, `${journal}.lock.${n}`, `${journal}.lock.${n}.released`]);
+  assert.deepEqual(entries, [`.${journal}.lock.${n}`, `.${journal}.lock.${n}.released`, journal]);
   return Number(n);
 }
 
@@ -583,14 +583,14 @@ describe("journal lock", () => {
     inTemporaryDirectory(async (directory, lockPath) => {
       // While held: the journal and .lock.n, this grant's record. Released: its marker
       // .lock.n.released beside it, the file itself as it was (same bytes, same inode), no
-      // staging .run.json.lock.<pid>.<nonce>. The next grant is n + 1 and removes n and its
-      // marker, so generations only grow: 1, 2, 3, and a FileJournal's three grants leave 3.
+      // staging file .run.json.lock-staging.<pid>.<nonce>. The next grant is n + 1 and removes n
+      // and its marker, so generations only grow: 1, 2, 3, and a FileJournal's three grants leave 3.
       fs.writeFileSync(path.join(directory, "run.json"), "{}");
       const lock = labelled("L", lockPath, LONG);
       for (const n of [1, 2, 3]) {
         const grant = await lock.acquire();
         assert.equal(grant.generation, n);
-        assert.deepEqual(names(directory), ["run.json", `run.json.lock.${n}`]);
+        assert.deepEqual(names(directory), [`.run.json.lock.${n}`, "run.json"]);
         assert.deepEqual(await lock.generations(), [n]);
         assert.deepEqual(holderOf(generation(lockPath, n)), grant.record);
         assert.deepEqual([grant.record.host, grant.record.pid], [HOST, process.pid]);
@@ -601,24 +601,24 @@ describe("journal lock", () => {
         assert.deepEqual(await lock.generations(), [n]);
       }
       const removed = (n) => [
-        ["unlink", `run.json.lock.${n}`],
-        ["unlink", `run.json.lock.${n}.released`],
+        ["unlink", `.run.json.lock.${n}`],
+        ["unlink", `.run.json.lock.${n}.released`],
       ];
       assert.deepEqual(by("L"), [
-        ["link", "run.json.lock.1"],
-        ["mark", "run.json.lock.1.released"],
-        ["link", "run.json.lock.2"],
+        ["link", ".run.json.lock.1"],
+        ["mark", ".run.json.lock.1.released"],
+        ["link", ".run.json.lock.2"],
         ...removed(1),
-        ["mark", "run.json.lock.2.released"],
-        ["link", "run.json.lock.3"],
+        ["mark", ".run.json.lock.2.released"],
+        ["link", ".run.json.lock.3"],
         ...removed(2),
-        ["mark", "run.json.lock.3.released"],
+        ["mark", ".run.json.lock.3.released"],
       ]);
       const journal = new FileJournal(path.join(directory, "other.json"), { lockTimeout: LONG });
       const document = await journal.acquire("run-1", "v1", currentWorker("w1"), 60);
       await journal.write(document, 60);
       await journal.release(document);
-      const both = [...left(3, ["run.json"]), ...left(3, ["other.json"], "other.json.lock")];
+      const both = [...left(3, ["run.json"]), ...left(3, ["other.json"], ".other.json.lock")];
       assert.deepEqual(names(directory), both.sort());
     }));
 
@@ -638,7 +638,7 @@ describe("journal lock", () => {
         looks++;
         return LockFile.prototype.generations.call(this);
       };
-      audit.beforeLink = (name) => (name === "run.json.lock.2" ? proceed.promise : undefined); // the test looks first
+      audit.beforeLink = (name) => (name === ".run.json.lock.2" ? proceed.promise : undefined); // the test looks first
       let inside = null;
       const wDone = w.acquire().then(async (grant) => {
         inside = names(directory);
@@ -661,17 +661,17 @@ describe("journal lock", () => {
         proceed.resolve();
         await within(wDone, CHILD_TIMEOUT_MS, "W never took the lock");
       }
-      assert.deepEqual(inside, ["run.json.lock.2"]);
+      assert.deepEqual(inside, [".run.json.lock.2"]);
       assert.deepEqual(names(directory), left(2));
       assert.deepEqual(by("H"), [
-        ["link", "run.json.lock.1"],
-        ["mark", "run.json.lock.1.released"],
+        ["link", ".run.json.lock.1"],
+        ["mark", ".run.json.lock.1.released"],
       ]);
       assert.deepEqual(by("W"), [
-        ["link", "run.json.lock.2"],
-        ["unlink", "run.json.lock.1"],
-        ["unlink", "run.json.lock.1.released"],
-        ["mark", "run.json.lock.2.released"],
+        ["link", ".run.json.lock.2"],
+        ["unlink", ".run.json.lock.1"],
+        ["unlink", ".run.json.lock.1.released"],
+        ["mark", ".run.json.lock.2.released"],
       ]);
     }));
 
@@ -689,8 +689,8 @@ describe("journal lock", () => {
       assert.equal(grant.generation, 8);
       assert.deepEqual(await lock.generations(), [8]);
       assert.deepEqual(holderOf(generation(lockPath, 8)), grant.record);
-      assert.deepEqual(names(directory), ["run.json.lock.8"]);
-      assert.deepEqual(audit.links, [["run.json.lock.8", "made"]]);
+      assert.deepEqual(names(directory), [".run.json.lock.8"]);
+      assert.deepEqual(audit.links, [[".run.json.lock.8", "made"]]);
       await lock.release(grant);
       assert.deepEqual(
         audit.events.map(([what]) => what),
@@ -699,7 +699,7 @@ describe("journal lock", () => {
       assert.deepEqual(names(directory), left(8));
       const next = await lock.acquire();
       assert.equal(next.generation, 9);
-      assert.deepEqual(names(directory), ["run.json.lock.9"]);
+      assert.deepEqual(names(directory), [".run.json.lock.9"]);
       await lock.release(next);
       assert.deepEqual(names(directory), left(9));
     }));
@@ -714,7 +714,7 @@ describe("journal lock", () => {
         const waited = await assertRefused(new LockFile(lockPath, SHORT), held, pid, HOST);
         assert.ok(waited >= SHORT && waited < SHORT + 60, `gave up after ${waited} s`); // gives up; how soon after is the load's
         assert.deepEqual(snapshot(held), before);
-        assert.deepEqual(names(directory), ["run.json.lock.3"]);
+        assert.deepEqual(names(directory), [".run.json.lock.3"]);
       }),
     ));
 
@@ -726,7 +726,7 @@ describe("journal lock", () => {
       const waited = await assertRefused(new LockFile(lockPath, SHORT), held, pid, OTHER_HOST);
       assert.ok(waited >= SHORT, `gave up after ${waited} s`);
       assert.deepEqual(snapshot(held), before);
-      assert.deepEqual(names(directory), ["run.json.lock.3"]);
+      assert.deepEqual(names(directory), [".run.json.lock.3"]);
     }));
 
   test("an orphan record of this process is waited for", () =>
@@ -740,14 +740,14 @@ describe("journal lock", () => {
       const waited = await assertRefused(new LockFile(lockPath, SHORT), held, process.pid, HOST);
       assert.ok(waited >= SHORT, `gave up after ${waited} s`);
       assert.deepEqual(snapshot(held), before);
-      assert.deepEqual(names(directory), ["run.json.lock.4"]);
+      assert.deepEqual(names(directory), [".run.json.lock.4"]);
       markReleased(lockPath, 4);
       const lock = new LockFile(lockPath, SHORT);
       const started = performance.now();
       const grant = await lock.acquire();
       assert.ok(performance.now() - started < PROMPT_MS, "a released generation was waited for");
       assert.equal(grant.generation, 5);
-      assert.deepEqual(names(directory), ["run.json.lock.5"]);
+      assert.deepEqual(names(directory), [".run.json.lock.5"]);
       await lock.release(grant);
       assert.deepEqual(names(directory), left(5));
     }));
@@ -770,7 +770,7 @@ describe("journal lock", () => {
           const grant = await lock.acquire();
           assert.ok(performance.now() - started < PROMPT_MS, "a released generation was waited for");
           assert.equal(grant.generation, 4);
-          assert.deepEqual(names(directory), ["run.json.lock.4"]);
+          assert.deepEqual(names(directory), [".run.json.lock.4"]);
           await lock.release(grant);
           assert.deepEqual(names(directory), left(4));
         }),
@@ -803,7 +803,7 @@ describe("journal lock", () => {
         const second = new LockFile(lockPath, LONG);
         const next = await second.acquire();
         assert.equal(next.generation, 2);
-        assert.deepEqual(names(directory), ["run.json.lock.2"]);
+        assert.deepEqual(names(directory), [".run.json.lock.2"]);
         await second.release(next);
         assert.deepEqual(names(directory), left(2));
       }));
@@ -865,10 +865,10 @@ describe("journal lock", () => {
         // touched.
         const others = [
           lockPath,
-          path.join(directory, "other.json.lock.5"),
-          path.join(directory, "run.json.lock.0"),
-          path.join(directory, "run.json.lock.01"),
-          path.join(directory, `.run.json.lock.${pid}.${NONCE}`),
+          path.join(directory, ".other.json.lock.5"),
+          path.join(directory, ".run.json.lock.0"),
+          path.join(directory, ".run.json.lock.01"),
+          path.join(directory, `.run.json.lock-staging.${pid}.${NONCE}`),
         ];
         for (const file of others) fs.writeFileSync(file, record({ pid }));
         const before = others.map(snapshot);
@@ -887,21 +887,21 @@ describe("journal lock", () => {
   test("the winner removes staging files of dead writers only", () =>
     inTemporaryDirectory((directory, lockPath) =>
       withSleeper(async (live) => {
-        // Staging files .run.json.lock.<pid>.<nonce> of writers that died before their link
-        // stay while the lock is waited for; the next writer to win a generation removes those
+        // Staging files .run.json.lock-staging.<pid>.<nonce> of writers that died before their
+        // link stay while the lock is waited for; the next writer to win a generation removes those
         // whose pid is no process, and keeps those of a live process (this one included) and
         // every other file (a non-ASCII digit is no pid).
         // Only those older than any wait (ten minutes): a staging name has no host, and a fresh
         // one may be a writer's on another host with that pid.
         const dead = deadPid();
-        const doomed = [`.run.json.lock.${dead}.${NONCE}`, `.run.json.lock.${dead}.0`];
+        const doomed = [`.run.json.lock-staging.${dead}.${NONCE}`, `.run.json.lock-staging.${dead}.0`];
         const kept = [
-          `.run.json.lock.${dead}.fresh`,
-          `.run.json.lock.${live}.${NONCE}`,
-          `.run.json.lock.${process.pid}.${NONCE}`,
-          `.other.json.lock.${dead}.${NONCE}`,
-          `.run.json.lock.x${dead}.${NONCE}`,
-          ".run.json.lock.\u00b2.x",
+          `.run.json.lock-staging.${dead}.fresh`,
+          `.run.json.lock-staging.${live}.${NONCE}`,
+          `.run.json.lock-staging.${process.pid}.${NONCE}`,
+          `.other.json.lock-staging.${dead}.${NONCE}`,
+          `.run.json.lock-staging.x${dead}.${NONCE}`,
+          ".run.json.lock-staging.\u00b2.x",
         ];
         for (const name of [...doomed, ...kept]) fs.writeFileSync(path.join(directory, name), record({ pid: dead }));
         const anHourAgo = Date.now() / 1000 - 3600;
@@ -917,7 +917,7 @@ describe("journal lock", () => {
         const lock = new LockFile(lockPath, LONG);
         const grant = await lock.acquire();
         assert.equal(grant.generation, 4);
-        assert.deepEqual(names(directory), [...kept, "run.json.lock.4"].sort());
+        assert.deepEqual(names(directory), [...kept, ".run.json.lock.4"].sort());
         await lock.release(grant);
         assert.deepEqual(
           kept.map((name) => snapshot(path.join(directory, name))),
@@ -925,6 +925,34 @@ describe("journal lock", () => {
         );
       }),
     ));
+
+  test("no generation or marker is taken for a staging file, however old", () =>
+    inTemporaryDirectory(async (directory, lockPath) => {
+      // The staging files have a stem of their own (-staging), and a name of exactly one more
+      // part after the pid: the lock of a journal named run.json.lock-staging.<pid>, its
+      // generation and marker an hour old with that pid dead, is not this lock's staging file,
+      // nor is a staging file of the earlier naming (.run.json.lock.<pid>.<nonce>, which a
+      // hidden generation .run.json.lock.<n> would have looked like).
+      const dead = deadPid();
+      const kept = [
+        `.run.json.lock-staging.${dead}.lock.7`,
+        `.run.json.lock-staging.${dead}.lock.7.released`,
+        `.run.json.lock.${dead}.${NONCE}`,
+      ];
+      const anHourAgo = Date.now() / 1000 - 3600;
+      for (const name of kept) {
+        fs.writeFileSync(path.join(directory, name), record({ pid: dead }));
+        fs.utimesSync(path.join(directory, name), anHourAgo, anHourAgo);
+      }
+      const before = kept.map((name) => snapshot(path.join(directory, name)));
+      const lock = new LockFile(lockPath, LONG);
+      await lock.release(await lock.acquire());
+      assert.deepEqual(
+        kept.map((name) => snapshot(path.join(directory, name))),
+        before,
+      );
+      assert.deepEqual(names(directory), left(1, kept));
+    }));
 
   for (const where of ["the look above its link", "the cleanup"]) {
     test(`an error after a won link leaves that generation released (${where})`, () =>
@@ -954,14 +982,14 @@ describe("journal lock", () => {
         } finally {
           LockFile.prototype.generations = realGenerations;
         }
-        assert.deepEqual(audit.links, [["run.json.lock.5", "made"]]);
-        assert.deepEqual(names(directory), ["run.json.lock.4", ...left(5)]);
+        assert.deepEqual(audit.links, [[".run.json.lock.5", "made"]]);
+        assert.deepEqual(names(directory), [".run.json.lock.4", ...left(5)]);
         const next = new LockFile(lockPath, SHORT);
         const started = performance.now();
         const grant = await next.acquire();
         assert.ok(performance.now() - started < PROMPT_MS, "a released generation was waited for");
         assert.equal(grant.generation, 6);
-        assert.deepEqual(names(directory), ["run.json.lock.6"]);
+        assert.deepEqual(names(directory), [".run.json.lock.6"]);
         await next.release(grant);
         assert.deepEqual(names(directory), left(6));
       }));
@@ -976,7 +1004,7 @@ describe("journal lock", () => {
       const dead = deadPid();
       for (let round = 0; round < RACE_ROUNDS; round++) {
         const d = 5 + 3 * round;
-        const contested = `run.json.lock.${d + 1}`;
+        const contested = `.run.json.lock.${d + 1}`;
         plant(lockPath, d, record({ pid: dead }));
         audit.links.length = 0;
         const gate = gateForTwo(2000);
@@ -1008,14 +1036,14 @@ describe("journal lock", () => {
             return ++looks === 1 ? [...staleView] : LockFile.prototype.generations.call(this);
           };
           await assertRefused(lock, top, pid, HOST);
-          assert.deepEqual(audit.links, [[`run.json.lock.${(staleView.at(-1) ?? 0) + 1}`, "made"]]);
+          assert.deepEqual(audit.links, [[`.run.json.lock.${(staleView.at(-1) ?? 0) + 1}`, "made"]]);
           assert.deepEqual(snapshot(top), before);
-          assert.deepEqual(names(directory), ["run.json.lock.3", "run.json.lock.9"]);
+          assert.deepEqual(names(directory), [".run.json.lock.3", ".run.json.lock.9"]);
         });
         const lock = new LockFile(lockPath, LONG);
         const grant = await lock.acquire();
         assert.equal(grant.generation, 10);
-        assert.deepEqual(names(directory), ["run.json.lock.10"]);
+        assert.deepEqual(names(directory), [".run.json.lock.10"]);
         await lock.release(grant);
         assert.deepEqual(names(directory), left(10));
       }));
@@ -1033,7 +1061,7 @@ describe("journal lock", () => {
       const resumed = deferred();
       let pauses = 0;
       audit.beforeLink = (name) => {
-        if (name === "run.json.lock.6" && ++pauses === 1) {
+        if (name === ".run.json.lock.6" && ++pauses === 1) {
           reached.resolve();
           return resumed.promise;
         }
@@ -1069,11 +1097,11 @@ describe("journal lock", () => {
       assert.deepEqual(granted, { A: 6, C: 7, B: 8 });
       // 6 was gone (C removed it): B won it, saw 7, withdrew.
       assert.deepEqual(by("B").slice(0, 3), [
-        ["link", "run.json.lock.6"],
-        ["unlink", "run.json.lock.6"],
-        ["link", "run.json.lock.8"],
+        ["link", ".run.json.lock.6"],
+        ["unlink", ".run.json.lock.6"],
+        ["link", ".run.json.lock.8"],
       ]);
-      assert.deepEqual(linked("run.json.lock.6"), ["made", "made"]);
+      assert.deepEqual(linked(".run.json.lock.6"), ["made", "made"]);
       assert.deepEqual(names(directory), left(8));
     }));
 
@@ -1108,7 +1136,7 @@ describe("journal lock", () => {
         const resumed = deferred();
         let reads = 0;
         audit.afterRead = (name) => {
-          if (name === "run.json.lock.1" && ++reads === 1) {
+          if (name === ".run.json.lock.1" && ++reads === 1) {
             reached.resolve();
             return resumed.promise;
           }
@@ -1144,7 +1172,7 @@ describe("journal lock", () => {
         assert.deepEqual(afterRelease, left(1));
         assert.deepEqual(granted, { C: 2, W: 3 });
         // The gone holder was judged dead: W linked 2 after C had.
-        assert.deepEqual(linked("run.json.lock.2"), holder === "another process" ? ["made", "EEXIST"] : ["made"]);
+        assert.deepEqual(linked(".run.json.lock.2"), holder === "another process" ? ["made", "EEXIST"] : ["made"]);
         assert.deepEqual(names(directory), left(3));
       }));
   }
@@ -1196,7 +1224,7 @@ describe("journal lock", () => {
       assert.equal(wHeldBesideC, false, `W held the lock while C held it: ${JSON.stringify(granted)}`);
       assert.equal(oneIsGone, true);
       assert.deepEqual(granted, { C: 2, W: 3 });
-      assert.deepEqual(linked("run.json.lock.2"), ["made", "EEXIST"]);
+      assert.deepEqual(linked(".run.json.lock.2"), ["made", "EEXIST"]);
       assert.deepEqual(names(directory), left(3));
     }));
 
@@ -1286,7 +1314,7 @@ describe("journal lock", () => {
       let result;
       try {
         await waitFor(ready, [holder]);
-        assert.deepEqual(names(directory), ["run.json.lock.1"]);
+        assert.deepEqual(names(directory), [".run.json.lock.1"]);
         assert.equal(holderOf(first).pid, holder.child.pid);
         const before = snapshot(first);
         const waited = await assertRefused(new LockFile(lockPath, SHORT), first, holder.child.pid, HOST);
@@ -1301,7 +1329,7 @@ describe("journal lock", () => {
       const grant = await lock.acquire();
       assert.ok(performance.now() - started < PROMPT_MS, "succeeding a killed writer took too long");
       assert.equal(grant.generation, 2);
-      assert.deepEqual(names(directory), ["run.json.lock.2"]);
+      assert.deepEqual(names(directory), [".run.json.lock.2"]);
       await lock.release(grant);
       assert.deepEqual(names(directory), left(2));
     }));
@@ -1352,6 +1380,33 @@ describe("journal lock", () => {
 
 describe("FileJournal under the lock", () => {
   afterEach(checkAudit);
+
+  test("after runs, their directory lists only the journals: the lock's files are hidden", () =>
+    inTemporaryDirectory(async (directory) => {
+      // What stays of each lock (its last generation, released) has a leading dot, as the
+      // lock's staging files and the journal's temporary files do: `ls runs/` shows the runs.
+      const headers = { "Content-Type": "application/json" };
+      const fetch = async () => new Response('{"id":"T-1"}', { status: 201, headers });
+      const client = new GatewayClient("http://127.0.0.1:9", { fetch }); // never contacted
+      const tools = { ticket: new HttpTool("POST", "/tickets/v1/issues") };
+      const plan = (turns) => (turns.length > 0 ? [] : [{ call_id: "c1", name: "ticket", arguments: { title: "t" } }]);
+      for (const runId of ["run-1", "run-2"]) {
+        const journal = new FileJournal(path.join(directory, `${runId}.json`), { lockTimeout: LONG });
+        await Run.with(journal, { client, runId, flowVersion: "v1", tools }, async (run) => {
+          while (!run.finished) await run.step(plan);
+        });
+      }
+      assert.deepEqual(
+        names(directory).filter((name) => !name.startsWith(".")),
+        ["run-1.json", "run-2.json"],
+      );
+      assert.deepEqual(
+        names(directory)
+          .filter((name) => name.startsWith("."))
+          .map((name) => name.replace(/\.lock\.[0-9]+/, ".lock.N")),
+        [".run-1.json.lock.N", ".run-1.json.lock.N.released", ".run-2.json.lock.N", ".run-2.json.lock.N.released"],
+      );
+    }));
 
   test("concurrent writes through two FileJournals keep the JSON whole", () =>
     inTemporaryDirectory(async (directory) => {

@@ -1,12 +1,19 @@
 // The Node client against the shared vectors in clients/vectors/ (the Python client reads them too):
-// keys, canonical JSON, the gateway's problem bodies, journal files at each step, the lease rules.
+// keys, canonical JSON, the gateway's problem bodies, journal files at each step, the lease rules,
+// the requests planned calls send.
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
-import { describe, test } from "node:test";
+import { readFileSync, writeFileSync } from "node:fs";
+import { createServer } from "node:http";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
 
 import {
   canonicalJson,
   deriveKey,
+  FileJournal,
+  GatewayClient,
+  HttpTool,
+  Run,
   fence,
   grant,
   keyHeader,
@@ -18,6 +25,7 @@ import {
   SimilarOperation,
   validateKey,
 } from "../dist/index.js";
+import { temporaryDirectory } from "./support/servers.mjs";
 
 const VECTORS = new URL("../../vectors/", import.meta.url);
 const load = (name) => JSON.parse(readFileSync(new URL(name, VECTORS), "utf-8"));
@@ -26,6 +34,7 @@ const CANONICAL = load("canonical-json.json");
 const PROBLEMS = load("problems.json");
 const JOURNALS = load("journals/index.json");
 const LEASES = load("leases.json");
+const REQUESTS = load("requests.json");
 
 const errorName = (fn) => {
   try {
@@ -175,4 +184,88 @@ describe("lease rules", () => {
       assert.deepEqual([error.holder, error.token], [vector.expect.holder, vector.expect.token]);
     });
   }
+});
+
+/**
+ * A stand-in gateway on loopback: every lookup is 404 `unknown-key` (never sent), every other
+ * request is recorded as the vectors write it down and answered 200.
+ */
+async function startRecorder() {
+  const received = [];
+  const server = createServer((request, response) => {
+    const chunks = [];
+    request.on("data", (chunk) => chunks.push(chunk));
+    request.on("end", () => {
+      if (request.url.startsWith("/operations/")) {
+        response.writeHead(404, { "Content-Type": "application/problem+json" });
+        response.end(JSON.stringify({ type: "https://idempotency-gateway.dev/problems/unknown-key" }));
+        return;
+      }
+      const body = Buffer.concat(chunks);
+      received.push({
+        method: request.method,
+        target: request.url,
+        body: body.length > 0 ? body.toString("utf-8") : null,
+        content_type: request.headers["content-type"] ?? null,
+      });
+      response.writeHead(200, { "Content-Type": "application/json" });
+      response.end('{"ok":true}');
+    });
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    received,
+    stop: () => new Promise((resolve) => server.close(resolve)),
+  };
+}
+
+/** A journal whose one planned call, not yet sent, has `request` as the vector writes it. */
+function plannedJournal(request) {
+  const planned = { call: { call_id: "c1", name: "tool", arguments: {} }, key: "run-v:0:c1", request };
+  const turn = { index: 0, calls: [planned], results: {}, planned_at: 1764583201.25 };
+  return JSON.stringify({ format: 1, run_id: "run-v", flow_version: "v1", turns: [turn] });
+}
+
+describe("what a planned call sends", () => {
+  let recorder;
+  const directory = temporaryDirectory("igw-request-vectors-");
+  before(async () => {
+    recorder = await startRecorder();
+  });
+  after(() => recorder?.stop());
+
+  REQUESTS.cases.forEach((vector, index) => {
+    test(vector.description, async () => {
+      if (vector.tool) {
+        const tool = new HttpTool(vector.tool.method, vector.tool.path, vector.tool.headers);
+        const call = { call_id: "c1", name: "tool", arguments: vector.arguments };
+        if (vector.refused === "plan") {
+          assert.throws(() => tool.request(call), { name: "TypeError", message: /no body/ });
+          return;
+        }
+        assert.deepEqual(tool.request(call), vector.request);
+      }
+      const path = join(directory, `run-${index}.json`);
+      writeFileSync(path, plannedJournal(vector.request));
+      const before = recorder.received.length;
+      const run = await Run.open(new FileJournal(path), {
+        client: new GatewayClient(recorder.url),
+        runId: "run-v",
+        flowVersion: "v1",
+        tools: { tool: new HttpTool("POST", "/unused") },
+      });
+      try {
+        if (vector.refused === "send") {
+          await assert.rejects(run.step(() => []), { name: "TypeError", message: /no body/ });
+        } else {
+          await run.step(() => []);
+          assert.equal(run.finished, true);
+        }
+      } finally {
+        await run.close();
+      }
+      assert.deepEqual(recorder.received.slice(before), vector.refused ? [] : [vector.sent]);
+    });
+  });
 });
