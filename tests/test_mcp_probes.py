@@ -668,7 +668,6 @@ async def test_the_demo_servers_slow_switch_ends_a_call_unknown_and_its_probe_fi
     settled = await lookup_until(gateway, lambda operation: operation["state"] == "completed")
 
     assert settled["resolution"]["by"] == "probe"
-    assert "not_applied_too_soon" in json.dumps(settled["history"])  # asked before it existed
     async with asyncio.timeout(LIMIT), mcp_client(example_server) as client:
         listed = await client.call_tool("list_tickets", {})
     [ticket] = listed.structured_content["items"]  # type: ignore[index]
