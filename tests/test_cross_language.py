@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -207,25 +208,48 @@ console.log(JSON.stringify({ status: result.status, source: result.source }));
 PROTECTED = ["GET", "HEAD", "DELETE", "POST"]
 """The methods the route protects here: each call is recorded, and a resend is replayed."""
 
+
+@dataclass(frozen=True)
+class MethodStep:
+    """A planned call of one method, and what the upstream must see of it."""
+
+    method: str
+    path: str
+    """The tool's path."""
+    arguments: dict[str, object]
+    """The model's arguments."""
+    expected: tuple[str, bytes, str | None]
+    """The target without the route prefix, the body, the Content-Type."""
+
+    @property
+    def status(self) -> int:
+        return 201 if self.method == "POST" else 200
+
+
 METHODS = [
-    # method, the tool's path, the model's arguments, what the upstream must see
-    # (target without the route prefix, body, Content-Type)
     pytest.param(
-        "GET", "/tickets/v1/items?state=open", {}, ("/v1/items?state=open", b"", None), id="GET"
+        MethodStep("GET", "/tickets/v1/items?state=open", {}, ("/v1/items?state=open", b"", None)),
+        id="GET",
     ),
-    pytest.param("HEAD", "/tickets/v1/items/7", {}, ("/v1/items/7", b"", None), id="HEAD"),
     pytest.param(
-        "DELETE",
-        "/tickets/v1/items/7",
-        {"reason": "café"},
-        ("/v1/items/7", '{"reason":"café"}'.encode(), "application/json"),
+        MethodStep("HEAD", "/tickets/v1/items/7", {}, ("/v1/items/7", b"", None)), id="HEAD"
+    ),
+    pytest.param(
+        MethodStep(
+            "DELETE",
+            "/tickets/v1/items/7",
+            {"reason": "café"},
+            ("/v1/items/7", '{"reason":"café"}'.encode(), "application/json"),
+        ),
         id="DELETE",
     ),
     pytest.param(
-        "POST",
-        "/tickets/v1/items",
-        {"estimate": 1.0},
-        ("/v1/items", b'{"estimate":1}', "application/json"),
+        MethodStep(
+            "POST",
+            "/tickets/v1/items",
+            {"estimate": 1.0},
+            ("/v1/items", b'{"estimate":1}', "application/json"),
+        ),
         id="POST",
     ),
 ]
@@ -237,39 +261,42 @@ def seen(effect: Effect) -> tuple[str, bytes, str | None]:
     return target, effect.body, effect.headers.get("content-type")
 
 
-@pytest.mark.parametrize(("method", "path", "arguments", "expected"), METHODS)
+async def python_killed_at(
+    pause_at: str, step: MethodStep, gateway: RunningGateway, tmp_path: Path
+) -> str:
+    """The journal of a Python agent that planned `step` as c1 and was killed at `pause_at`."""
+    journal = str(tmp_path / "run.json")
+    arguments = json.dumps(step.arguments)
+    agent = ["-c", ONE_CALL_AGENT, gateway.url, journal, step.method, step.path, arguments]
+    killed = await run_agent(*agent, pause_at=pause_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return journal
+
+
+@pytest.mark.parametrize("step", METHODS)
 async def test_node_resends_the_bytes_python_sent_for_each_method(
-    method: str,
-    path: str,
-    arguments: dict[str, object],
-    expected: tuple[str, bytes, str | None],
+    step: MethodStep,
     node: str,
     gateway_factory: GatewayFactory,
     upstream: CountingUpstream,
     tmp_path: Path,
 ) -> None:
-    """Python sent c1 with `method`; Node resending it from the journal is a replay.
+    """Python sent c1 with the step's method; Node resending it from the journal is a replay.
 
     A replay, not `key-mismatch`: the gateway fingerprints the method, the target, the
     content type and the body, so Node sent what Python sent. A GET or HEAD carries no
     body in either client (Node's fetch cannot send one).
     """
     gateway = await gateway_factory(upstream.url, route={"methods": PROTECTED})
-    journal = str(tmp_path / "run.json")
-    agent = ["-c", ONE_CALL_AGENT, gateway.url, journal, method, path, json.dumps(arguments)]
-    killed = await run_agent(*agent, pause_at="response:c1")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    journal = await python_killed_at("response:c1", step, gateway, tmp_path)
     resent = await run_node(node, RESEND_PLANNED_C1, gateway.url, journal)
-    assert resent == {"status": 201 if method == "POST" else 200, "replayed": True}
-    assert [(effect.method, seen(effect)) for effect in upstream.effects] == [(method, expected)]
+    assert resent == {"status": step.status, "replayed": True}
+    assert [(e.method, seen(e)) for e in upstream.effects] == [(step.method, step.expected)]
 
 
-@pytest.mark.parametrize(("method", "path", "arguments", "expected"), METHODS)
+@pytest.mark.parametrize("step", METHODS)
 async def test_node_resumes_a_call_python_planned_for_each_method(
-    method: str,
-    path: str,
-    arguments: dict[str, object],
-    expected: tuple[str, bytes, str | None],
+    step: MethodStep,
     node: str,
     gateway_factory: GatewayFactory,
     upstream: CountingUpstream,
@@ -277,11 +304,8 @@ async def test_node_resumes_a_call_python_planned_for_each_method(
 ) -> None:
     """Python saved the plan and died before sending; Node's Run sends the planned request."""
     gateway = await gateway_factory(upstream.url, route={"methods": PROTECTED})
-    journal = str(tmp_path / "run.json")
-    agent = ["-c", ONE_CALL_AGENT, gateway.url, journal, method, path, json.dumps(arguments)]
-    killed = await run_agent(*agent, pause_at="planned:0")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    journal = await python_killed_at("planned:0", step, gateway, tmp_path)
     assert upstream.count == 0
-    resumed = await run_node(node, RESUME_WITH_RUN, gateway.url, journal, method, path)
-    assert resumed == {"status": 201 if method == "POST" else 200, "source": "response"}
-    assert [(effect.method, seen(effect)) for effect in upstream.effects] == [(method, expected)]
+    resumed = await run_node(node, RESUME_WITH_RUN, gateway.url, journal, step.method, step.path)
+    assert resumed == {"status": step.status, "source": "response"}
+    assert [(e.method, seen(e)) for e in upstream.effects] == [(step.method, step.expected)]

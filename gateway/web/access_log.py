@@ -56,7 +56,7 @@ seconds, then the trace's request id, route, outcome, error, state, key, scope,
 operation id and upstream seconds."""
 
 _JSON_LINE = (
-    '{"ts": "%s", "level": "info", "logger": "gateway.access", "message": %s, '
+    '{"ts": "%s.%03dZ", "level": "info", "logger": "gateway.access", "message": %s, '
     '"event": "request", "request_id": %s, "method": %s, "path": %s, "status": %d, '
     '"route": %s, "outcome": %s, "error": %s, "state": %s, "key": %s, "scope": %s, '
     '"operation_id": %s, "upstream_ms": %s, "total_ms": %s}\n'
@@ -86,10 +86,8 @@ class AccessLog:
         self._writer: threading.Thread | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._second = -1
-        self._stamp = ""
-        self._text_second = -1
-        self._text_stamp = ""
+        self._utc = _SecondStamps("%Y-%m-%dT%H:%M:%S", time.gmtime)
+        self._local = _SecondStamps("%Y-%m-%d %H:%M:%S", time.localtime)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -162,14 +160,6 @@ class AccessLog:
         except Exception:  # a full disk must not end the writer; logging says why
             logging.getLogger(LOGGER).exception("access log lines could not be written")
 
-    def _timestamp(self, now: float) -> str:
-        """`2026-12-02T16:10:00.123Z`; the part to the second is made once a second."""
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
-
     def _json_line(
         self,
         now: float,
@@ -188,7 +178,7 @@ class AccessLog:
         upstream: float | None,
     ) -> str:
         return _JSON_LINE % (
-            self._timestamp(now),
+            *self._utc(now),  # 2026-12-02T16:10:00 and 123
             _text(f"{method} {path} {status}"),
             _text(request_id),
             _text(method),
@@ -207,12 +197,26 @@ class AccessLog:
 
     def _text_line(self, now: float, method: str, path: str, status: int, *_: object) -> str:
         """As `logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")` wrote it."""
+        stamp, millis = self._local(now)
+        return f"{stamp},{millis:03d} INFO {LOGGER}: {method} {path} {status}\n"
+
+
+class _SecondStamps:
+    """A time as `pattern` to the second, and its milliseconds: the formatted part is made
+    once a second (the writer thread's alone: nothing else calls it)."""
+
+    def __init__(self, pattern: str, convert: Callable[[float], time.struct_time]) -> None:
+        self._pattern = pattern
+        self._convert = convert
+        self._second = -1
+        self._stamp = ""
+
+    def __call__(self, now: float) -> tuple[str, int]:
         second = int(now)
-        if second != self._text_second:
-            self._text_second = second
-            self._text_stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        millis = int((now - second) * 1000)
-        return f"{self._text_stamp},{millis:03d} INFO {LOGGER}: {method} {path} {status}\n"
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime(self._pattern, self._convert(second))
+        return self._stamp, int((now - second) * 1000)
 
 
 def handler_sink() -> Callable[[str], None]:
