@@ -22,16 +22,19 @@ from conftest import GatewayFactory
 from harness import RELEASE_SOON, GatewayProcess, RunningGateway, spawn
 from idempotency_gateway_client import (
     Backoff,
+    FileJournal,
     GatewayClient,
     GatewayClientError,
     GatewayConnectionError,
     GatewayProblem,
+    HttpTool,
     InProgress,
     InvalidKey,
     InvalidRequest,
     KeyConflict,
     KeyFormatError,
     KeyMismatch,
+    KeyMismatchUnsettled,
     LeaseLost,
     MethodNotAllowed,
     MissingKey,
@@ -43,10 +46,15 @@ from idempotency_gateway_client import (
     QuotaExceeded,
     ReceiptExpired,
     ReceiptNotRetained,
+    ReconciliationRequired,
     RouteSaturated,
+    Run,
+    RunEvent,
     StoredResponse,
     StoreUnavailable,
     TooEarly,
+    ToolCall,
+    Turn,
     Unauthorized,
     Unavailable,
     UnknownKey,
@@ -500,6 +508,60 @@ async def test_wrong_method_on_an_operation_is_method_not_allowed(gw: GatewayCli
     """DELETE on /operations/<key> raises MethodNotAllowed (405)."""
     with pytest.raises(MethodNotAllowed):
         await gw.request("DELETE", "/operations/some-key", key=None)
+
+
+# -- a run's call whose key holds another request, unsettled ------------------------------
+
+
+async def test_a_run_whose_call_is_refused_key_mismatch_unsettled_stops_to_reconcile(
+    gw: GatewayClient, upstream: CountingUpstream, tmp_path: Path
+) -> None:
+    """A call refused `key-mismatch-unsettled` stops the run with ReconciliationRequired, as
+    an unknown outcome does, and nothing more is sent: not the call, not the turn's next one."""
+    path = ISSUES + "?hold=1"
+    key, after = derive_key("run-km", 0, "c1"), derive_key("run-km", 0, "c2")
+
+    def plan(turns: tuple[Turn, ...]) -> list[ToolCall]:
+        """The key's call again with other arguments (the plan made anew), then another call."""
+        if turns:
+            return []
+        return [
+            ToolCall(call_id="c1", name="ticket", arguments={"title": "printer on fire"}),
+            ToolCall(call_id="c2", name="ticket", arguments={"title": "and the fax"}),
+        ]
+
+    events: list[RunEvent] = []
+    journal = FileJournal(tmp_path / "run.json")
+    tools = {"ticket": HttpTool("POST", path)}
+    async with asyncio.timeout(30):
+        first = asyncio.ensure_future(gw.request("POST", path, key=key, json={"title": "fire"}))
+        await upstream.wait_for_held(1)  # the key's first call: sent, held, `in_flight`
+        try:
+            async with Run(journal, client=gw, run_id="run-km", flow_version="v1", tools=tools,
+                           on_event=events.append) as run:  # fmt: skip
+                with pytest.raises(ReconciliationRequired) as stopped:
+                    await run.step(plan)
+                assert [planned.call_id for planned in run.pending] == ["c1", "c2"]
+        finally:
+            upstream.release_held()
+        original = await first
+    error = stopped.value
+    assert (error.key, error.call_id) == (key, "c1")
+    problem = error.problem
+    assert isinstance(problem, KeyMismatchUnsettled)
+    assert isinstance(problem, KeyMismatch)
+    assert (problem.status, problem.kind) == (422, "key-mismatch-unsettled")
+    assert (problem.state, problem.safe_to_retry, problem.next_action) == (
+        "in_flight",
+        False,
+        "reconcile",
+    )
+    assert "may have taken effect" in str(error)
+    assert f"look it up at {gw.base_url}{operation_path(key)}" in str(error)
+    assert [event.call_id for event in events if event.kind == "sending"] == ["c1"]
+    assert (original.status, original.replayed) == (201, False)
+    assert upstream.count == 1
+    assert await gw.lookup(after) is None
 
 
 # -- resolve ------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ DONE = "took effect earlier: will not run again"
 WAIT = "still running: wait, same key"
 FIX = "the request is wrong: fix it"
 SIMILAR = "the same call under another key, unsettled: never again, look the other one up"
+UNSETTLED = "another call under this key, unsettled: never again, look the earlier one up"
 OTHER = "not a tool call's answer"
 
 ROWS: dict[str, str] = {
@@ -65,6 +66,7 @@ ROWS: dict[str, str] = {
     "quota-exceeded": NOT_MADE,
     "request-timeout": NOT_MADE,
     "key-mismatch": FIX,
+    "key-mismatch-unsettled": UNSETTLED,
     "missing-key": FIX,
     "invalid-key": FIX,
     "invalid-request": FIX,
@@ -157,6 +159,12 @@ def test_the_refusal_is_a_result_the_sdk_accepts_and_its_sentence_is_true(
         assert "not made" in lowered
         assert "not under a new one" in lowered
         assert "look the earlier call up" in lowered
+    elif row == UNSETTLED:
+        assert "may have taken effect" in lowered
+        assert "not under a new one" in lowered
+        assert "look the earlier call up" in lowered
+        for false_claim in ("use a new key", "did not happen", "safe to retry"):
+            assert false_claim not in lowered
     assert "force" not in lowered
     assert "distinct" not in lowered
 

@@ -24,6 +24,7 @@ they occur.
     ├── MethodNotAllowed             405 method-not-allowed
     ├── KeyConflict                  (409/422: the key is taken)
     │   ├── KeyMismatch              422 key-mismatch
+    │   │   └── KeyMismatchUnsettled 422 key-mismatch-unsettled
     │   ├── InProgress               409 in-progress
     │   ├── OutcomeUnknown           409 outcome-unknown
     │   ├── ReceiptExpired           409 receipt-expired
@@ -250,6 +251,21 @@ class KeyMismatch(KeyConflict):
     problem_type = "key-mismatch"
     next_action: ClassVar[NextAction] = "fix-request"
     title = "Idempotency-Key reused with a different request"
+
+
+class KeyMismatchUnsettled(KeyMismatch):
+    """The key's operation is `in_flight` or `unknown`: the earlier call may have happened.
+
+    A plain `key-mismatch` says "fix the request, then it is a new effect under a
+    new key". Said while the first call's outcome is open, that advice makes a
+    second effect when the two requests meant the same thing (an agent that
+    re-serialised its arguments in a way the fingerprint still tells apart). So
+    this one says `reconcile`: settle the earlier call first.
+    """
+
+    problem_type = "key-mismatch-unsettled"
+    next_action: ClassVar[NextAction] = "reconcile"
+    title = "Idempotency-Key reused with a different request while its first call is unsettled"
 
 
 class InProgress(KeyConflict):

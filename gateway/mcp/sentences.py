@@ -96,6 +96,13 @@ SENTENCES: dict[str, str] = {
         "This idempotency key was already used for a different tool call. Use a new key "
         "for a new call; the earlier call's key cannot be reused for other arguments."
     ),
+    # The key's first call is still open: the two calls may mean one effect.
+    "key-mismatch-unsettled": (
+        "This idempotency key was already used for a call with other arguments, and that "
+        "earlier call may have taken effect: its outcome is not settled yet. Do not call "
+        "it again, not under this key and not under a new one; look the earlier call up "
+        "with its key until its outcome is settled."
+    ),
     "missing-key": (
         "This tool needs an idempotency key, so the call was not made. Send it again with "
         "one in _meta.idempotencyKey."

@@ -25,6 +25,7 @@ and says what to do next (`next_action`) when the gateway did.
     │   ├── MethodNotAllowed           405 method-not-allowed
     │   ├── KeyConflict                (the key is taken)
     │   │   ├── KeyMismatch            422 key-mismatch
+    │   │   │   └── KeyMismatchUnsettled 422 key-mismatch-unsettled: the first call may have run
     │   │   ├── InProgress             409 in-progress
     │   │   ├── ReceiptExpired         409 receipt-expired
     │   │   ├── ReceiptNotRetained     409 receipt-not-retained
@@ -75,6 +76,7 @@ __all__ = [
     "KeyConflict",
     "KeyFormatError",
     "KeyMismatch",
+    "KeyMismatchUnsettled",
     "LeaseLost",
     "MethodNotAllowed",
     "MissingCredentials",
@@ -256,6 +258,18 @@ class KeyMismatch(KeyConflict):
     problem_type = "key-mismatch"
 
 
+class KeyMismatchUnsettled(KeyMismatch):
+    """The key was first used with a different request whose call may have happened; reconcile.
+
+    That first call is still `in_flight` or `unknown`. If both requests meant the same
+    effect, sending this one under a new key could make it twice: settle the key's first
+    call before anything else (`Run` stops with `ReconciliationRequired`, as on an unknown
+    outcome). An `except KeyMismatch` catches it too: test for this class first.
+    """
+
+    problem_type = "key-mismatch-unsettled"
+
+
 class InProgress(KeyConflict):
     """An attempt with this key is still in flight (raised once the client's wait is spent)."""
 
@@ -390,10 +404,11 @@ class ReconciliationRequired(GatewayClientError):
 
     The run stops here. Settle the key (a route probe, `GatewayClient.resolve`,
     or an operator), then resume: the next lookup finds the settled state.
-    `problem` is the gateway's answer when there was one. When the gateway
-    refused the call as the same request as another key's operation
-    (`SimilarOperation`), `similar_operation` names that twin: settle the twin,
-    not `key`, which was never sent.
+    `problem` is the gateway's answer when there was one; a `KeyMismatchUnsettled`
+    says the key's first call, of another request, may have happened, and it is
+    that call to settle. When the gateway refused the call as the same request as
+    another key's operation (`SimilarOperation`), `similar_operation` names that
+    twin: settle the twin, not `key`, which was never sent.
     """
 
     def __init__(
@@ -481,6 +496,7 @@ PROBLEM_CLASSES: dict[str, type[GatewayProblem]] = {
         UnknownKey,
         MethodNotAllowed,
         KeyMismatch,
+        KeyMismatchUnsettled,
         InProgress,
         ReceiptExpired,
         ReceiptNotRetained,

@@ -17,7 +17,12 @@ The recovery protocol, in the order a step applies it:
    (`ReconciliationRequired`, naming the twin); any other twin's key is taken
    over, the call sent under it, and its answer (the twin's receipt, once it
    is done) is the call's result.
-6. The journal is pinned to one flow version, and one worker holds the run's
+6. A call whose key the gateway holds for another request whose call is still
+   `in_flight` or `unknown` (`key-mismatch-unsettled`) stops the run as an
+   unknown outcome does (`ReconciliationRequired`): that earlier call may have
+   happened, so nothing is sent, under this key or a new one. A `key-mismatch`
+   (the first call settled) is raised as it is: the plan is wrong.
+7. The journal is pinned to one flow version, and one worker holds the run's
    lease (with a fencing token) at a time.
 """
 
@@ -35,6 +40,7 @@ from idempotency_gateway_client._exceptions import (
     CallUnconfirmed,
     GatewayProblem,
     JournalError,
+    KeyMismatchUnsettled,
     OutcomeUnknown,
     ReceiptExpired,
     ReceiptNotRetained,
@@ -43,7 +49,7 @@ from idempotency_gateway_client._exceptions import (
     SimilarOperation,
 )
 from idempotency_gateway_client._journal import JournalStore, Worker
-from idempotency_gateway_client._keys import derive_key
+from idempotency_gateway_client._keys import derive_key, operation_path
 from idempotency_gateway_client._mcp import MCP_METHOD, mcp_receipt
 from idempotency_gateway_client._models import Operation, SimilarTwin
 from idempotency_gateway_client._records import (
@@ -275,6 +281,19 @@ class Run:
             result = await self._deliver(planned)
         except SimilarOperation as refused:
             result = await self._take_over(turn, planned, refused)
+        except KeyMismatchUnsettled as problem:
+            # Not a request to fix under a new key: if both requests meant this effect,
+            # a new key would make it twice. Settled first, as an unknown outcome is.
+            raise ReconciliationRequired(
+                f"{planned.key}: the key was first used with another request, whose call is "
+                f"{problem.state or 'unsettled'}: it may have taken effect ({problem.kind}); "
+                f"{planned.call.name} was not sent, and will not be under this key or a new "
+                "one. Settle that earlier call (look it up at "
+                f"{self.client.base_url}{operation_path(planned.key)}), then resume",
+                key=planned.key,
+                call_id=planned.call_id,
+                problem=problem,
+            ) from problem
         except (OutcomeUnknown, ReceiptExpired, ReceiptNotRetained) as problem:
             raise ReconciliationRequired(
                 f"{planned.key}: {planned.call.name} may have taken effect and no receipt says "
@@ -320,7 +339,12 @@ class Run:
             return await self._deliver(as_twin, wait=self.settle_timeout or None)
         except SimilarOperation as again:
             return await self._take_over(turn, planned, again, taken + 1)
-        except (OutcomeUnknown, ReceiptExpired, ReceiptNotRetained) as problem:
+        except (
+            OutcomeUnknown,
+            KeyMismatchUnsettled,
+            ReceiptExpired,
+            ReceiptNotRetained,
+        ) as problem:
             why = f"of which no receipt says what it returned ({problem.kind} under its key)"
             raise self._settle_twin(planned, problem, twin, why) from problem
         except CallUnconfirmed as unconfirmed:

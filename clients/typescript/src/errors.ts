@@ -16,7 +16,8 @@
  *     │   ├── NotFound (NoRoute, UnknownKey)
  *     │   ├── MethodNotAllowed
  *     │   ├── KeyConflict (KeyMismatch, InProgress, ReceiptExpired, ReceiptNotRetained, NotResolvable, TooEarly,
- *     │   │   SimilarOperation: the same request under another key)
+ *     │   │   SimilarOperation: the same request under another key;
+ *     │   │   KeyMismatchUnsettled extends KeyMismatch: the key's first call, of another request, may have run)
  *     │   ├── OutcomeUnknown (UpstreamTimeout, UpstreamConnectionLost): stop, reconcile, never resend
  *     │   ├── PreconditionFailed
  *     │   ├── QuotaExceeded
@@ -170,6 +171,17 @@ export class KeyConflict extends GatewayProblem {}
 export class KeyMismatch extends KeyConflict {
   static override readonly problemType: string = "key-mismatch";
 }
+/**
+ * The key was first used with a different request whose call may have happened; reconcile.
+ *
+ * That first call is still `in_flight` or `unknown`. If both requests meant the same
+ * effect, sending this one under a new key could make it twice: settle the key's first
+ * call before anything else (`Run` stops with `ReconciliationRequired`, as on an unknown
+ * outcome). `instanceof KeyMismatch` is true of it too: test for this class first.
+ */
+export class KeyMismatchUnsettled extends KeyMismatch {
+  static override readonly problemType: string = "key-mismatch-unsettled";
+}
 /** An attempt with this key is still in flight (thrown once the client's wait is spent). */
 export class InProgress extends KeyConflict {
   static override readonly problemType: string = "in-progress";
@@ -318,6 +330,7 @@ export const PROBLEM_CLASSES: ReadonlyMap<string, ProblemClass> = new Map(
     UnknownKey,
     MethodNotAllowed,
     KeyMismatch,
+    KeyMismatchUnsettled,
     InProgress,
     ReceiptExpired,
     ReceiptNotRetained,
@@ -351,9 +364,11 @@ export function typedProblem(
  *
  * The run stops here. Settle the key (a route probe, `GatewayClient.resolve`, or
  * an operator), then resume: the next lookup finds the settled state. `problem`
- * is the gateway's answer when there was one. When the gateway refused the call as
- * the same request as another key's operation (`SimilarOperation`),
- * `similarOperation` names that twin: settle the twin, not `key`, which was never sent.
+ * is the gateway's answer when there was one; a `KeyMismatchUnsettled` says the key's
+ * first call, of another request, may have happened, and it is that call to settle.
+ * When the gateway refused the call as the same request as another key's operation
+ * (`SimilarOperation`), `similarOperation` names that twin: settle the twin, not
+ * `key`, which was never sent.
  */
 export class ReconciliationRequired extends GatewayClientError {
   readonly key: string;

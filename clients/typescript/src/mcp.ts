@@ -51,6 +51,7 @@ const STATUS_OF: Readonly<Record<string, number>> = {
   "no-route": 404,
   "unknown-key": 404,
   "key-mismatch": 422,
+  "key-mismatch-unsettled": 422,
   "in-progress": 409,
   "receipt-expired": 409,
   "receipt-not-retained": 409,

@@ -16,7 +16,12 @@
  *    (`ReconciliationRequired`, naming the twin); any other twin's key is taken over,
  *    the call sent under it, and its answer (the twin's receipt, once it is done) is
  *    the call's result.
- * 6. The journal is pinned to one flow version, and one worker holds the run's
+ * 6. A call whose key the gateway holds for another request whose call is still
+ *    `in_flight` or `unknown` (`key-mismatch-unsettled`) stops the run as an unknown
+ *    outcome does (`ReconciliationRequired`): that earlier call may have happened, so
+ *    nothing is sent, under this key or a new one. A `key-mismatch` (the first call
+ *    settled) is thrown as it is: the plan is wrong.
+ * 7. The journal is pinned to one flow version, and one worker holds the run's
  *    lease (with a fencing token) at a time.
  *
  * The same protocol as the Python client's `Run`, over the same journal format:
@@ -28,6 +33,7 @@ import {
   CallUnconfirmed,
   type GatewayProblem,
   JournalError,
+  KeyMismatchUnsettled,
   OutcomeUnknown,
   ReceiptExpired,
   ReceiptNotRetained,
@@ -37,7 +43,7 @@ import {
   type SimilarTwin,
 } from "./errors.js";
 import type { EventKind, RunObserver } from "./events.js";
-import { deriveKey } from "./keys.js";
+import { deriveKey, operationPath } from "./keys.js";
 import { currentWorker, type JournalStore, type Worker } from "./lease.js";
 import { MCP_METHOD, mcpReceipt } from "./mcp.js";
 import type { Operation } from "./models.js";
@@ -321,6 +327,17 @@ export class Run {
       if (error instanceof SimilarOperation) {
         return this.answered(turn, planned, await this.takeOver(turn, planned, error, 0));
       }
+      if (error instanceof KeyMismatchUnsettled) {
+        // Not a request to fix under a new key: if both requests meant this effect,
+        // a new key would make it twice. Settled first, as an unknown outcome is.
+        throw new ReconciliationRequired(
+          `${planned.key}: the key was first used with another request, whose call is ` +
+            `${error.state ?? "unsettled"}: it may have taken effect (${error.kind}); ` +
+            `${planned.call.name} was not sent, and will not be under this key or a new ` +
+            `one. Settle that earlier call (look it up at ${this.client.baseUrl}${operationPath(planned.key)}), then resume`,
+          { key: planned.key, callId: planned.call.call_id, problem: error },
+        );
+      }
       if (error instanceof OutcomeUnknown || error instanceof ReceiptExpired || error instanceof ReceiptNotRetained) {
         throw new ReconciliationRequired(
           `${planned.key}: ${planned.call.name} may have taken effect and no receipt says what it ` +
@@ -375,7 +392,12 @@ export class Run {
       if (error instanceof SimilarOperation) {
         return this.takeOver(turn, planned, error, taken + 1);
       }
-      if (error instanceof OutcomeUnknown || error instanceof ReceiptExpired || error instanceof ReceiptNotRetained) {
+      if (
+        error instanceof OutcomeUnknown ||
+        error instanceof KeyMismatchUnsettled ||
+        error instanceof ReceiptExpired ||
+        error instanceof ReceiptNotRetained
+      ) {
         throw this.settleTwin(planned, error, twin, `of which no receipt says what it returned (${error.kind} under its key)`);
       }
       if (error instanceof CallUnconfirmed) {

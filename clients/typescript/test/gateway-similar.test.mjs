@@ -3,7 +3,8 @@
 // of its first attempt and plans the same call again: the run's new key is refused as the same
 // request as the first attempt's operation (the twin). The run never makes that a second effect:
 // on an unknown twin it stops naming the twin (and, once the twin is settled, takes its receipt);
-// on an in-flight twin it takes the twin's key over and gets the twin's answer.
+// on an in-flight twin it takes the twin's key over and gets the twin's answer. Nor does a run's
+// call whose own key holds another request still in flight (`key-mismatch-unsettled`): it stops.
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -14,6 +15,8 @@ import {
   FileJournal,
   GatewayClient,
   HttpTool,
+  KeyMismatch,
+  KeyMismatchUnsettled,
   operationPath,
   ReconciliationRequired,
   Run,
@@ -120,5 +123,55 @@ describe("a run's call that is the same request as another key's operation", () 
       [[deriveKey(runId, 0, "c1"), "in_flight", lost]],
     );
     assert.equal(held.effects(), before + 1);
+  });
+});
+
+describe("a run's call whose key holds another request, still unsettled", () => {
+  test("key-mismatch-unsettled stops the run with ReconciliationRequired, as an unknown outcome does, and nothing more is sent", async () => {
+    const name = unique("mismatch");
+    const path = `/held/hold/${name}`;
+    const runId = unique("mismatch-unsettled");
+    const key = deriveKey(runId, 0, "c1");
+    const before = held.effects();
+    const first = client.post(path, { key, json: { title: "fire" } });
+    await held.arrived(name); // the key's first call: sent, held, in flight until released
+    // The key's call again with other arguments (the plan made anew), then another call.
+    const plan = (turns) =>
+      turns.length > 0
+        ? []
+        : [
+            { call_id: "c1", name: "ticket", arguments: { title: "printer on fire" } },
+            { call_id: "c2", name: "ticket", arguments: { title: "and the fax" } },
+          ];
+    const events = [];
+    const run = await Run.open(journal(runId), options(runId, path, { onEvent: (event) => events.push(event) }));
+    try {
+      await assert.rejects(run.step(plan), (error) => {
+        assert.ok(error instanceof ReconciliationRequired, String(error));
+        assert.deepEqual([error.key, error.callId], [key, "c1"]);
+        const problem = error.problem;
+        assert.ok(problem instanceof KeyMismatchUnsettled && problem instanceof KeyMismatch, String(problem));
+        assert.deepEqual([problem.status, problem.kind], [422, "key-mismatch-unsettled"]);
+        assert.deepEqual([problem.state, problem.safeToRetry, problem.nextAction], ["in_flight", false, "reconcile"]);
+        assert.match(error.message, /may have taken effect/);
+        assert.ok(error.message.includes(`look it up at ${gateway.url}${operationPath(key)}`), error.message);
+        return true;
+      });
+      assert.deepEqual(
+        run.pending.map((planned) => planned.call.call_id),
+        ["c1", "c2"],
+      );
+    } finally {
+      await run.close();
+      held.release(name);
+    }
+    const original = await first;
+    assert.deepEqual([original.status, original.replayed], [201, false]);
+    assert.deepEqual(
+      events.filter((event) => event.kind === "sending").map((event) => event.callId),
+      ["c1"],
+    );
+    assert.equal(held.effects(), before + 1, "nothing more was sent");
+    assert.equal(await client.lookup(deriveKey(runId, 0, "c2")), null);
   });
 });
