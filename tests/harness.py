@@ -261,6 +261,27 @@ async def post_keyed(
         return response.status, dict(response.headers), await response.read()
 
 
+async def calibration_sample(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    *,
+    path: str = "/tickets/v1/issues",
+    headers: Mapping[str, str] | None = None,
+) -> str:
+    """Complete one operation of the kind a probe is calibrated against (by default the
+    `POST /v1/issues` that `effects_probe` is declared for), in the caller's scope: a
+    probe's "not found" releases only once it found such an operation. Returns its key."""
+    key = f"calibration-sample-{os.urandom(6).hex()}"
+    async with session.post(
+        base_url + path,
+        data=json.dumps({"calibration_sample": key}).encode(),
+        headers={**(headers or {}), "Idempotency-Key": key, "Content-Type": "application/json"},
+    ) as response:
+        await response.read()
+        assert 200 <= response.status < 300, (response.status, await response.text())
+    return key
+
+
 async def effects_for_key(
     upstream: CountingUpstream,
     gateway_url: str,

@@ -228,6 +228,9 @@ class CountingMcpServer:
         """Every ticket created, in order (``lookup_ticket`` reads them)."""
         self.emails: list[Email] = []
         """Every email sent, in order."""
+        self.spared = 0
+        """How many of the next ``lose_connection`` calls are answered, not cut (a call of
+        that tool that completed: what a probe is calibrated against)."""
         self._changed = asyncio.Event()
         self._serving: _Serving | None = None
         self._url: str | None = None
@@ -292,7 +295,9 @@ class CountingMcpServer:
             sock.bind((HOST, 0))
             port = sock.getsockname()[1]
             serving = _Serving(
-                _Wire(sdk_app, self._arrived), mcp.session_manager, self._shutdown_timeout
+                _Wire(sdk_app, self._arrived, self._spare),
+                mcp.session_manager,
+                self._shutdown_timeout,
             )
             await serving.start(sock)
         except BaseException:
@@ -409,6 +414,12 @@ class CountingMcpServer:
         self.requests.append(exchange)
         self._changed.set()
 
+    def _spare(self) -> bool:
+        if self.spared <= 0:
+            return False
+        self.spared -= 1
+        return True
+
     def _seen(self, ctx: Context) -> None:
         self.calls_seen.append(McpCall(**_describe(ctx)))
 
@@ -515,9 +526,15 @@ class _Wire:
     """Raw ASGI middleware in front of the SDK app: records every request, and cuts the
     connection of a ``lose_connection`` call instead of letting its answer out."""
 
-    def __init__(self, app: ASGIApp, arrived: Callable[[HttpExchange], None]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        arrived: Callable[[HttpExchange], None],
+        spare: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._app = app
         self._arrived = arrived
+        self._spare = spare
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -546,7 +563,8 @@ class _Wire:
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
 
-        if scope["method"] == "POST" and _calls_tool(exchange.body, "lose_connection"):
+        cut = _calls_tool(exchange.body, "lose_connection") and not self._spare()
+        if scope["method"] == "POST" and cut:
             await self._app(scope, replay, _Cutter(send, exchange).send)
             if exchange.cut:
                 await _wait_for_disconnect(receive)

@@ -121,6 +121,8 @@ async def test_a_replica_ahead_of_the_database_does_not_release_by_probe_too_soo
             "applied_statuses": [200],
             "not_applied_statuses": [404],
             "not_applied_after": "10s",
+            "applies_to": ["POST /v1/issues"],
+            "sees_all_callers": True,
         },
     }
     settings = {"route": route, "idempotency": {"lease": "1s", "sweep_interval": "60s"}}

@@ -32,7 +32,7 @@ name = "tickets"
 prefix = "/tickets"
 upstream = "http://127.0.0.1:9000"
 """
-PROBE = "[routes.probe]\npath = '/x/{forwarded_key}'"
+PROBE = "[routes.probe]\npath = '/x/{forwarded_key}'\nsees_all_callers = true"
 
 DIGEST_A = "a" * 64
 DIGEST_B = "b" * 64
@@ -692,7 +692,10 @@ def test_render_shows_an_armed_fault_as_a_comment(load: Any) -> None:
 
 def test_render_escapes_strings(load: Any) -> None:
     """Strings with quotes, backslashes and control characters stay valid TOML."""
-    text = ROUTE + "[routes.probe]\npath = '/x/{forwarded_key}?q=\"a\\\\b\"'\n"
+    text = (
+        ROUTE
+        + "[routes.probe]\npath = '/x/{forwarded_key}?q=\"a\\\\b\"'\nsees_all_callers = true\n"
+    )
     settings = load(text)
     data = tomllib.loads(render_effective(settings))
     assert data["routes"][0]["probe"]["path"] == settings.routes[0].probe.path
@@ -724,6 +727,7 @@ MCP_PROBE = """[routes.probe]
 tool = "find_ticket"
 arguments = { idempotency_key = "{forwarded_key}" }
 applied_pointer = "/found"
+sees_all_callers = true
 """
 
 

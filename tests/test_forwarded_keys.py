@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import GatewayFactory
-from harness import RunningGateway
+from harness import RunningGateway, calibration_sample
 from upstream import CountingUpstream, effects_probe
 
 from gateway.config import load_settings
@@ -61,13 +61,15 @@ async def test_a_tenants_probe_never_adopts_another_tenants_effect(
     """B's `unknown` order-7 is probed by B's forwarded key: A's effect is never B's receipt."""
     gateway = await gateway_factory(
         upstream.url,
-        route={"probe": PROBE},
+        route={"probe": PROBE, "timeout": "1s"},
         idempotency={"shared_scope": False, "lease": "1s"},  # the grace counts from its end
     )
     created = await gateway.post(
         ISSUES, key="order-7", json_body={"card": "A's private data"}, headers=TENANT_A
     )
     assert created.status == 201
+    # B's probe is calibrated on B's own completed effects, never on A's.
+    await calibration_sample(gateway.session, gateway.url, headers=TENANT_B)
     lost = await gateway.post(
         ISSUES + "?drop=before_effect", key="order-7", json_body={"card": "B"}, headers=TENANT_B
     )
@@ -84,7 +86,7 @@ async def test_a_tenants_probe_never_adopts_another_tenants_effect(
     for document in seen:
         assert "A's private data" not in json.dumps(document)
     assert upstream.probes, "the probe was never asked"
-    assert upstream.count == 1  # A's effect; B's request never arrived
+    assert upstream.count == 2  # A's effect and B's sample; B's order-7 never arrived
     assert (await lookup(gateway, "order-7", TENANT_A))["state"] == "completed"
 
 

@@ -46,16 +46,57 @@ def test_a_backward_then_forward_step_seen_by_a_witness_is_a_step() -> None:
     assert graces.steps_seen == 2
 
 
-def test_small_steps_do_not_add_up_to_a_shorter_grace() -> None:
-    """Steps each under the noise tolerance are measured against one starting point, so
-    their sum is caught."""
+def test_a_ten_minute_step_is_seen_after_a_week_as_after_a_second() -> None:
+    """The drift allowed is 0.1% of the time since the previous witness, never of the
+    uptime: after a week of witnesses every 2 s, a ten-minute forward step is a step (the
+    old anchor-based allowance let 604 s pass as drift by then)."""
+    for uptime in (1.0, 86400.0, 7 * 86400.0, 30 * 86400.0):
+        graces = started(store_now=1000.0, monotonic=10.0)
+        store, monotonic = 1000.0, 10.0
+        # The long quiet stretch in three witnesses (gaps are allowed their own drift),
+        # then the last two seconds before the step as one periodic witness would see them.
+        for gap in (uptime / 2, uptime / 2 - 2.0 if uptime > 2 else 0.0):
+            store, monotonic = store + gap, monotonic + gap
+            graces.witness(store, before=monotonic, after=monotonic)
+        assert graces.steps_seen == 0, uptime
+        store, monotonic = store + 2.0 + 600.0, monotonic + 2.0
+        assert counted(graces, 1000.0, store, monotonic) == 0.0, uptime
+        assert graces.steps_seen == 1, uptime
+
+
+def test_drift_is_allowed_per_interval() -> None:
+    """A clock that gains 0.1% over each interval (NTP's slew stays under half of that)
+    is not a step, however long the process runs."""
     graces = started()
     store, monotonic = 1000.0, 10.0
-    for _ in range(10):
-        store, monotonic = store + 1.4, monotonic + 1.0
+    for _ in range(1000):
+        store, monotonic = store + 2.0 * 1.0009, monotonic + 2.0
         graces.witness(store, before=monotonic, after=monotonic)
-    assert graces.steps_seen >= 1
-    assert counted(graces, 1000.0, store + 1.0, monotonic + 1.0) <= monotonic + 1.0 - 10.0
+    assert graces.steps_seen == 0
+
+
+def test_a_backward_step_of_any_size_is_a_step() -> None:
+    """The store's clock going back between two readings is a step even when it is far
+    under the forward tolerance: a slewed clock never goes back."""
+    graces = started()
+    graces.witness(1001.7, before=12.0, after=12.0)  # 2 s passed, the store says 1.7
+    assert graces.steps_seen == 1
+    graces.witness(1003.69, before=14.0, after=14.0)  # a further 2 s, 1.99: 10 ms back
+    assert graces.steps_seen == 2
+
+
+def test_a_short_backward_step_seen_only_by_a_decision_is_a_step() -> None:
+    """A step back of an hour that lasted less than the periodic interval is seen by the
+    claim that read the clock during it, and by the reading after it: the grace then
+    counts from the last step, not from the hour-old moment the claim wrote."""
+    graces = started()
+    graces.witness(1010.0, before=20.0, after=20.0)  # periodic
+    claimed = 1010.5 - 3600.0
+    graces.witness(claimed, before=20.4, after=20.6)  # the claim, during the step
+    assert graces.steps_seen == 1
+    # The clock is right again; a probe's release check 10 s later reads it.
+    assert counted(graces, claimed + 30.0, 1021.0, 31.0) <= 10.4
+    assert graces.steps_seen == 2
 
 
 def test_a_slow_read_is_not_a_step() -> None:

@@ -400,7 +400,10 @@ async def test_an_operation_from_before_the_history_gets_a_reconstructed_one(
         db.execute("DROP INDEX operations_by_request_expiry")
         db.execute("DROP INDEX operations_by_request")  # and version 6's
         db.execute("DROP TABLE similar_refusals")
-        for column in ("history_seq", "history_head", "request_kept"):
+        db.execute("DROP INDEX operations_by_kind")  # and version 7's
+        db.execute("DROP TABLE probe_calibrations")
+        db.execute("DELETE FROM gateway_meta WHERE name = 'fingerprint_v2_since'")
+        for column in ("history_seq", "history_head", "request_kept", "request_kind"):
             db.execute(f"ALTER TABLE operations DROP COLUMN {column}")
         db.execute("UPDATE schema_version SET version = 4")
     again = await _guarded(gateway_factory, upstream)
@@ -481,7 +484,7 @@ async def test_probe_verdicts_are_chained_with_the_history_key_on_postgres(
         upstream,
         store_url=postgres_url,
         store={"history_key": key},
-        route={"probe": effects_probe(not_applied_after="1h")},
+        route={"probe": effects_probe(not_applied_after="1h", applies_to=("POST /v1/t",))},
     )
     status = (
         await gateway.post("/tickets/v1/t?drop=before_effect", key="e-1", json_body={})

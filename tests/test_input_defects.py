@@ -144,7 +144,7 @@ def route_toml(forward_key: str, probe_path: str | None) -> str:
         f'upstream = "http://127.0.0.1:9000"\nforward_key = {forward_key}\n'
     )
     if probe_path is not None:
-        text += f"[routes.probe]\npath = '{probe_path}'\n"
+        text += f"[routes.probe]\npath = '{probe_path}'\nsees_all_callers = true\n"
     return text
 
 

@@ -175,20 +175,30 @@ def gateway_for(
     *,
     store_url: str | None = None,
     admin: bool = False,
+    max_call: str = "1h",
     **probe: Any,
 ) -> GatewayProcess:
-    """The gateway in a subprocess, its MCP route at /tools probing with `find_ticket`.
+    """The gateway in a subprocess, its MCP route at /tools probing with `find_ticket`,
+    which sees the tickets of every caller's `lose_connection` calls (`applies_to`).
 
     The route's and the probe's header values go in by environment: the rendered
-    config file masks them."""
+    config file masks them. `max_call` bounds the window a "not found" waits for."""
     table = {
         "tool": "find_ticket",
         "arguments": {"idempotency_key": "{forwarded_key}"},
         "applied_pointer": "/found",
         "not_applied_after": "1h",
+        "applies_to": ["lose_connection"],
+        "sees_all_callers": True,
         **probe,
     }
-    route = {"name": "tools", "prefix": PREFIX, "kind": "mcp", "probe": table}
+    route = {
+        "name": "tools",
+        "prefix": PREFIX,
+        "kind": "mcp",
+        "probe": table,
+        "max_call": max_call,
+    }
     env = {
         f"{ENV_PREFIX}ROUTES__0__UPSTREAM_HEADERS": json.dumps(ROUTE_HEADERS),
         f"{ENV_PREFIX}ROUTES__0__PROBE__HEADERS": json.dumps(PROBE_HEADERS),
@@ -212,6 +222,20 @@ async def call_lost(gateway: GatewayProcess, *, mode: ConnectMode = LEGACY) -> C
         mcp_client(gateway.url + PREFIX, headers=CALLER, mode=mode) as client,
     ):
         return await call_with_key(client, "lose_connection", {"title": "Printer"}, KEY)
+
+
+async def calibration_call(gateway: GatewayProcess, server: ProbedServer) -> None:
+    """A `lose_connection` call the server answers (spared): a completed call of the kind
+    the probe is calibrated against, in the caller's scope, before its "not found" counts."""
+    server.spared += 1
+    async with (
+        asyncio.timeout(LIMIT),
+        mcp_client(gateway.url + PREFIX, headers=CALLER, mode=LEGACY) as client,
+    ):
+        result = await call_with_key(
+            client, "lose_connection", {"title": "Sample"}, f"sample-{len(server.tickets)}"
+        )
+    assert not result.is_error, result
 
 
 async def lookup(gateway: GatewayProcess) -> dict[str, Any]:
@@ -366,7 +390,8 @@ async def test_a_call_that_never_applied_is_released_after_not_applied_after(
 ) -> None:
     """Once `not_applied_after` passed since the attempt's last possible send, the probe's
     "not found" releases the key; the retry is then sent, and the tool runs once."""
-    gateway = gateway_for(processes, tmp_path, server.url, not_applied_after="1s")
+    gateway = gateway_for(processes, tmp_path, server.url, not_applied_after="1s", max_call="1s")
+    await calibration_call(gateway, server)
     server.unapplied = 1
     await call_lost(gateway)
 
@@ -374,11 +399,11 @@ async def test_a_call_that_never_applied_is_released_after_not_applied_after(
 
     assert released["state"] == "released"
     assert released["resolution"]["by"] == "probe"
-    assert server.count == 0
+    assert server.count == 1  # the calibration call
     await call_lost(gateway)  # attempt 2: applied, and its answer lost too
     settled = await lookup_until(gateway, lambda operation: operation["state"] != "unknown")
     assert (settled["state"], settled["attempts"]) == ("completed", 2)
-    assert server.count == 1
+    assert server.count == 2
 
 
 @pytest.mark.parametrize(
@@ -399,9 +424,12 @@ async def test_an_answer_that_is_not_a_verdict_leaves_the_call_unknown(
     """A lookup that fails (isError), or says nothing true or false at the pointer, is
     no verdict: evidence that says which, and the call stays `unknown` (with no grace at
     all, so that an answer misread as "not applied" would release it at once)."""
-    gateway = gateway_for(processes, tmp_path, server.url, not_applied_after="0s")
+    gateway = gateway_for(processes, tmp_path, server.url, not_applied_after="0s", max_call="1s")
+    await calibration_call(gateway, server)
     server.answer = answer
     await call_lost(gateway)
+    # Past the window (lease 1 s, max_call 1 s): a "not found" would count now.
+    await asyncio.sleep(2.2)
 
     operation = await lookup(gateway)
 
@@ -410,7 +438,7 @@ async def test_an_answer_that_is_not_a_verdict_leaves_the_call_unknown(
     assert evidence in evidence_of(operation), operation["evidence"]
     retry = await call_lost(gateway)
     assert idempotency_meta(retry)["idempotency"]["type"] == "outcome-unknown"
-    assert server.calls_of("lose_connection") == 1
+    assert server.calls_of("lose_connection") == 2  # the calibration call and the lost one
 
 
 async def test_a_slow_probe_about_attempt_1_changes_nothing_for_attempt_2(
@@ -420,9 +448,16 @@ async def test_a_slow_probe_about_attempt_1_changes_nothing_for_attempt_2(
     key and attempt 2 is sent, applied and lost; its late "not found" is about attempt 1
     and is kept as evidence only: attempt 2 is never released, nor sent a third time.
     (No grace, so the verdict would count at once were its attempt still current.)"""
-    gateway = gateway_for(processes, tmp_path, server.url, not_applied_after="0s", admin=True)
+    gateway = gateway_for(
+        processes, tmp_path, server.url, not_applied_after="0s", admin=True, max_call="1s"
+    )
     server.unapplied = 1
     await call_lost(gateway)
+    # With no grace, only a call completed after attempt 1's send calibrates the probe.
+    await calibration_call(gateway, server)
+    # Past attempt 1's window (lease 1 s, max_call 1 s, no grace): P1's "not found" would
+    # release it at once, were attempt 1 still current when it arrives.
+    await asyncio.sleep(2.2)
     held = asyncio.Event()
     server.holds.append(held)  # P1: decided when it arrives ("not found"), answered on `held`
     slow_lookup = asyncio.create_task(lookup(gateway))
@@ -434,7 +469,7 @@ async def test_a_slow_probe_about_attempt_1_changes_nothing_for_attempt_2(
             )
         attempt_2 = await call_lost(gateway)
         assert idempotency_meta(attempt_2)["idempotency"]["type"] == "upstream-connection-lost"
-        assert server.count == 1
+        assert server.count == 2  # the calibration call, and attempt 2
     finally:
         held.set()
         await slow_lookup  # P1's verdict arrives now, about attempt 1
@@ -448,8 +483,8 @@ async def test_a_slow_probe_about_attempt_1_changes_nothing_for_attempt_2(
         assert probed(retry)["tool"] == "find_ticket"
     else:
         assert idempotency_meta(retry)["idempotency"]["type"] == "outcome-unknown"
-    assert server.calls_of("lose_connection") == 2
-    assert server.count == 1
+    assert server.calls_of("lose_connection") == 3
+    assert server.count == 2
 
 
 @pytest.mark.postgres
@@ -493,6 +528,7 @@ async def test_the_probe_has_a_span_naming_its_tool(
         "tool": "find_ticket",
         "arguments": {"idempotency_key": "{forwarded_key}"},
         "applied_pointer": "/found",
+        "sees_all_callers": True,
     }
     route = {"name": "tools", "prefix": PREFIX, "kind": "mcp", "probe": table}
     gateway = await gateway_factory(server.url, route=route)

@@ -23,6 +23,7 @@ from mcp_upstream import CountingMcpServer, call_with_key, mcp_client
 from gateway.mcp.calls import fingerprint_call
 from gateway.mcp.jsonrpc import JsonRpcError
 from gateway.mcp.reading import MessageReader, PostReading, ReadSpec, forward_body, read_post
+from gateway.web.offload import Offloader
 
 SPEC = ReadSpec(route="tools", header_keys=(), status_tool="operation_status")
 
@@ -48,8 +49,8 @@ def same_reading(a: PostReading, b: PostReading) -> None:
         assert fingerprint_call("tools", a.call) == fingerprint_call("tools", b.call)
     if a.call is not None:
         assert a.forward_body() == b.forward_body()
-    assert (a.status_key, a.status_error and a.status_error.code) == (
-        b.status_key,
+    assert (a.status_question, a.status_error and a.status_error.code) == (
+        b.status_question,
         b.status_error and b.status_error.code,
     )
     assert (a.call_error and a.call_error.code) == (b.call_error and b.call_error.code)
@@ -58,9 +59,9 @@ def same_reading(a: PostReading, b: PostReading) -> None:
 @pytest_asyncio.fixture
 async def reader() -> AsyncIterator[MessageReader]:
     """A reader that sends every message to the helper process."""
-    made = MessageReader(large=0, workers=1)
-    yield made
-    made.close()
+    offloader = Offloader(large=0, workers=1)
+    yield MessageReader(offloader)
+    offloader.close()
 
 
 BODIES = {
@@ -164,6 +165,6 @@ async def test_the_helper_process_replays_as_the_event_loop_does(
 ) -> None:
     """A large receipt's replay is made in the helper: the same bytes as in place."""
     stored = REPLAYED[case]
-    in_place = await MessageReader(large=len(stored) + 1).replay(stored, "r-2", version)
+    in_place = await MessageReader(Offloader(large=len(stored) + 1)).replay(stored, "r-2", version)
     assert await reader.replay(stored, "r-2", version) == in_place
     assert in_place.startswith(b'{"jsonrpc":"2.0","id":"r-2",')

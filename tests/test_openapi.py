@@ -122,6 +122,12 @@ class Seeded:
 SEEDED_QUERY = {"route": (ROUTE,)}
 """Query parameters that must name something real for an answer to succeed."""
 
+SEEDED_BODIES = {
+    "/admin/probes/{route}/trust": ({"kind": "POST /*/issues", "note": "checked by hand"},),
+}
+"""Request bodies that must name something real (the kind of the seeded operations, which
+the route's probe is declared for) for an answer to succeed."""
+
 
 async def seed(gateway: RunningGateway) -> Seeded:
     """A completed and three unknown operations, in the scope of the admin token's header,
@@ -216,10 +222,15 @@ def fuzz(main_url: str, admin_url: str, seeded: Seeded) -> FuzzReport:
                 variants += [
                     ("query", parameter.name, v) for v in SEEDED_QUERY.get(parameter.name, ())
                 ]
+            variants += [("body", "", body) for body in SEEDED_BODIES.get(operation.path, ())]
             for mode in GenerationMode:
                 for variant in variants:
                     # as_strategy percent-encodes the dict it is given in place: a fresh one each.
-                    fixed = {} if variant is None else {variant[0]: {variant[1]: variant[2]}}
+                    fixed: dict[str, Any] = {}
+                    if variant is not None and variant[0] == "body":
+                        fixed = {"body": variant[2], "path_parameters": {"route": ROUTE}}
+                    elif variant is not None:
+                        fixed = {variant[0]: {variant[1]: variant[2]}}
                     strategy = operation.as_strategy(generation_mode=mode, **fixed)
 
                     try:

@@ -594,10 +594,11 @@ async def test_expired_leases_turn_unknown_and_live_ones_renew(store: Store) -> 
     live = await new_attempt(store, "live", lease_seconds=30)
     await asyncio.sleep(0.3)
 
-    assert await store.renew({live.id: live.token}, owner="o1", lease_seconds=60) == {live.id}
-    assert await store.renew({late.id: late.token}, owner="o1", lease_seconds=60) == set()
-    assert await store.renew({live.id: live.token + 1}, owner="o1", lease_seconds=60) == set()
-    assert await store.renew({live.id: live.token}, owner="o2", lease_seconds=60) == set()
+    renewal = await store.renew({live.id: live.token}, owner="o1", lease_seconds=60)
+    assert (renewal.renewed, renewal.lapsed) == ({live.id}, set())
+    assert renewal.at == pytest.approx(await store.now(), abs=1)
+    assert not (await store.renew({live.id: live.token + 1}, owner="o1", lease_seconds=60)).renewed
+    assert not (await store.renew({live.id: live.token}, owner="o2", lease_seconds=60)).renewed
     renewed = await store.get_by_id(live.id)
     assert renewed is not None
     assert renewed.lease_expires_at == pytest.approx(await store.now() + 60, abs=1)
@@ -617,6 +618,37 @@ async def test_expired_leases_turn_unknown_and_live_ones_renew(store: Store) -> 
     assert still is not None
     assert still.state is State.IN_FLIGHT
     assert await store.expire_orphans(owner=None) == 0
+
+
+async def test_a_lapsed_lease_is_never_renewed_silently(store: Store) -> None:
+    """A renewal that finds its own lease run out while the record is still in flight
+    records `lease-expired` (the record turns unknown, the token kept) instead of renewing
+    it; the stale holder's answer is still written under its token."""
+    late = await new_attempt(store, "late", lease_seconds=0.2)
+    await asyncio.sleep(0.3)
+
+    renewal = await store.renew({late.id: late.token}, owner="o1", lease_seconds=60)
+
+    assert (renewal.renewed, renewal.lapsed) == (set(), {late.id})
+    lapsed = await store.get_by_id(late.id)
+    assert lapsed is not None
+    assert (lapsed.state, lapsed.token) == (State.UNKNOWN, late.token)
+    events = (await store.history(late.id)).events
+    assert events[-1].type == "lease-expired"
+    assert "lapsed" in json.loads(events[-1].data)["detail"]
+    again = await store.renew({late.id: late.token}, owner="o1", lease_seconds=60)
+    assert (again.renewed, again.lapsed) == (set(), set())
+    completed = await store.complete(
+        late.id,
+        late.token,
+        StoredResponse(201, (), b"late"),
+        body_retained=True,
+        retention_seconds=60,
+        tombstone_seconds=60,
+        resolution=Resolution(by="upstream", at=0.0),
+    )
+    assert completed is not None
+    assert completed.state is State.COMPLETED
 
 
 async def test_expire_orphans_of_a_dead_owner(store: Store) -> None:
@@ -1156,7 +1188,15 @@ def test_claim_changes_only_forgotten_same_released_and_lapsed_records() -> None
         (base._replace(state=State.IN_FLIGHT, lease_expires_at=now), "sha256:aa", True),
     ]
     for operation, fingerprint, expected in cases:
-        assert claim_changes(operation, fingerprint) is expected, (operation, fingerprint)
+        request = claim_request("k")._replace(fingerprint=fingerprint)
+        assert claim_changes(operation, request) is expected, (operation, fingerprint)
+    # A key bound before fingerprints were version 2 is the same request by its old form.
+    old_form = base._replace(state=State.RELEASED, fingerprint="sha256:aa")
+    upgraded = claim_request("k")._replace(
+        fingerprint="v2:sha256:cc", legacy_fingerprint="sha256:aa"
+    )
+    assert claim_changes(old_form, upgraded) is True
+    assert claim_changes(old_form, upgraded._replace(legacy_fingerprint="sha256:bb")) is False
 
 
 async def test_identical_probe_verdicts_are_one_event_with_a_count(store: Store) -> None:

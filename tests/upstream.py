@@ -99,18 +99,28 @@ async def serve_mcp_handlers(post: Handler, get: Handler) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def effects_probe(*, by: str = "forwarded_key", not_applied_after: str = "1s") -> dict[str, object]:
+def effects_probe(
+    *,
+    by: str = "forwarded_key",
+    not_applied_after: str = "1s",
+    applies_to: tuple[str, ...] = ("POST /v1/issues",),
+) -> dict[str, object]:
     """A route's `[routes.probe]` table that asks this upstream's `GET /effects/<key>`.
 
     `by` names what the path carries (`forwarded_key` or `operation_id`): 200 means the
     effect arrived (applied), 404 that it did not (not applied, once the last send is
-    `not_applied_after` old).
+    `not_applied_after` past the call's whole window). It sees every effect of every
+    caller (`sees_all_callers`), and is declared for `applies_to` (by default the
+    `POST /v1/issues` the tests send): a 404 releases only what that covers, once the
+    probe is calibrated (`harness.calibration_sample`).
     """
     return {
         "path": f"/effects/{{{by}}}",
         "applied_statuses": [200],
         "not_applied_statuses": [404],
         "not_applied_after": not_applied_after,
+        "applies_to": list(applies_to),
+        "sees_all_callers": True,
     }
 
 

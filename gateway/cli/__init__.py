@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.cli import operations
+from gateway.cli import operations, probes
 from gateway.config import load_settings, render_effective
 from gateway.config.loader import config_error_message, config_file
 from gateway.engine.errors import ConfigError
@@ -38,12 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     operations.register(commands)
+    probes.register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "operations":
+    if args.command in ("operations", "probes"):
         return operations.run(args)
     if args.command == "token":
         print(secrets.token_urlsafe(32))
@@ -61,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"idempotency-gateway: {config_error_message(exc)}", file=sys.stderr)
         return 2
 
+    for warning in settings.warnings():
+        print(f"idempotency-gateway: warning: {warning}", file=sys.stderr)
     if args.command == "check-config":
         sys.stdout.write(render_effective(settings))
         return 0

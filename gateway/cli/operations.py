@@ -70,9 +70,8 @@ __all__ = [
 _NO_RECEIPT_MEANS = "the key stays used, nothing is replayed"
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `operations` command group to the CLI's parser: `list`, `search`, `show` and
-    `resolve` here, `history`, `verify`, `probe` and `redact` in `operations_history`."""
+def common_options() -> argparse.ArgumentParser:
+    """The options every admin command takes: where the admin API is, its token, who asks."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="TOML config file, read only for --url/--token defaults")
     common.add_argument(
@@ -90,6 +89,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help=f"who you are: sent as X-Admin-Actor, so the history records admin:ACTOR "
         f"(default: {ACTOR_ENV_VAR}, when set)",
     )
+    return common
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `operations` command group to the CLI's parser: `list`, `search`, `show` and
+    `resolve` here, `history`, `verify`, `probe` and `redact` in `operations_history`."""
+    common = common_options()
 
     group = commands.add_parser(
         "operations",

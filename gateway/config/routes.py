@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.config.applies_to import AppliesTo, parse_entry
 from gateway.config.fields import (
     _PLACEHOLDER_RE,
     _SETTINGS_MODEL,
@@ -136,6 +137,15 @@ class ProbeSettings(BaseModel):
     # Both.
     not_applied_after: Duration = 300.0
     headers: dict[str, str] = Field(default_factory=dict)
+    applies_to: tuple[str, ...] = ()
+    """The requests this probe can answer for: `"METHOD /path"` entries in the upstream's
+    terms (HTTP; a `*` segment matches any one segment) or tool names (MCP). Its "found"
+    settles any operation of the route; its "not found" releases only what these cover
+    (none: it never releases, and check-config warns)."""
+    sees_all_callers: bool = False
+    """The probe's credentials (the route's `upstream_headers`, its own `headers`) see
+    every caller's effects. Required when the route passes callers' own credentials on:
+    otherwise the probe may ask as another principal and read "not found"."""
 
     @field_validator("applied_statuses")
     @classmethod
@@ -427,12 +437,31 @@ class RouteSettings(BaseModel):
             return []
         own = probe.mcp_problems() if self.kind == "mcp" else probe.http_problems()
         problems = [(("probe", *loc), message) for loc, message in own]
+        problems.extend(self._applies_to_problems(probe))
         if self.kind == "mcp":
             problems.extend(self._mcp_probe_problems(probe))
         if not own and (named := self._probe_names_problem(probe)) is not None:
             where = "arguments" if self.kind == "mcp" else "path"
             problems.append((("probe", where), named))
         return problems
+
+    def _applies_to_problems(self, probe: ProbeSettings) -> list[tuple[_Loc, str]]:
+        problems: list[tuple[_Loc, str]] = []
+        for i, text in enumerate(probe.applies_to):
+            try:
+                if self.kind == "mcp":
+                    _tool_name(text)
+                else:
+                    parse_entry(text)
+            except ValueError as exc:
+                problems.append((("probe", "applies_to", i), str(exc)))
+        return problems
+
+    def applies_to(self) -> tuple[AppliesTo, ...]:
+        """The probe's HTTP `applies_to` entries, parsed (none on MCP routes: tool names)."""
+        if self.probe is None or self.kind == "mcp":
+            return ()
+        return tuple(parse_entry(text) for text in self.probe.applies_to)
 
     def _mcp_probe_problems(self, probe: ProbeSettings) -> list[tuple[_Loc, str]]:
         problems: list[tuple[_Loc, str]] = []

@@ -384,3 +384,6 @@ class TestingSettings(BaseModel):
     model_config = _SETTINGS_MODEL
 
     fault: str | None = None
+    canonical_json: bool = True
+    """False fingerprints JSON bodies as bytes, as before fingerprint version 2: only so
+    that `bench.fingerprints` measures what canonical JSON costs on the miss path."""

@@ -79,10 +79,51 @@ class Settings(BaseModel):
             *self._route_client_problems(),
             *self._bare_key_problems(),
             *self._listener_problems(),
+            *self._probe_principal_problems(),
         ]
         if problems:
             raise _Problems(*problems)
         return self
+
+    def _probe_principal_problems(self) -> Iterator[tuple[_Loc, str]]:
+        """A probe on a route that passes callers' own credentials upstream asks as the
+        route, not as the caller: an upstream that shows each account only its own
+        records answers "not found" about an effect that exists, and the key would be
+        released into a second effect. Refused unless the probe says it sees everyone."""
+        for i, route in enumerate(self.routes):
+            forwarded = self.forwarded_credentials(route)
+            if route.probe is None or route.probe.sees_all_callers or not forwarded:
+                continue
+            yield (
+                ("routes", i, "probe", "sees_all_callers"),
+                f'route "{route.name}" passes each caller\'s own {", ".join(forwarded)} '
+                "upstream, but its probe asks with the route's headers only: where the "
+                'upstream shows each caller only its own records, the probe reads "not '
+                'found" about effects that exist. Set sees_all_callers = true only if the '
+                "probe's credentials see every caller's effects; otherwise set the header in "
+                "upstream_headers (one principal for calls and probe), or remove the probe",
+            )
+
+    def forwarded_credentials(self, route: RouteSettings) -> tuple[str, ...]:
+        """The scope headers `route` passes on upstream as each caller sent them: with
+        HMAC scopes (no `[[clients]]`), those its `upstream_headers` do not replace."""
+        if self.clients:
+            return ()
+        replaced = {name.lower() for name in route.upstream_headers}
+        return tuple(
+            name for name in self.idempotency.scope_headers if name.lower() not in replaced
+        )
+
+    def warnings(self) -> tuple[str, ...]:
+        """What serves but may not do what the operator meant (check-config prints them,
+        `serve` logs them at start)."""
+        return tuple(
+            f'route "{route.name}": its probe has no applies_to, so its "not found" never '
+            'releases a key (only its "found" settles); list the requests it can see, '
+            'e.g. applies_to = ["POST /v1/issues"]'
+            for route in self.routes
+            if route.probe is not None and not route.probe.applies_to
+        )
 
     def _listener_problems(self) -> Iterator[tuple[_Loc, str]]:
         port = self.admin.port

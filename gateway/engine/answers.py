@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 from gateway.engine.errors import (
     InProgress,
     KeyMismatch,
+    KeyMismatchUnsettled,
     OutcomeUnknown,
     ReceiptExpired,
     ReceiptNotRetained,
     StoreUnavailable,
 )
-from gateway.engine.exchange import Reply
+from gateway.engine.exchange import ProxyRequest, Reply
 from gateway.engine.models import Operation, State
 
 if TYPE_CHECKING:
@@ -132,7 +133,23 @@ class KeyRecords:
 
 
 def key_mismatch(key: str, state: str, operation_id: str) -> KeyMismatch:
-    """The 422 for a key already bound to another request, whatever its state."""
+    """The 422 for a key already bound to another request.
+
+    On a settled operation the request is wrong and a changed one is a new
+    effect (`key-mismatch`, `fix-request`). While the key's first call is
+    `in_flight` or `unknown` it may have happened, and a new key for the
+    "fixed" request could be its second effect: `key-mismatch-unsettled`,
+    `reconcile`.
+    """
+    if state in (State.IN_FLIGHT.value, State.UNKNOWN.value):
+        return KeyMismatchUnsettled(
+            f"this key was first used with a different request (method, path, query or "
+            f"body), and that first call is {state}: it may have taken effect. Settle it "
+            "before sending anything else for this effect",
+            key=key,
+            state=state,
+            operation_id=operation_id,
+        )
     return KeyMismatch(
         "this key was first used with a different request (method, path, query or body)",
         key=key,
@@ -141,7 +158,7 @@ def key_mismatch(key: str, state: str, operation_id: str) -> KeyMismatch:
     )
 
 
-def answer_existing(operation: Operation, fingerprint: str) -> Reply:
+def answer_existing(operation: Operation, request: ProxyRequest) -> Reply:
     """Answer a request whose key is bound to an operation this caller does not hold.
 
     Judged from the record alone, its times against the store's clock
@@ -149,7 +166,7 @@ def answer_existing(operation: Operation, fingerprint: str) -> Reply:
     """
     key = operation.key
     state, op_id = operation.state.value, operation.id
-    if operation.fingerprint != fingerprint:
+    if not request.same_request(operation.fingerprint):
         raise key_mismatch(key, state, op_id)
     if operation.state is State.COMPLETED:
         if operation.receipt_available():

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from gateway.engine.answers import KeyRecords, answer_existing, key_mismatch
+from gateway.engine.calibrator import Calibrator, SightObserver, request_kind
 from gateway.engine.clock import SYSTEM_CLOCK, Clock
 from gateway.engine.errors import (
     InProgress,
@@ -105,6 +106,8 @@ class IdempotencyEngine:
         tracer: Tracer = NO_TRACER,
         fault: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        graces: GraceClock | None = None,
+        sight_observer: SightObserver | None = None,
     ) -> None:
         self._store = store
         self._tracer = tracer
@@ -118,8 +121,13 @@ class IdempotencyEngine:
         self._observer: LifecycleObserver = observer or NoObserver()
         self._timed = StoreTimer(self._observer, clock)
         self._fault = fault
-        self.graces = GraceClock(clock)
-        """The store's clock as this process vouches for it; `start_witness` feeds it."""
+        self.graces = graces if graces is not None else GraceClock(clock)
+        """The store's clock as this process vouches for it; `start_witness`, the claims,
+        the lease keeper's renewals (given the same one) and the release checks feed it."""
+        self.calibrator = Calibrator(
+            store=store, prober=prober, forwarded_keys=forwarded_keys, observer=sight_observer
+        )
+        """What a probe can see (`gateway.engine.calibrator`): its checks and trust."""
         self._settler = Settler(
             store=store,
             prober=prober,
@@ -130,6 +138,7 @@ class IdempotencyEngine:
             timed=self._timed,
             clock=clock,
             graces=self.graces,
+            calibrator=self.calibrator,
             tracer=tracer,
         )
         self._records = KeyRecords(
@@ -199,14 +208,14 @@ class IdempotencyEngine:
                     operation = await self._records.wait(operation, request.wait_seconds)
                 if operation is None:
                     continue
-                if operation.state is not State.RELEASED or (
-                    operation.fingerprint != request.fingerprint
+                if operation.state is not State.RELEASED or not request.same_request(
+                    operation.fingerprint
                 ):
-                    return answer_existing(operation, request.fingerprint)
+                    return answer_existing(operation, request)
             if operation is None:  # still changing hands: answer from what stands now
                 operation = await self._timed("get", self._store.get(request.scope, request.key))
             if operation is not None:
-                return answer_existing(operation, request.fingerprint)
+                return answer_existing(operation, request)
             raise InProgress(
                 "the key's record changed hands while this request waited; send it again",
                 key=request.key,
@@ -232,7 +241,7 @@ class IdempotencyEngine:
             if request.trace is not None:
                 request.trace.operation_id = receipt.operation_id
                 request.trace.attempt = receipt.attempts
-            if receipt.fingerprint != request.fingerprint:
+            if not request.same_request(receipt.fingerprint):
                 raise key_mismatch(request.key, State.COMPLETED.value, receipt.operation_id)
             return Reply.replay(receipt.response, request.key)
 
@@ -246,29 +255,34 @@ class IdempotencyEngine:
             )
 
     async def _claim(self, request: ProxyRequest, claimed_at: float) -> ClaimResult:
-        """Claim the key; judge the twin window again if the store's clock stepped meanwhile.
+        """Claim the key; claim it again if the store's clock stepped during the claim.
 
-        The claim judged `similar_window` on the store's clock, trusting it as
-        far as this process's witnesses vouched (`SimilarGuard.vouched`). The
-        claim's own reading of that clock is one more witness: if it shows a
-        step the last witness had not seen, a twin may have looked older than
-        it is. Nothing was sent yet, so the attempt is released and the key
-        claimed again with the window not vouched for.
+        The claim's reading of the store's clock is a witness (`GraceClock`):
+        a step shorter than the periodic witnesses' interval is still seen by
+        the claim it happened in. Such a claim wrote its lease and its attempt's
+        start on a clock that was off, and judged `similar_window` on it (as far
+        as this process vouched for it, `SimilarGuard.vouched`). Nothing was
+        sent yet, so the attempt is released and the key claimed again, with
+        the window not vouched for.
         """
         claim_request = self._claim_of(request)
         claim = await self._timed("claim", self._store.claim(claim_request))
-        guard = claim_request.similar
-        if not isinstance(claim, NewAttempt) or guard is None or not guard.vouched:
-            return claim
         steps = self.graces.steps_seen
-        observed = claim.operation.observed_at
+        observed = (
+            claim.twin.observed_at if isinstance(claim, Similar) else claim.operation.observed_at
+        )
         self.graces.witness(observed, before=claimed_at, after=self._clock.monotonic())
-        if self.graces.steps_seen == steps:
+        if not isinstance(claim, NewAttempt) or self.graces.steps_seen == steps:
             return claim
         await self._outcomes.release(
             request, claim.operation, "the store's clock stepped during the claim; claimed again"
         )
-        again = claim_request._replace(similar=guard._replace(vouched=False))
+        guard = claim_request.similar
+        again = (
+            claim_request
+            if guard is None
+            else claim_request._replace(similar=guard._replace(vouched=False))
+        )
         return await self._timed("claim", self._store.claim(again))
 
     def _claim_of(self, request: ProxyRequest) -> ClaimRequest:
@@ -279,6 +293,8 @@ class IdempotencyEngine:
             route=request.route.name,
             method=request.method,
             path=request.path,
+            kind=request_kind(request.route, request.method, request.path),
+            legacy_fingerprint=request.legacy_fingerprint,
             owner=self._keeper.owner,
             lease_seconds=self._settings.lease,
             tombstone_seconds=request.retention or self._settings.tombstone_retention,
@@ -513,6 +529,16 @@ class IdempotencyEngine:
         """The operation for a key, brought up to date (expired lease, due probe) on the way."""
         return await self._records.lookup(scope, key)
 
+    async def find_request(
+        self, scope: str, route: str, fingerprints: tuple[str, ...]
+    ) -> Operation | None:
+        """The latest operation of a request in a scope, whatever key it was made under
+        (by its fingerprint, in any of the forms given), brought up to date like `lookup`."""
+        found = await self._store.latest_of_request(
+            scope=scope, route=route, fingerprints=fingerprints
+        )
+        return None if found is None else await self._records.lookup(scope, found.key)
+
     def notify_settled(self, operation_id: str) -> None:
         """An outcome was recorded (possibly by another replica): wake its waiters."""
         self._records.notify(operation_id)
@@ -559,6 +585,14 @@ class IdempotencyEngine:
     async def reconcile_unknown(self, *, batch: int = 100) -> int:
         """Probe every due unknown operation once (background sweep); count the settled."""
         return await self._settler.reconcile_unknown(batch=batch)
+
+    async def close(self) -> None:
+        """Cancel what runs in the background (probes scheduled at a window's end)."""
+        await self._settler.close()
+
+    async def refresh_probe_metrics(self) -> None:
+        """Show what the shared calibration rows say of every route's probe (blind or not)."""
+        await self.calibrator.refresh_metrics(self._routes)
 
     # -- helpers ---------------------------------------------------------------------
 

@@ -173,6 +173,14 @@ class ProxyRequest(NamedTuple):
     derived: bool = False
     """The key was derived from the request (MCP `derive_key`): never refused as similar,
     since its fingerprint is its key."""
+    legacy_fingerprint: str | None = None
+    """The request's fingerprint in the form before version 2 (HTTP routes;
+    `gateway.engine.fingerprint`): a key bound under that form is the same request when
+    this one matches it."""
+
+    def same_request(self, fingerprint: str) -> bool:
+        """Whether a stored fingerprint, in either form, is this request's."""
+        return fingerprint == self.fingerprint or fingerprint == self.legacy_fingerprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +267,10 @@ class LifecycleObserver(Protocol):
 
     def probe_result(self, route: str, result: str) -> None: ...
 
+    def late_answer(self, route: str, outcome: str) -> None:
+        """An attempt's answer arrived after it lost its token: `completed_released`,
+        `attached`, `possible_duplicate` (a newer attempt was sent) or `evidence`."""
+
     def resolved(self, by: str, outcome: str) -> None: ...
 
 
@@ -317,6 +329,9 @@ class NoObserver:
         pass
 
     def probe_result(self, route: str, result: str) -> None:
+        pass
+
+    def late_answer(self, route: str, outcome: str) -> None:
         pass
 
     def resolved(self, by: str, outcome: str) -> None:

@@ -12,8 +12,15 @@ So a grace that lets a key be sent again never counts more than time that
 really passed in the deciding process. `GraceClock` watches the store's
 clock against this process's monotonic clock (every store-clock reading it
 is shown is a *witness*: the store's time, read between two monotonic
-readings) and keeps the moment since which the two have kept pace. The time
-counted since a record's moment is the smaller of
+readings) and keeps the moment since which the two have kept pace. Every
+reading the engine takes for a decision is a witness (a claim, a lease
+renewal, a release check), besides one every `WITNESS_INTERVAL` seconds, so
+a step lasting less than that interval is still seen by the decision it
+could spoil. Each witness is judged against the one before it only: the
+drift allowed is 0.1% of the time between the two, so a ten-minute step is
+as visible after a week of uptime as after a second, and the store's clock
+going back by any amount between two readings is a step. The time counted
+since a record's moment is the smaller of
 
 - the store-clock time since that moment, and
 - the monotonic time since the store's clock was last seen to keep pace
@@ -58,10 +65,16 @@ __all__ = ["HOST_BOOT", "WITNESS_INTERVAL", "GraceClock", "WitnessStore", "start
 log = logging.getLogger("gateway.clock")
 
 STEP_TOLERANCE = 0.5
-"""Seconds of disagreement between the two clocks taken as noise, not a step (the store
-read's own latency is already bounded by the monotonic readings around it)."""
+"""Seconds by which the store's clock may run ahead of the monotonic one between two
+witnesses and still be noise, not a step (the store read's own latency is already
+bounded by the monotonic readings around it, whose width is allowed besides)."""
+BACKWARD_TOLERANCE = 1e-3
+"""Seconds by which the store's clock may seem to run behind the monotonic one between two
+witnesses: only the rounding of stored times. A clock that slews never goes back, so a
+reading earlier than the monotonic bracket allows is a backward step, however small."""
 DRIFT_RATE = 1e-3
-"""Disagreement allowed per second that passed: NTP slews a clock by at most 500 ppm."""
+"""Disagreement allowed per second between two witnesses (never accumulated over longer):
+NTP slews a clock by at most 500 ppm."""
 WITNESS_INTERVAL = 2.0
 """How often a process reads the store's clock only to watch it; so that two opposite
 steps in a row (back, then forward) are seen as steps, not as no change."""
@@ -99,21 +112,22 @@ class GraceClock:
         self.steps_seen = 0
 
     def witness(self, store_now: float, *, before: float, after: float) -> None:
-        """Compare one reading of the store's clock with the monotonic time around it."""
+        """Compare one reading of the store's clock with the monotonic time around it, and
+        with the witness before it (`before` and `after` bracket the read: take `after`
+        right before calling, with no `await` between)."""
         sample = _Witness(store_now, before, after)
-        self._latest = sample
-        anchor = self._trusted_from
-        if anchor is None:
+        previous, self._latest = self._latest, sample
+        if previous is None or self._trusted_from is None:
             self._first = self._trusted_from = sample
             return
-        if _kept_pace(anchor, sample):
+        if _kept_pace(previous, sample):
             return
         self.steps_seen += 1
         log.warning(
             "the store's clock stepped by about %+.1f s; graces that release a key count "
             "from now on this process's own clock",
-            (sample.store - anchor.store) - (sample.before - anchor.after),
-            extra={"event": "clock_step", "store_seconds": sample.store - anchor.store},
+            (sample.store - previous.store) - (sample.before - previous.after),
+            extra={"event": "clock_step", "store_seconds": sample.store - previous.store},
         )
         self._trusted_from = sample
 
@@ -218,7 +232,15 @@ async def _witness(
 
 
 def _kept_pace(earlier: _Witness, later: _Witness) -> bool:
-    """True when the store's clock moved between two readings as the monotonic one did."""
+    """True when the store's clock moved between two readings as the monotonic one did.
+
+    The store's reading lies somewhere inside each bracket, so the store time
+    between the two lies between `shortest` and `longest` monotonic seconds
+    (the brackets' widths are the allowance for the reads' own latency), give
+    or take the drift of that one interval. Ahead by more than `STEP_TOLERANCE`
+    is a forward step; behind at all (beyond rounding) is a backward one.
+    """
     shortest, longest = later.before - earlier.after, later.after - earlier.before
-    slack = STEP_TOLERANCE + DRIFT_RATE * max(longest, 0.0)
-    return shortest - slack <= later.store - earlier.store <= longest + slack
+    drift = DRIFT_RATE * max(longest, 0.0)
+    moved = later.store - earlier.store
+    return shortest - drift - BACKWARD_TOLERANCE <= moved <= longest + drift + STEP_TOLERANCE

@@ -61,6 +61,9 @@ longer recorded, after one chained `truncated` event: a probe that keeps answeri
 
 ADMIN_ONLY_FIELDS: Final = frozenset({"note", "reason"})
 """Erasable text an owner does not see in an admin's event unless it was shared."""
+OPERATOR_ONLY_FIELDS: Final = frozenset({"calibration"})
+"""Erasable fields an owner never sees, whoever wrote them: which other operation a
+probe's calibration asked about."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +434,8 @@ def event_json(row: EventRow, payload: bytes | None, *, for_owner: bool) -> dict
             continue  # shown as the operation's `request`, to operators only
         entry = kept.get(erasable)
         if hide_text and erasable in ADMIN_ONLY_FIELDS:
+            continue
+        if for_owner and erasable in OPERATOR_ONLY_FIELDS:
             continue
         if isinstance(entry, dict):
             document[erasable] = entry.get("value")

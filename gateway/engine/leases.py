@@ -28,6 +28,7 @@ from gateway.engine.errors import StoreUnavailable
 from gateway.engine.models import Evidence, State
 
 if TYPE_CHECKING:
+    from gateway.engine.graces import GraceClock
     from gateway.store.base import Store
 
 log = logging.getLogger("gateway.leases")
@@ -41,6 +42,9 @@ class _Hold(NamedTuple):
 
     token: int
     granted_at: float
+    lapsed: bool = False
+    """Found run out at a renewal (the process was paused or stalled): never renewed
+    again; the attempt goes on as the stale holder, its answer fenced by its token."""
 
 
 class LeaseKeeper:
@@ -62,9 +66,11 @@ class LeaseKeeper:
         lease_seconds: float,
         tombstone_seconds: float,
         clock: Clock = SYSTEM_CLOCK,
+        graces: GraceClock | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._graces = graces
         self._owner = owner
         self._lease = lease_seconds
         self._tombstone = tombstone_seconds
@@ -98,7 +104,11 @@ class LeaseKeeper:
         have turned the record `unknown`. Past that, this process cannot tell.
         """
         hold = self._held.get(operation_id)
-        return hold is not None and self._clock.monotonic() - hold.granted_at < self._lease
+        return (
+            hold is not None
+            and not hold.lapsed
+            and self._clock.monotonic() - hold.granted_at < self._lease
+        )
 
     def drop(self, operation_id: str, token: int) -> None:
         """Attempt `token` ended: let its lease go (a newer attempt's hold stays)."""
@@ -137,19 +147,34 @@ class LeaseKeeper:
 
     async def upkeep(self) -> None:
         """One round: renew the held leases, then pay what is owed (the loop's body,
-        public so a simulation can run rounds on its own schedule)."""
+        public so a simulation can run rounds on its own schedule).
+
+        The renewal's reading of the store's clock is a witness (`GraceClock`). A
+        lease found lapsed is not renewed (the store records it `lease-expired`);
+        its attempt carries on only as a stale holder."""
         try:
-            if self._held:
+            live = {op_id: hold.token for op_id, hold in self._held.items() if not hold.lapsed}
+            if live:
                 asked_at = self._clock.monotonic()
-                renewed = await self._store.renew(
-                    {op_id: hold.token for op_id, hold in self._held.items()},
-                    owner=self._owner,
-                    lease_seconds=self._lease,
+                renewal = await self._store.renew(
+                    live, owner=self._owner, lease_seconds=self._lease
                 )
-                for operation_id in renewed:
+                if self._graces is not None:
+                    self._graces.witness(renewal.at, before=asked_at, after=self._clock.monotonic())
+                for operation_id in renewal.renewed:
                     hold = self._held.get(operation_id)
                     if hold is not None:
                         self._held[operation_id] = hold._replace(granted_at=asked_at)
+                for operation_id in renewal.lapsed:
+                    hold = self._held.get(operation_id)
+                    if hold is not None:
+                        self._held[operation_id] = hold._replace(lapsed=True)
+                    log.warning(
+                        "lease of %s found lapsed at renewal (this process was paused or "
+                        "stalled); recorded lease-expired, the attempt goes on as a stale holder",
+                        operation_id,
+                        extra={"event": "lease_lapsed", "operation_id": operation_id},
+                    )
             if self.debts:
                 await self.settle_debts()
         except StoreUnavailable as exc:

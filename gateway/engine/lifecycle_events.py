@@ -9,11 +9,19 @@ erasable and kept outside the chain (`gateway.engine.history`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.engine.history import NewEvent, new_event
 
+if TYPE_CHECKING:
+    from gateway.engine.calibrator import Admission
+
 LEASE_EXPIRED = "the lease expired before an outcome was recorded"
+LEASE_LAPSED = (
+    "the holder found its own lease lapsed (the gateway was paused or stalled past the "
+    "lease); it carries on as the stale holder: its answer is still recorded if no other "
+    "attempt began"
+)
 
 UnknownKind = Literal["timed-out", "connection-lost", "lease-expired"]
 
@@ -88,8 +96,21 @@ def resolved_event(
     )
 
 
-def probe_event(verdict: str, *, status: int | None, detail: str) -> NewEvent:
-    return new_event("probe", "probe", {"verdict": verdict, "status": status, "detail": detail})
+def probe_event(
+    verdict: str, *, status: int | None, detail: str, seen: dict[str, Any] | None = None
+) -> NewEvent:
+    """A probe's verdict; `seen` (the request it made, secrets redacted, and what it
+    read) is erasable and sealed like a recorded request."""
+    data = {"verdict": verdict, "status": status, "detail": detail}
+    return new_event("probe", "probe", data, erasable={"probe": seen})
+
+
+def probe_blind_event(admission: Admission) -> NewEvent:
+    """The probe would have released this operation, but it cannot see its kind; which
+    completed operation it failed to find is the operators' (`calibration`, admin-only)."""
+    data = {"kind": admission.kind, "applies_to": admission.entry, "detail": admission.detail}
+    calibration = None if admission.sample is None else {"sample": admission.sample}
+    return new_event("probe-blind", "probe", data, erasable={"calibration": calibration})
 
 
 def redacted_event(*, actor: str, reason: str, erased: list[str]) -> NewEvent:

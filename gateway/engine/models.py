@@ -254,3 +254,13 @@ class ClaimRequest(NamedTuple):
     similar: SimilarGuard | None = None
     """The guard against the same request under a new key; `None`: not guarded (a
     derived key, or the route's guard is off)."""
+    kind: str | None = None
+    """The request's kind (`gateway.config.applies_to`), kept so that a probe's
+    calibration finds a recent completed operation of the kind."""
+    legacy_fingerprint: str | None = None
+    """The same request's fingerprint in the form before version 2 (HTTP routes): a key
+    bound under the old form is the same request when this one matches it."""
+
+    def same_request(self, fingerprint: str) -> bool:
+        """Whether a stored fingerprint, in either form, is this request's."""
+        return fingerprint == self.fingerprint or fingerprint == self.legacy_fingerprint

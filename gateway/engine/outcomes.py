@@ -64,19 +64,37 @@ class OutcomeWriter:
     async def complete(
         self, request: ProxyRequest, operation: Operation, stored: StoredResponse, *, retained: bool
     ) -> State:
+        events = (
+            self._sent(request, operation),
+            answered_event(stored.status, attempt=operation.attempts),
+        )
+        retention = request.retention or self._settings.retention
+        tombstone = request.retention or self._settings.tombstone_retention
+
         async def write() -> Operation | None:
             return await self._store.complete(
                 operation.id,
                 operation.token,
                 stored,
                 body_retained=retained,
-                retention_seconds=request.retention or self._settings.retention,
-                tombstone_seconds=request.retention or self._settings.tombstone_retention,
+                retention_seconds=retention,
+                tombstone_seconds=tombstone,
                 resolution=Resolution(by="upstream", at=self._clock.time()),
-                events=(
-                    self._sent(request, operation),
-                    answered_event(stored.status, attempt=operation.attempts),
-                ),
+                events=events,
+            )
+
+        async def late(current: Operation) -> Operation | None:
+            """The answer still decides where it is the truth (`Store.complete_late`)."""
+            if current.attempts != operation.attempts:
+                return None
+            return await self._store.complete_late(
+                operation.id,
+                operation.attempts,
+                stored,
+                body_retained=retained,
+                retention_seconds=retention,
+                tombstone_seconds=tombstone,
+                events=events,
             )
 
         def evidence() -> Evidence:  # only a refused (stale) write needs it
@@ -90,7 +108,9 @@ class OutcomeWriter:
 
         # The effect happened and the caller gets its answer either way; if the
         # receipt could not be written yet, the keeper retries it.
-        return await self._fenced_write(request, operation, "complete", write, evidence)
+        return await self._fenced_write(
+            request, operation, "complete", write, evidence, events, late=late
+        )
 
     async def release(
         self, request: ProxyRequest, operation: Operation, detail: str, *, status: int | None = None
@@ -116,7 +136,11 @@ class OutcomeWriter:
                 events=events,
             )
 
-        return await self._fenced_write(request, operation, "release", write, lambda: evidence)
+        # Refused as stale, only what the attempt did stays (its send and the refusal it
+        # got, if sent): the release was not this attempt's to make.
+        return await self._fenced_write(
+            request, operation, "release", write, lambda: evidence, events[:-1]
+        )
 
     async def mark_unknown(
         self, request: ProxyRequest, operation: Operation, error: UpstreamError
@@ -137,7 +161,9 @@ class OutcomeWriter:
             extra={"event": "unknown", "operation_id": operation.id, "key": request.key,
                    "route": request.route.name, "reason": error.problem_type},
         )  # fmt: skip
-        return await self._fenced_write(request, operation, "mark_unknown", write, lambda: evidence)
+        return await self._fenced_write(
+            request, operation, "mark_unknown", write, lambda: evidence, events
+        )
 
     def _sent(self, request: ProxyRequest, operation: Operation) -> NewEvent:
         forwarded = self._forwarded_key(request, operation)
@@ -150,16 +176,22 @@ class OutcomeWriter:
         name: str,
         write: Callable[[], Awaitable[Operation | None]],
         evidence: Callable[[], Evidence],
+        events: tuple[NewEvent, ...],
+        *,
+        late: Callable[[Operation], Awaitable[Operation | None]] | None = None,
     ) -> State:
         """Run an outcome write in the attempt's record span; return the record's state
         once it is done.
 
         That state, not the one the write meant to set, is what the caller is
         told: a stale token leaves evidence and the record as another writer
-        left it. A store outage leaves a debt the keeper pays later; the record
-        is then `in_flight` while this attempt's lease surely stands, and past
-        that nobody here can tell whether another replica found it expired:
-        `unknown`, the answer that never invites a blind retry.
+        left it, and the attempt's own events (its send, what it learned) stay
+        in the history as evidence, so a stale attempt is never invisible. A
+        late answer (`late`) still settles a record where it is the truth
+        (`Store.complete_late`). A store outage leaves a debt the keeper pays
+        later; the record is then `in_flight` while this attempt's lease surely
+        stands, and past that nobody here can tell whether another replica found
+        it expired: `unknown`, the answer that never invites a blind retry.
         """
 
         async def settle() -> Operation | None:
@@ -168,7 +200,12 @@ class OutcomeWriter:
                 return written
             self._observer.stale_write(request.route.name)
             log.warning("stale %s refused for %s (token %d)", name, operation.id, operation.token)
-            await self._timed("add_evidence", self._store.add_evidence(operation.id, evidence()))
+            current = await self._store.get_by_id(operation.id)
+            if late is not None and current is not None:
+                return await self._late_answer(request, operation, current, late, evidence, events)
+            await self._timed(
+                "add_evidence", self._store.add_evidence(operation.id, evidence(), events)
+            )
             return await self._store.get_by_id(operation.id)
 
         with self._tracer.record(request, operation, name) as span:
@@ -186,6 +223,53 @@ class OutcomeWriter:
                 state = State.RELEASED if recorded is None else recorded.state
             span.state(state)
             return state
+
+    async def _late_answer(
+        self,
+        request: ProxyRequest,
+        operation: Operation,
+        current: Operation,
+        late: Callable[[Operation], Awaitable[Operation | None]],
+        evidence: Callable[[], Evidence],
+        events: tuple[NewEvent, ...],
+    ) -> Operation | None:
+        """An answer that arrived after its attempt lost its token. It completes a release
+        it proves wrong (no newer attempt began) or fills an operator's `applied` that
+        has no receipt; after a newer attempt it is evidence and a possible duplicate;
+        against any other completed record, evidence. Each is said in the log and the
+        metrics (`late_answers`)."""
+        route = request.route.name
+        settled = await late(current)
+        if settled is not None:
+            outcome = "completed_released" if current.state is State.RELEASED else "attached"
+            self._observer.late_answer(route, outcome)
+            log.error(
+                "a late answer settled %s (%s): attempt %d was answered after it lost its "
+                "token",
+                operation.id,
+                outcome,
+                operation.attempts,
+                extra={"event": "late_answer", "operation_id": operation.id, "key": request.key,
+                       "route": route, "outcome": outcome},
+            )  # fmt: skip
+            return settled
+        duplicate = current.attempts > operation.attempts
+        outcome = "possible_duplicate" if duplicate else "evidence"
+        self._observer.late_answer(route, outcome)
+        if duplicate:
+            log.error(
+                "possible duplicate: attempt %d of %s was answered (the effect happened) after "
+                "attempt %d began",
+                operation.attempts,
+                operation.id,
+                current.attempts,
+                extra={"event": "possible_duplicate", "operation_id": operation.id,
+                       "key": request.key, "route": route},
+            )  # fmt: skip
+        await self._timed(
+            "add_evidence", self._store.add_evidence(operation.id, evidence(), events)
+        )
+        return await self._store.get_by_id(operation.id)
 
     def own_state(self, operation: Operation) -> State:
         """The record's state while this process holds the attempt and has not written

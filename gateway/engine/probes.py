@@ -20,17 +20,20 @@ a retry storm cannot turn into a probe storm.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import quote
 
 from gateway.engine.clock import SYSTEM_CLOCK, Clock
 from gateway.engine.errors import GatewayError
 from gateway.engine.exchange import receipt_of
 from gateway.engine.models import Operation, StoredResponse
+from gateway.engine.recorded_request import redacted_target
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from gateway.config import ProbeSettings, RouteSettings
     from gateway.engine.exchange import Upstream
@@ -60,6 +63,12 @@ class Applied:
     said: str
     """What the upstream answered, in words for the log ("200", "find_ticket: /found = true")."""
     status: int | None = None
+    asked: dict[str, Any] | None = None
+    """The request the probe made, secrets redacted (`ProbeDialect.request_of`)."""
+    result: Any = None
+    """What the answer said beyond its status (an MCP tool's `structuredContent`)."""
+    dated: float | None = None
+    """When the upstream says the effect was made (POSIX seconds; HTTP `Last-Modified`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +79,8 @@ class NotApplied:
     said: str
     """What the upstream answered, in words for the evidence ("404")."""
     status: int | None = None
+    asked: dict[str, Any] | None = None
+    result: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,8 @@ class NoVerdict:
     result: Literal["error", "inconclusive"]
     evidence: str
     status: int | None = None
+    asked: dict[str, Any] | None = None
+    answer: Any = None
 
 
 Verdict = Applied | NotApplied | NoVerdict
@@ -101,6 +114,16 @@ class ProbeDialect(Protocol):
     ) -> Verdict:
         """Ask about the effect the upstream knows as `forwarded`; never raise a
         `GatewayError` (a failure is a `NoVerdict` that says what failed)."""
+
+    def request_of(
+        self, route: RouteSettings, probe: ProbeSettings, operation: Operation, forwarded: str
+    ) -> dict[str, Any]:
+        """The request `ask` makes, as the history shows it: method and path (HTTP) or tool
+        and arguments (MCP), with the route's `redact_request` names redacted."""
+
+    def may_sample(self, operation: Operation) -> bool:
+        """Whether a completed operation (2xx from the upstream) may stand as a calibration
+        sample: the effect it proves happened (an MCP result that is not an error)."""
 
 
 def probe_url(
@@ -152,7 +175,9 @@ class HttpProbe:
             )
         status = reply.status
         if status in probe.applied_statuses:
-            return Applied(receipt_of(route, reply, body), said=str(status), status=status)
+            dated = _last_modified(reply.headers)
+            receipt = receipt_of(route, reply, body)
+            return Applied(receipt, said=str(status), status=status, dated=dated)
         if status in probe.not_applied_statuses:
             return NotApplied(said=str(status), status=status)
         return NoVerdict(
@@ -160,6 +185,26 @@ class HttpProbe:
             f"probe answered {status}, neither applied nor not applied",
             status=status,
         )
+
+    def may_sample(self, operation: Operation) -> bool:
+        return True
+
+    def request_of(
+        self, route: RouteSettings, probe: ProbeSettings, operation: Operation, forwarded: str
+    ) -> dict[str, Any]:
+        target = probe_url(route, probe, operation, forwarded).removeprefix(route.upstream)
+        return {"method": probe.method, "path": redacted_target(target, route.redact_request)}
+
+
+def _last_modified(headers: Sequence[tuple[str, str]]) -> float | None:
+    """The answer's `Last-Modified`, as POSIX seconds (None when absent or unreadable)."""
+    for name, value in headers:
+        if name.lower() == "last-modified":
+            try:
+                return parsedate_to_datetime(value).timestamp()
+            except (TypeError, ValueError, IndexError):
+                return None
+    return None
 
 
 class Prober:
@@ -188,6 +233,11 @@ class Prober:
     def forget(self, operation_id: str) -> None:
         self._next_allowed.pop(operation_id, None)
 
+    def may_sample(self, route: RouteSettings, operation: Operation) -> bool:
+        """Whether the route's dialect takes `operation` as a calibration sample."""
+        dialect = self._dialects.get(route.kind)
+        return dialect is not None and dialect.may_sample(operation)
+
     async def ask(self, route: RouteSettings, operation: Operation, forwarded: str) -> Verdict:
         """Ask the upstream about the effect it knows as `forwarded`."""
         probe = route.probe
@@ -197,7 +247,9 @@ class Prober:
             return NoVerdict("error", f"probe failed: no probe dialect for {route.kind} routes")
         self._back_off(operation.id)
         async with self._slots:
-            return await dialect.ask(self._forwarder, route, probe, operation, forwarded)
+            verdict = await dialect.ask(self._forwarder, route, probe, operation, forwarded)
+        asked = dialect.request_of(route, probe, operation, forwarded)
+        return dataclasses.replace(verdict, asked=asked)
 
     def _back_off(self, operation_id: str) -> None:
         _, delay = self._next_allowed.get(operation_id, (0.0, INITIAL_BACKOFF / 2))

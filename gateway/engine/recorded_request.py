@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-__all__ = ["REDACTED", "http_record", "mcp_record"]
+__all__ = ["REDACTED", "http_record", "mcp_record", "redacted_arguments", "redacted_target"]
 
 REDACTED = "[redacted]"
 
@@ -75,6 +75,19 @@ def mcp_record(
         return {**record, "arguments": _redact_value(arguments, names, pointers, "")}
     except RecursionError:  # nested deeper than anyone reads: size and name only
         return {**record, "arguments": None, "body_gone": "too_large"}
+
+
+def redacted_target(target: str, redact: Sequence[str]) -> str:
+    """A path and query with the values of `redact`'s query names replaced (a probe's
+    request as the history shows it)."""
+    return _redacted_target(target, {name.lower() for name in redact if not name.startswith("/")})
+
+
+def redacted_arguments(arguments: Any, redact: Sequence[str]) -> Any:
+    """Tool arguments with `redact`'s member names and pointers replaced."""
+    names = {name.lower() for name in redact if not name.startswith("/")}
+    pointers = [name for name in redact if name.startswith("/")]
+    return _redact_value(arguments, names, pointers, "")
 
 
 def _is_json(content_type: str | None) -> bool:

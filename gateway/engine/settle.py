@@ -10,20 +10,28 @@ attempt that is no longer current is kept as evidence and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Literal, NamedTuple
+import math
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from gateway.config.routes import RouteSettings
 from gateway.engine.errors import NotResolvable, PreconditionFailed, TooEarly
 from gateway.engine.history import NewEvent, iso_seconds
-from gateway.engine.lifecycle_events import probe_event, released_event, resolved_event
+from gateway.engine.lifecycle_events import (
+    probe_blind_event,
+    probe_event,
+    released_event,
+    resolved_event,
+)
 from gateway.engine.models import Evidence, Operation, Resolution, ResolvedBy, State, StoredResponse
 from gateway.engine.probes import Applied, NotApplied
 from gateway.store.base import OperationFilter
 from gateway.telemetry.tracer import NO_TRACER, Tracer
 
 if TYPE_CHECKING:
-    from gateway.config import IdempotencySettings, ProbeSettings
+    from gateway.config import IdempotencySettings
+    from gateway.engine.calibrator import Admission, Calibrator
     from gateway.engine.clock import Clock
     from gateway.engine.exchange import LifecycleObserver, StoreTimer
     from gateway.engine.forwarded_key import ForwardedKeys
@@ -38,13 +46,35 @@ Outcome = Literal["applied", "not_applied"]
 
 class _RouteDefaults(NamedTuple):
     timeout: float
+    max_call: float
     grace: float
 
 
 _ROUTE_DEFAULTS = _RouteDefaults(
     timeout=RouteSettings.model_fields["timeout"].default,
+    max_call=RouteSettings.model_fields["max_call"].default,
     grace=RouteSettings.model_fields["not_applied_after"].default,
 )
+
+
+def whole_call_limit(route: RouteSettings | None, operation: Operation) -> float:
+    """The longest one attempt's exchange may last: how long after its send the tool may
+    still be applying it. HTTP: `timeout`, a total deadline. MCP: `max_call` (its
+    `timeout` is only a silence limit between bytes). A route no longer configured is
+    judged by its kind's defaults."""
+    if route is None:
+        mcp = operation.method == "tools/call"
+        return _ROUTE_DEFAULTS.max_call if mcp else _ROUTE_DEFAULTS.timeout
+    return route.max_call if route.kind == "mcp" else route.timeout
+
+
+class ProbeNotCalibrated(Exception):
+    """A probe's release refused by the store: the kind's calibration row no longer admits
+    it as the releasing transaction read it (another worker found the probe blind)."""
+
+
+_SCHEDULE_SLACK = 0.05
+"""Seconds past the instant a release becomes allowed at which the scheduled probe runs."""
 
 
 class ReleaseWindow(NamedTuple):
@@ -52,6 +82,11 @@ class ReleaseWindow(NamedTuple):
 
     sent_at: float
     may_apply_until: float
+
+    @property
+    def length(self) -> float:
+        """Seconds from the attempt's start to the end of the window."""
+        return self.may_apply_until - self.sent_at
 
 
 def iso_time(seconds: float) -> str:
@@ -73,10 +108,14 @@ class Settler:
         timed: StoreTimer,
         clock: Clock,
         graces: GraceClock,
+        calibrator: Calibrator,
         tracer: Tracer = NO_TRACER,
     ) -> None:
         self._store = store
         self._graces = graces
+        self._calibrator = calibrator
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._prober = prober
         self._tracer = tracer
         self._forwarded_keys = forwarded_keys
@@ -99,6 +138,7 @@ class Settler:
         force: bool = False,
         share_with_owner: bool = False,
         probe_event: NewEvent | None = None,
+        calibrated: tuple[str, str] | None = None,
     ) -> Operation:
         """Settle an `unknown` operation: `applied` completes it, `not_applied` releases it.
 
@@ -159,6 +199,7 @@ class Settler:
                 retention_seconds=self._settings.retention,
                 tombstone_seconds=self._settings.tombstone_retention,
                 events=events,
+                calibrated=calibrated,
             ),
         )
         if resolved is None:
@@ -179,6 +220,8 @@ class Settler:
                     state=current.state.value,
                     operation_id=operation.id,
                 )
+            if calibrated is not None:
+                raise ProbeNotCalibrated(operation.id)
             raise PreconditionFailed(
                 "the operation changed since it was read (If-Match did not match)",
                 key=operation.key,
@@ -195,22 +238,31 @@ class Settler:
         )  # fmt: skip
         return resolved
 
-    def release_window(self, operation: Operation) -> ReleaseWindow | None:
-        """When the tool may stop applying the current attempt's last send, as the record
-        says (store clock); None for an operation that is not in flight or unknown.
+    def release_window(
+        self, operation: Operation, *, grace: float | None = None
+    ) -> ReleaseWindow | None:
+        """Until when the tool may still apply the current attempt's last send, as the
+        record says (store clock); None for an operation that is not in flight or unknown.
 
-        The tool may still apply a send until the route's `timeout` has passed
-        since it, and until `not_applied_after` has passed since the grace anchor
-        (the attempt's last lease expiry: the latest moment its holder could have
-        sent or received a byte); the later of the two."""
+        A send may still land until the whole-call limit (`whole_call_limit`) has
+        passed since it. The store knows when the attempt was claimed
+        (`sent_at`), not when its first byte was handed over; the holder sends
+        only within the lease the claim granted, so that lease's expiry is the
+        latest moment of the send: (a) is that plus the whole-call limit. A
+        holder paused past its lease (a VM pause, a stall) may still be reading
+        the answer: (b) is the attempt's last lease expiry, the latest moment it
+        held the key. The window closes `grace` (the route's
+        `not_applied_after`, or a probe's own) after the later of the two.
+        """
         if operation.state not in (State.UNKNOWN, State.IN_FLIGHT):
             return None
         route = self._routes.get(operation.route)
-        # A route no longer configured is judged by a route's defaults.
-        timeout = route.timeout if route is not None else _ROUTE_DEFAULTS.timeout
-        grace = route.not_applied_after if route is not None else _ROUTE_DEFAULTS.grace
+        if grace is None:
+            grace = route.not_applied_after if route is not None else _ROUTE_DEFAULTS.grace
         sent = operation.sent_at or operation.created_at
-        until = max(self._last_send_bound(operation) + grace, sent + timeout + grace)
+        handed_over_by = sent + self._settings.lease
+        last_lease = operation.lease_expires_at or handed_over_by
+        until = max(handed_over_by + whole_call_limit(route, operation), last_lease) + grace
         return ReleaseWindow(sent_at=sent, may_apply_until=until)
 
     async def _refuse_early_release(self, operation: Operation) -> None:
@@ -221,16 +273,10 @@ class Settler:
         window = self.release_window(current)
         if window is None:
             return
-        waited = self._graces.elapsed_since(
-            window.sent_at,
-            store_now=current.observed_at,
-            before=before,
-            after=self._clock.monotonic(),
-        )
-        needed = window.may_apply_until - window.sent_at
-        if waited >= needed:
+        waited = self._waited(window, current, before)
+        if waited >= window.length:
             return
-        left = needed - waited
+        left = window.length - waited
         stepped = waited < current.observed_at - window.sent_at
         # Without a clock step the instant is the record's own, the same in every process.
         allowed_at = current.observed_at + left if stepped else window.may_apply_until
@@ -250,6 +296,16 @@ class Settler:
         }
         raise error
 
+    def _waited(self, window: ReleaseWindow, current: Operation, before: float) -> float:
+        """Seconds that surely passed since the attempt began, as read at `current` (whose
+        read began at monotonic `before`): a witness of the store's clock (`GraceClock`)."""
+        return self._graces.elapsed_since(
+            window.sent_at,
+            store_now=current.observed_at,
+            before=before,
+            after=self._clock.monotonic(),
+        )
+
     async def probe(self, operation: Operation, *, now: bool = False) -> Operation | None:
         """Ask the route's probe about an unknown operation and act on the answer.
 
@@ -257,10 +313,10 @@ class Settler:
         sent, read afresh from the store (never from a snapshot a caller held).
         It settles the operation only while that attempt is still current (the
         resolution is fenced by its token); otherwise it is kept as evidence.
-        "Not applied" counts only once `not_applied_after` passed since the
-        attempt's last lease expiry, on the store's clock and, so that a step
-        of that clock cannot shorten it, in this process (`GraceClock`): the
-        upstream may still be applying a request it received late.
+        "Not applied" releases only an operation the probe is declared for and
+        calibrated to see (`gateway.engine.calibrator`), and only once the tool
+        can no longer apply the attempt's last send (`release_window`, counted so
+        that a step of the store's clock cannot shorten it: `GraceClock`).
         """
         route = self._routes.get(operation.route)
         probe = route.probe if route is not None else None
@@ -270,12 +326,9 @@ class Settler:
         asked = await self._store.get_by_id(operation.id)
         if asked is None or asked.state is not State.UNKNOWN:
             return asked  # settled meanwhile, or forgotten (None)
-        waited = self._graces.elapsed_since(
-            self._last_send_bound(asked),
-            store_now=asked.observed_at,
-            before=before,
-            after=self._clock.monotonic(),
-        )
+        window = self.release_window(asked, grace=probe.not_applied_after)
+        assert window is not None  # unknown
+        left = window.length - self._waited(window, asked, before)
         forwarded = self._forwarded_keys.of(route, asked)
         if forwarded is None:  # the config refuses a probe on such a route
             return asked
@@ -283,7 +336,7 @@ class Settler:
             verdict = await self._prober.ask(route, asked, forwarded)
             if verdict.status is not None:
                 span.status(verdict.status)
-            probed = await self._verdict(route, probe, asked, verdict, waited)
+            probed = await self._verdict(route, asked, verdict, forwarded, window, left)
             if probed is not None:
                 span.operation(probed)
             return probed
@@ -291,41 +344,56 @@ class Settler:
     async def _verdict(
         self,
         route: RouteSettings,
-        probe: ProbeSettings,
         asked: Operation,
         verdict: Verdict,
-        waited: float,
+        forwarded: str,
+        window: ReleaseWindow,
+        left: float,
     ) -> Operation | None:
-        """Act on a probe's verdict about the attempt `asked` was read at, `waited` seconds
-        after that attempt's last possible send (as `GraceClock` counts them). The
-        dialect said what the answer means; when it counts is decided here, the same
-        for every kind of route."""
+        """Act on a probe's verdict about the attempt `asked` was read at, `left` seconds
+        before the tool surely cannot apply its last send any more. The dialect said
+        what the answer means; when it counts is decided here, the same for every
+        kind of route."""
+        seen = _seen(verdict)
         if isinstance(verdict, Applied):
-            return await self._probe_settles(
-                route, asked, "applied", verdict.receipt, status=verdict.status
-            )
-        if isinstance(verdict, NotApplied):
-            if waited >= probe.not_applied_after:
-                return await self._probe_settles(
-                    route, asked, "not_applied", None, status=verdict.status
+            if forwarded != asked.id and not _dated_after_claim(verdict, asked):
+                return await self._probe_evidence(
+                    route,
+                    asked,
+                    "found_not_proof",
+                    f"probe answered {verdict.said} (found) for {forwarded!r}, but this route "
+                    "forwards a key that may also name an earlier effect, and the answer is not "
+                    "dated after this operation's claim (Last-Modified): kept unknown. Check the "
+                    'effect by hand; forward_key = "operation_id" makes a probe\'s "found" proof',
+                    verdict=verdict,
                 )
+            return await self._probe_settles(
+                route, asked, "applied", verdict.receipt, verdict=verdict, seen=seen
+            )
+        if not isinstance(verdict, NotApplied):
+            return await self._probe_evidence(
+                route, asked, verdict.result, verdict.evidence, verdict=verdict
+            )
+        admission = self._calibrator.sighted(route, asked)
+        if admission.refused is None and left > 0:
+            self._schedule(asked.id, left)
             return await self._probe_evidence(
                 route,
                 asked,
                 "not_applied_too_soon",
-                f"probe answered {verdict.said} (not applied), but attempt {asked.attempts} "
-                "may have been sent less than not_applied_after before; kept unknown",
-                status=verdict.status,
+                f"probe answered {verdict.said} (not applied), but the tool may still apply "
+                f"attempt {asked.attempts}'s send until {iso_time(window.may_apply_until)} "
+                f"(the call's whole limit, {_limit_name(route)}, after its send, then "
+                "not_applied_after): kept unknown; the probe asks again then",
+                verdict=verdict,
             )
-        return await self._probe_evidence(
-            route, asked, verdict.result, verdict.evidence, status=verdict.status
+        if admission.refused is None:
+            admission = await self._calibrator.admit(route, asked)
+        if admission.refused is not None:
+            return await self._probe_refused(route, asked, verdict, admission)
+        return await self._probe_settles(
+            route, asked, "not_applied", None, verdict=verdict, seen=seen, admission=admission
         )
-
-    def _last_send_bound(self, operation: Operation) -> float:
-        """The latest moment, on the store's clock, the attempt's holder could have sent."""
-        if operation.lease_expires_at is not None:
-            return operation.lease_expires_at
-        return (operation.sent_at or operation.created_at) + self._settings.lease
 
     async def _probe_settles(
         self,
@@ -334,8 +402,14 @@ class Settler:
         outcome: Outcome,
         response: StoredResponse | None,
         *,
-        status: int | None,
+        verdict: Applied | NotApplied,
+        seen: dict[str, Any],
+        admission: Admission | None = None,
     ) -> Operation | None:
+        calibrated = None if admission is None else (route.name, admission.kind)
+        event = probe_event(
+            outcome, status=verdict.status, detail="the probe settled it", seen=seen
+        )
         try:
             settled = await self.resolve(
                 asked,
@@ -344,7 +418,8 @@ class Settler:
                 response=response,
                 note=None,  # a note is a person's own words; `by` and `actor` say who
                 actor="probe",
-                probe_event=probe_event(outcome, status=status, detail="the probe settled it"),
+                probe_event=event,
+                calibrated=calibrated,
             )
         except (NotResolvable, PreconditionFailed) as exc:
             return await self._probe_evidence(
@@ -353,10 +428,33 @@ class Settler:
                 "superseded",
                 f"probe said {outcome} about attempt {asked.attempts}, which is no longer "
                 f"current ({exc.detail}); kept as evidence only",
-                status=status,
+                verdict=verdict,
+            )
+        except ProbeNotCalibrated:
+            assert admission is not None
+            return await self._probe_evidence(
+                route,
+                asked,
+                "not_applied",
+                f"probe answered {verdict.said} (not applied), but the calibration of "
+                f"{admission.kind} changed before the release was written: kept unknown",
+                verdict=verdict,
             )
         self._observer.probe_result(route.name, outcome)
         return settled
+
+    async def _probe_refused(
+        self, route: RouteSettings, asked: Operation, verdict: NotApplied, admission: Admission
+    ) -> Operation | None:
+        """A "not found" the probe cannot vouch for: evidence that says why and what to do;
+        for a blind probe also a `probe-blind` event (its calibration admin-only)."""
+        detail = f"probe answered {verdict.said} (not applied), but {admission.detail}"
+        extra: tuple[NewEvent, ...] = ()
+        if admission.refused == "probe-blind":
+            extra = (probe_blind_event(admission),)
+        return await self._probe_evidence(
+            route, asked, admission.refused or "not_applied", detail, verdict=verdict, extra=extra
+        )
 
     async def _probe_evidence(
         self,
@@ -365,8 +463,10 @@ class Settler:
         result: str,
         detail: str,
         *,
-        status: int | None = None,
+        verdict: Verdict,
+        extra: tuple[NewEvent, ...] = (),
     ) -> Operation | None:
+        status = verdict.status
         self._observer.probe_result(route.name, result)
         log.info(
             "probe",
@@ -374,9 +474,45 @@ class Settler:
                    "route": route.name, "result": result, "status": status},
         )  # fmt: skip
         evidence = Evidence(at=self._clock.time(), source="probe", detail=detail, status=status)
-        event = probe_event(result, status=status, detail=detail)
-        await self._store.add_evidence(operation.id, evidence, (event,))
+        event = probe_event(result, status=status, detail=detail, seen=_seen(verdict))
+        await self._store.add_evidence(operation.id, evidence, (event, *extra))
         return await self._store.get_by_id(operation.id)
+
+    def _schedule(self, operation_id: str, delay: float) -> None:
+        """Probe the operation again at the instant its release becomes allowed (a longer
+        window deferred it), within the prober's concurrency; the usual backoff goes on
+        beside it (a "found" meanwhile settles it sooner)."""
+        previous = self._timers.pop(operation_id, None)
+        if previous is not None:
+            previous.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[operation_id] = loop.call_later(
+            delay + _SCHEDULE_SLACK, self._probe_later, operation_id
+        )
+
+    def _probe_later(self, operation_id: str) -> None:
+        self._timers.pop(operation_id, None)
+
+        async def run() -> None:
+            try:
+                operation = await self._store.get_by_id(operation_id)
+                if operation is not None and operation.state is State.UNKNOWN:
+                    await self.probe(operation, now=True)
+            except Exception:  # a store outage: the sweep probes it again later
+                log.warning("scheduled probe of %s failed", operation_id, exc_info=True)
+
+        task = asyncio.create_task(run(), name=f"probe-{operation_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Cancel the scheduled probes (the sweep finds their operations again)."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def reconcile_unknown(self, *, batch: int = 100) -> int:
         """Probe every due unknown operation once (background sweep); count the settled."""
@@ -396,3 +532,27 @@ class Settler:
             if page.next_cursor is None:
                 return settled
             cursor = page.next_cursor
+
+
+def _limit_name(route: RouteSettings) -> str:
+    return "max_call" if route.kind == "mcp" else "timeout"
+
+
+def _seen(verdict: Verdict) -> dict[str, Any]:
+    """What the history keeps of a probe's exchange: the request it made (secrets
+    redacted) and what it read (the status, an MCP result's structured content)."""
+    answer: dict[str, Any] = {"status": verdict.status}
+    if isinstance(verdict, Applied | NotApplied):
+        answer["said"] = verdict.said
+        if verdict.result is not None:
+            answer["result"] = verdict.result
+    else:
+        answer["said"] = verdict.evidence
+    return {"request": verdict.asked, "answer": answer}
+
+
+def _dated_after_claim(verdict: Applied, operation: Operation) -> bool:
+    """Whether a "found" is dated (HTTP `Last-Modified`, whole seconds) no earlier than the
+    operation's first claim: only then can a key that is not unique for ever (`scoped`,
+    `key`) not name an older effect."""
+    return verdict.dated is not None and verdict.dated >= math.floor(operation.created_at)

@@ -98,4 +98,5 @@ class Sweeper:
             await asyncio.sleep(0)  # let requests in between batches
         self._metrics.swept_records(receipts, forgotten)
         settled = await self._engine.reconcile_unknown()
+        await self._engine.refresh_probe_metrics()
         return SweepPass(leases, receipts, forgotten, settled)

@@ -39,7 +39,8 @@ from gateway.engine.errors import GatewayError
 from gateway.engine.headers import header_value
 from gateway.engine.models import StoredResponse
 from gateway.engine.probes import Applied, NotApplied, NoVerdict, Verdict
-from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_message
+from gateway.engine.recorded_request import redacted_arguments
+from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_message, parse_object
 from gateway.mcp.replies import PROBE_META, dumps, strip_owned_meta
 from gateway.mcp.sentences import PROBED_SENTENCE
 from gateway.mcp.sessions import SESSION_HEADER
@@ -116,6 +117,28 @@ class McpProbe:
             )
         return judge(tool, pointer, answer.response, status=answer.status)
 
+    def may_sample(self, operation: Operation) -> bool:
+        """A call's receipt that is a result, not `isError` nor a JSON-RPC error: the
+        effect surely happened, so a probe that can see must find it."""
+        response = operation.response
+        if response is None:
+            return False
+        try:
+            document = parse_object(response.body)
+        except JsonRpcError:
+            return False
+        result = document.get("result") if isinstance(document, dict) else None
+        return isinstance(result, dict) and result.get("isError") is not True
+
+    def request_of(
+        self, route: RouteSettings, probe: ProbeSettings, operation: Operation, forwarded: str
+    ) -> dict[str, Any]:
+        arguments = fill_arguments(probe.arguments, operation, forwarded)
+        return {
+            "tool": probe.tool,
+            "arguments": redacted_arguments(arguments, route.redact_request),
+        }
+
 
 def fill_arguments(arguments: Any, operation: Operation, forwarded: str) -> Any:
     """`arguments` with `{forwarded_key}`, `{key}` and `{operation_id}` replaced in every
@@ -144,8 +167,8 @@ def judge(tool: str, pointer: str, response: dict[str, Any], *, status: int | No
     applied, and anything else is no verdict.
 
     >>> found = {"jsonrpc": "2.0", "id": 1, "result": {"structuredContent": {"found": False}}}
-    >>> judge("find_ticket", "/found", found, status=200)
-    NotApplied(said='find_ticket with /found = false', status=200)
+    >>> judge("find_ticket", "/found", found, status=200).said
+    'find_ticket with /found = false'
     >>> judge("find_ticket", "/found", {"result": {"isError": True}}, status=200).evidence
     'probe find_ticket answered isError: true, neither applied nor not applied'
     """
@@ -180,9 +203,12 @@ def judge(tool: str, pointer: str, response: dict[str, Any], *, status: int | No
     if isinstance(value, EndOfList):  # "/-": the place after an array's end, never a value
         value = MISSING
     if value is True:
-        return Applied(_receipt(tool, result), said=f"{tool} with {pointer} = true", status=status)
+        return Applied(
+            _receipt(tool, result), said=f"{tool} with {pointer} = true", status=status,
+            result=content,
+        )  # fmt: skip
     if value is False:
-        return NotApplied(said=f"{tool} with {pointer} = false", status=status)
+        return NotApplied(said=f"{tool} with {pointer} = false", status=status, result=content)
     if value is MISSING:
         return NoVerdict(
             "inconclusive",

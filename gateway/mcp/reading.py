@@ -4,10 +4,8 @@ Everything the gateway must know of a message comes from its JSON: which
 kind, which method and id, and for a `tools/call` the tool, the key, the
 fingerprint over the canonical arguments (RFC 8785) and the body to send on.
 Canonical JSON is pure Python and costs about half a second per MiB of
-arguments; on the event loop that half second is every other caller's
-latency, and a thread would still share the interpreter lock with the loop.
-So a body of `LARGE_BODY` bytes or more is read in a helper process
-(`MessageReader`), which hands back only what the gateway needs: small
+arguments, so a large body is read in the shared helper process
+(`gateway.web.offload`), which hands back only what the gateway needs: small
 fields, the canonical bytes and the body to forward, split where the
 forwarded key goes. Smaller bodies are read in place, by the same function.
 A replay of a large receipt (parsed, re-addressed, serialized again) is made
@@ -16,30 +14,17 @@ there too.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import ctypes
-import multiprocessing
-import os
 import secrets
-import signal
-import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.mcp.calls import DISTINCT_META, KEY_META, ToolCall, tool_call_of
 from gateway.mcp.jsonrpc import JsonRpcError, Message, RequestId, parse_message
 from gateway.mcp.replies import dumps, replay_body
-from gateway.mcp.status_tool import key_asked_about
+from gateway.mcp.status_tool import StatusQuestion, asked_about
+from gateway.web.offload import Offloader
 
-__all__ = ["LARGE_BODY", "ForwardBody", "MessageReader", "PostReading", "ReadSpec", "read_post"]
-
-LARGE_BODY = 8 * 1024
-"""Bytes from which a message is read in the helper process (in place, ~5 ms of loop time)."""
-
-HELPER_NICENESS = 10
-"""How much lower the helpers' CPU priority is than the gateway's."""
+__all__ = ["ForwardBody", "MessageReader", "PostReading", "ReadSpec", "read_post"]
 
 _PLACEHOLDER = f"igw-forwarded-key-{secrets.token_hex(16)}"
 """Stands where the forwarded key goes while the body is serialized; random per process,
@@ -105,7 +90,7 @@ class PostReading:
     call_error: JsonRpcError | None = None
     forward: ForwardBody | None = None
     """Made in the helper for a large message (whose document stays there)."""
-    status_key: str | None = None
+    status_question: StatusQuestion | None = None
     status_error: JsonRpcError | None = None
 
     def forward_body(self) -> ForwardBody:
@@ -126,7 +111,7 @@ def read_post(body: bytes, spec: ReadSpec, *, summarize: bool = False) -> PostRe
     message = parse_message(body)
     if message.method != "tools/call" or message.kind != "request":
         return PostReading(_summary(message) if summarize else message)
-    call = call_error = forward = status_key = status_error = None
+    call = call_error = forward = status_question = status_error = None
     try:
         call = tool_call_of(
             message,
@@ -140,7 +125,7 @@ def read_post(body: bytes, spec: ReadSpec, *, summarize: bool = False) -> PostRe
         try:
             # Asked without the call's own key checks: a status call is never protected.
             asked = call or tool_call_of(message, header_keys=[])
-            status_key = key_asked_about(spec.route, asked)
+            status_question = asked_about(spec.route, asked)
         except JsonRpcError as exc:
             status_error = exc
     if summarize:
@@ -149,7 +134,7 @@ def read_post(body: bytes, spec: ReadSpec, *, summarize: bool = False) -> PostRe
         message = _summary(message)
         if call is not None:
             call = ToolCall(call.id, call.name, {}, call.canonical_arguments, call.key)
-    return PostReading(message, call, call_error, forward, status_key, status_error)
+    return PostReading(message, call, call_error, forward, status_question, status_error)
 
 
 def _summary(message: Message) -> Message:
@@ -159,58 +144,22 @@ def _summary(message: Message) -> Message:
 
 
 class MessageReader:
-    """Reads messages: small ones in place, large ones in a helper process started at
-    the first one (the process dies with the gateway)."""
+    """Reads messages: small ones in place, large ones in the shared helper process
+    (`gateway.web.offload`)."""
 
-    def __init__(self, *, large: int = LARGE_BODY, workers: int | None = None) -> None:
-        self._large = large
-        self._workers = workers or 1
-        self._pool: ProcessPoolExecutor | None = None
+    def __init__(self, offloader: Offloader) -> None:
+        self._offloader = offloader
 
     async def read(self, body: bytes, spec: ReadSpec) -> PostReading:
-        if len(body) < self._large:
+        if len(body) < self._offloader.large:
             return read_post(body, spec)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._helper(), _read_summarized, body, spec
-        )
+        return await self._offloader.run(len(body), _read_summarized, body, spec)
 
     async def replay(self, stored: bytes, new_id: RequestId, version: str | None) -> bytes:
         """A replay's bytes (`replay_body`): a large receipt is parsed and serialized
         again in the helper too, so a storm of replays does not stall the loop."""
-        if len(stored) < self._large:
-            return replay_body(stored, new_id, version)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._helper(), replay_body, stored, new_id, version
-        )
-
-    def _helper(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=self._workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_prepare_helper,
-            )
-        return self._pool
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        return await self._offloader.run(len(stored), replay_body, stored, new_id, version)
 
 
 def _read_summarized(body: bytes, spec: ReadSpec) -> PostReading:
     return read_post(body, spec, summarize=True)
-
-
-def _prepare_helper() -> None:
-    """A helper yields the CPU to the gateway (whose event loop serves every other
-    caller: bulk reading can wait a little, latency cannot) and outlives no gateway,
-    even one killed with SIGKILL (Linux: the kernel sends it SIGKILL when its parent
-    dies); elsewhere it ends when its pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gateway's Ctrl-C is the gateway's
-    with contextlib.suppress(OSError):
-        os.nice(HELPER_NICENESS)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            pr_set_pdeathsig = 1
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

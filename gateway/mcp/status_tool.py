@@ -10,14 +10,14 @@ it: the gateway then adds nothing and passes calls to it through.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.engine.models import Operation, State
-from gateway.mcp.calls import ToolCall, derived_key, tool_call_of
+from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
 from gateway.mcp.jsonrpc import INVALID_PARAMS, JsonRpcError, Message, parse_object
 from gateway.web.operation_json import safe_to_retry
 
-__all__ = ["definition", "key_asked_about", "status_result"]
+__all__ = ["StatusQuestion", "asked_about", "definition", "in_words", "status_result"]
 
 _SENTENCES = {
     State.IN_FLIGHT: "The call is still running; wait, then retry it with the same key.",
@@ -54,12 +54,23 @@ def definition(name: str) -> dict[str, Any]:
     }
 
 
-def key_asked_about(route: str, call: ToolCall) -> str:
-    """The key to look up: `key`, or the derived key of `tool` with `arguments`."""
+class StatusQuestion(NamedTuple):
+    """What the model asked about: a call by its key, or by its tool and arguments (then
+    the call's fingerprint, which finds it under whatever key it was made)."""
+
+    key: str | None = None
+    tool: str | None = None
+    fingerprint: str | None = None
+    derived_key: str | None = None
+    """The key the call has if it was made without one (`derive_key`)."""
+
+
+def asked_about(route: str, call: ToolCall) -> StatusQuestion:
+    """What a status call asks: `key`, or `tool` with `arguments` (their fingerprint)."""
     arguments = call.arguments
     key = arguments.get("key")
     if isinstance(key, str) and key:
-        return key
+        return StatusQuestion(key=key)
     tool = arguments.get("tool")
     if isinstance(tool, str) and tool:
         asked = arguments.get("arguments") or {}
@@ -72,18 +83,56 @@ def key_asked_about(route: str, call: ToolCall) -> str:
             method="tools/call",
             params={"name": tool, "arguments": asked},
         )
-        return derived_key(route, tool_call_of(message, header_keys=[]))
+        asked_call = tool_call_of(message, header_keys=[])
+        return StatusQuestion(
+            tool=tool,
+            fingerprint=fingerprint_call(route, asked_call),
+            derived_key=derived_key(route, asked_call),
+        )
     raise JsonRpcError(INVALID_PARAMS, 'give "key", or "tool" and "arguments"')
 
 
-def status_result(key: str, operation: Operation | None) -> dict[str, Any]:
-    """The tool result: one sentence for the model, the facts as structured content."""
+def in_words(seconds: float) -> str:
+    """A lifetime as a person says it.
+
+    >>> in_words(600), in_words(86400), in_words(30 * 86400), in_words(90)
+    ('10 minutes', '24 hours', '30 days', '90 seconds')
+    """
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if (
+            seconds >= size * 2
+            and seconds % size == 0
+            and not (unit == "days" and seconds < 2 * 86400)
+        ):
+            count = int(seconds // size)
+            return f"{count} {unit if count != 1 else unit[:-1]}"
+    return f"{seconds:g} seconds"
+
+
+def status_result(
+    question: StatusQuestion, operation: Operation | None, *, remembered: float
+) -> dict[str, Any]:
+    """The tool result: one sentence for the model, the facts as structured content.
+
+    `remembered` is the shortest time a call of this route is remembered (the derived
+    keys' retention where the route derives them): "never made" is only ever said of
+    that span, and only when no operation of the call exists in it.
+    """
     if operation is None:
-        text = (
-            f"No call with key {key!r} is known in your scope: it was never made through "
-            "this gateway, or it is older than the gateway remembers."
-        )
-        return _result(text, {"key": key, "state": None})
+        span = in_words(remembered)
+        if question.key is not None:
+            text = (
+                f"No call with key {question.key!r} was made through this gateway in your "
+                f"scope in the last {span} (it may be older than that)."
+            )
+        else:
+            text = (
+                f"No call of {question.tool} with these arguments was made through this "
+                f"gateway in your scope in the last {span}, under any key (it may be older "
+                "than that)."
+            )
+        return _result(text, {"key": question.key, "state": None})
+    key = operation.key
     facts: dict[str, Any] = {
         "key": key,
         "state": operation.state.value,

@@ -20,7 +20,7 @@ from gateway.mcp.replies import dumps
 from gateway.mcp.sse import SseDecoder, encode_event
 from gateway.mcp.status_tool import definition, status_result
 from gateway.mcp.versions import complete_result, protocol_version
-from gateway.web.appkeys import ENGINE, FORWARDER, MCP_HINTS, QUOTAS, TRACE
+from gateway.web.appkeys import ENGINE, FORWARDER, MCP_HINTS, QUOTAS, SETTINGS, TRACE
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
@@ -44,11 +44,22 @@ async def status_call(
     """The status tool, answered from the store in the caller's scope; never forwarded."""
     if reading.status_error is not None:
         raise reading.status_error
-    key = reading.status_key
-    assert key is not None
-    operation = await request.app[ENGINE].lookup(caller.scope, key)
+    question = reading.status_question
+    assert question is not None
+    engine = request.app[ENGINE]
+    if question.key is not None:
+        operation = await engine.lookup(caller.scope, question.key)
+    else:
+        # By the call itself: the latest operation of it, under whatever key it was made.
+        assert question.fingerprint is not None
+        operation = await engine.find_request(caller.scope, route.name, (question.fingerprint,))
     request[TRACE].outcome = "status"
-    result = complete_result(status_result(key, operation), protocol_version(request.headers))
+    idempotency = request.app[SETTINGS].idempotency
+    remembered = idempotency.tombstone_retention
+    if route.derive_key:
+        remembered = min(remembered, route.derived_key_retention)
+    answer = status_result(question, operation, remembered=remembered)
+    result = complete_result(answer, protocol_version(request.headers))
     return json_response({"jsonrpc": "2.0", "id": reading.message.id, "result": result}, 200)
 
 

@@ -43,7 +43,7 @@ from gateway.engine.errors import (
     UpstreamUnreachable,
 )
 from gateway.engine.exchange import ProxyRequest, Reply
-from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.fingerprint import fingerprints
 from gateway.engine.headers import (
     IDEMPOTENCY_KEY,
     IDEMPOTENCY_SIMILAR,
@@ -63,6 +63,7 @@ from gateway.web.appkeys import (
     ENGINE,
     FORWARDER,
     METRICS,
+    OFFLOADER,
     QUOTAS,
     ROUTES,
     SCOPES,
@@ -163,6 +164,17 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
             )
         return await write_reply(request, passed)
 
+    fingerprint, legacy = await app[OFFLOADER].run(
+        len(body),
+        fingerprints,
+        request.method,
+        route.name,
+        url.raw_path,
+        url.raw_query_string,
+        request.headers.get("Content-Type"),
+        body,
+        app[SETTINGS].testing.canonical_json,
+    )
     proxy_request = ProxyRequest(
         route=route,
         upstream_url=match.upstream_url,
@@ -172,14 +184,8 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
         body=body,
         scope=caller.scope,
         key=key,
-        fingerprint=fingerprint_request(
-            method=request.method,
-            route=route.name,
-            path=url.raw_path,
-            query=url.raw_query_string,
-            content_type=request.headers.get("Content-Type"),
-            body=body,
-        ),
+        fingerprint=fingerprint,
+        legacy_fingerprint=legacy,
         wait_seconds=_preferred_wait(
             request.headers.getall("Prefer", []), app[SETTINGS].idempotency.max_wait
         ),

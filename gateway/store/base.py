@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from gateway.engine.calibration import Calibration, CalibrationChange
     from gateway.engine.history import EventRow, NewEvent
     from gateway.engine.models import (
         ClaimRequest,
@@ -71,6 +72,20 @@ class HistoryPage:
 
     events: tuple[EventRow, ...]
     payloads: tuple[bytes | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """What one round of lease renewals found, and when (the store's clock)."""
+
+    renewed: frozenset[str]
+    """Leases extended: their holders still hold them."""
+    lapsed: frozenset[str]
+    """Leases of this owner that had run out while their records were still `in_flight`:
+    not renewed but recorded `lease-expired` (now `unknown`), so the holder carries on
+    only as the stale holder of its attempt."""
+    at: float
+    """The store's clock at the renewal: a witness (`gateway.engine.graces`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +193,23 @@ class Store(Protocol):
         Every write verb appends its `events` to the operation's history in the
         same transaction, after the change (`gateway.engine.history`)."""
 
+    async def complete_late(
+        self,
+        operation_id: str,
+        attempt: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        """Record attempt `attempt`'s answer after its token went stale, where it is still
+        the truth: an operation released since (no newer attempt: the release was wrong,
+        the effect happened) becomes completed by the upstream; an operator's `applied`
+        without a receipt gets this one attached. Anything else: `None` (the caller
+        keeps it as evidence). The token grows."""
+
     async def mark_unknown(
         self,
         operation_id: str,
@@ -200,8 +232,14 @@ class Store(Protocol):
         """The request provably did not take effect; the key may be used again. Its
         recorded request is dropped `retention_seconds` from now."""
 
-    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
-        """Extend the leases (operation id to token) this owner still holds; the ids renewed."""
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> Renewal:
+        """Extend the leases (operation id to token) this owner still holds.
+
+        A lease that ran out is never renewed silently: someone may already have
+        seen it expire and acted on that. If its record is still `in_flight`, it
+        turns `unknown` here with a `lease-expired` event saying the holder found
+        it lapsed (`Renewal.lapsed`); the holder's answer is still recorded under
+        its token, as any stale holder's."""
 
     async def add_evidence(
         self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
@@ -246,12 +284,45 @@ class Store(Protocol):
         retention_seconds: float,
         tombstone_seconds: float,
         events: Sequence[NewEvent] = (),
+        calibrated: tuple[str, str] | None = None,
     ) -> Operation | None:
         """Settle an `unknown` operation's attempt `token` (the token grows by one).
 
         `None` if it is not unknown, not at that token (a newer attempt or an
-        earlier resolution superseded the one judged), or not at `expected_version`.
+        earlier resolution superseded the one judged), or not at `expected_version`;
+        or, with `calibrated` (route, kind), unless that kind's calibration row admits a
+        probe's release as the transaction reads it (`gateway.engine.calibration.decide`):
+        every worker and replica obeys the same verdict.
         """
+
+    async def calibration_samples(
+        self,
+        *,
+        route: str,
+        kind: str,
+        scope: str | None,
+        completed_since: float | None,
+        limit: int,
+    ) -> tuple[Operation, ...]:
+        """The latest operations of a request kind the upstream itself completed with a 2xx
+        receipt (in `scope` and completed at `completed_since` or later, when given),
+        newest first, at most `limit`."""
+
+    async def calibrations(self, route: str) -> tuple[Calibration, ...]:
+        """The route's probe calibration rows, by kind."""
+
+    async def save_calibration(self, change: CalibrationChange) -> Calibration | None:
+        """Write a calibration's outcome at the store's clock; None when the route already
+        has `MAX_KINDS` other kinds."""
+
+    async def route_kinds(self, route: str, *, limit: int) -> tuple[str, ...]:
+        """The distinct request kinds of the route's operations (at most `limit`)."""
+
+    async def latest_of_request(
+        self, *, scope: str, route: str, fingerprints: tuple[str, ...]
+    ) -> Operation | None:
+        """The latest operation of a request in a scope, whatever its key or state, by its
+        fingerprint in any of the forms given; None when none is remembered."""
 
     async def list_operations(
         self, where: OperationFilter, *, limit: int, cursor: str | None

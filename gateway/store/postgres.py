@@ -28,16 +28,23 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 import asyncpg.pool
 
+from gateway.engine.calibration import Calibration, CalibrationChange
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.history import NewEvent, capped, micros
 from gateway.engine.ids import new_operation_id
-from gateway.engine.lifecycle_events import claimed_event, expired_event, lease_expired_event
+from gateway.engine.lifecycle_events import (
+    LEASE_LAPSED,
+    claimed_event,
+    expired_event,
+    lease_expired_event,
+)
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -53,7 +60,15 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.engine.twins import BINDING_SWEEP_SLACK
-from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport, like_prefix
+from gateway.store import postgres_calibration as calibration_rows
+from gateway.store.base import (
+    HistoryPage,
+    OperationFilter,
+    Page,
+    Renewal,
+    SweepReport,
+    like_prefix,
+)
 from gateway.store.crypto import BodyCipher
 from gateway.store.history_rows import (
     KEY_SINCE,
@@ -66,7 +81,7 @@ from gateway.store.history_rows import (
 )
 from gateway.store.postgres_batch import StatementBatcher
 from gateway.store.postgres_connection import PostgresConnection, _translated
-from gateway.store.postgres_schema import COLUMNS, columns_of, migrate
+from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of, migrate
 from gateway.store.postgres_statements import (
     _CLAIMS,
     _COMPLETES,
@@ -86,7 +101,10 @@ from gateway.store.postgres_statements import (
     hmac_pads,
 )
 from gateway.store.rows import (
+    LEGACY_SINCE,
+    LEGACY_UNSETTLED,
     WITNESS_PREFIX,
+    LegacyFingerprints,
     as_stored,
     claim_changes,
     decode_cursor,
@@ -119,6 +137,7 @@ class PostgresStore(PostgresConnection):
         self._history_key = history_key
         self._seal: HistorySeal | None = None
         self._secret: bytes | None = None
+        self._legacy = LegacyFingerprints()
         self._claims = StatementBatcher(self._run_claims)
         self._completes = StatementBatcher(self._run_completes)
 
@@ -132,9 +151,24 @@ class PostgresStore(PostgresConnection):
             self._secret = await self._load_or_create_secret()
             if self._history_key is not None:
                 self._seal = await self._history_seal(self._history_key)
+            self._legacy = await self._legacy_fingerprints()
         except BaseException:
             await self.close()
             raise
+
+    async def _legacy_fingerprints(self) -> LegacyFingerprints:
+        since = await self._fetchval(
+            "migration", "SELECT value FROM gateway_meta WHERE name = $1", LEGACY_SINCE
+        )
+        if since is None:
+            return LegacyFingerprints()
+        unsettled = await self._fetchval("migration", LEGACY_UNSETTLED)
+        return LegacyFingerprints(float(bytes(since).decode()), unsettled is not None)
+
+    def _twin_form(self, request: ClaimRequest) -> str | None:
+        """The old fingerprint form a claim's twins are looked up by too (`LegacyFingerprints`;
+        judged on this host's clock, inside a margin for its disagreement with the store's)."""
+        return self._legacy.twin_form(request, time.time())
 
     async def close(self) -> None:
         await self._claims.drain()
@@ -232,7 +266,12 @@ class PostgresStore(PostgresConnection):
             # the batch's snapshot: decide again under the row's lock.
             async with self._require_pool().acquire() as connection, connection.transaction():
                 return await _claim_existing(
-                    connection, request, self._decode, self._cipher, self._seal
+                    connection,
+                    request,
+                    self._decode,
+                    self._cipher,
+                    self._seal,
+                    self._twin_form(request),
                 )
 
     async def _changed(
@@ -294,6 +333,8 @@ class PostgresStore(PostgresConnection):
             guards,
             [0.0 if r.similar is None else r.similar.window for r in requests],
             [r.similar is None or r.similar.vouched for r in requests],
+            [r.kind for r in requests],
+            [self._twin_form(r) for r in requests],
         )
         found: dict[tuple[str, str], Any] = {}
         existing: dict[tuple[str, str], Any] = {}
@@ -320,7 +361,7 @@ class PostgresStore(PostgresConnection):
                 results.append(None)
                 continue
             current = self._decode(key_row)
-            changes = claim_changes(current, request.fingerprint)
+            changes = claim_changes(current, request)
             results.append(None if changes else Existing(current))
         return results
 
@@ -354,6 +395,47 @@ class PostgresStore(PostgresConnection):
         )
         async with _translated("complete"):
             return await self._completes.submit(receipt)
+
+    async def complete_late(
+        self,
+        operation_id: str,
+        attempt: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        sealed = seal_receipt(
+            response, response.body if body_retained else None, operation_id, self._cipher
+        )
+        released = "state = 'released'"
+        return await self._changed(
+            "complete",
+            events,
+            "UPDATE operations SET state = 'completed', response_status = $3, "
+            "response_headers = $4, response_body = $5, storage = $6, body_retained = $7, "
+            f"expires_at = {NOW} + {SECONDS.format('$8')}, "
+            f"forgotten_at = {NOW} + {SECONDS.format('$9')}, "
+            f"resolution_by = CASE WHEN {released} THEN 'upstream' ELSE resolution_by END, "
+            f"resolution_at = CASE WHEN {released} THEN {NOW} ELSE resolution_at END, "
+            f"resolution_note = CASE WHEN {released} THEN NULL ELSE resolution_note END, "
+            f"lease_owner = NULL, token = token + 1, updated_at = {NOW}, "
+            "version = version + 1 WHERE id = $1 AND attempts = $2 AND (state = 'released' "
+            "OR (state = 'completed' AND response_status IS NULL "
+            f"AND resolution_by IN ('owner', 'admin'))) {_OUTCOME_RETURNING}",
+            operation_id,
+            attempt,
+            response.status,
+            sealed.headers,
+            sealed.body,
+            sealed.storage,
+            body_retained,
+            retention_seconds,
+            max(tombstone_seconds, retention_seconds),
+            stored=as_stored(response, body_retained=body_retained),
+        )
 
     async def _run_completes(self, receipts: Sequence[_Receipt]) -> list[Operation | None]:
         """One statement for a batch of receipts, each fenced by its own token, with their
@@ -451,24 +533,52 @@ class PostgresStore(PostgresConnection):
             retention_seconds,
         )
 
-    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> Renewal:
         if not leases:
-            return set()
+            return Renewal(frozenset(), frozenset(), await self.now())
         ids, tokens = zip(*leases.items(), strict=True)
-        # An expired lease is not renewed: another replica may already have seen it
-        # expire and acted on that.
-        rows = await self._fetch(
-            "renew",
-            f"UPDATE operations o SET lease_expires_at = {NOW} + {SECONDS.format('$4')} "
-            "FROM unnest($1::text[], $2::bigint[]) AS held(id, token) "
-            "WHERE o.id = held.id AND o.token = held.token AND o.lease_owner = $3 "
-            f"AND o.state = 'in_flight' AND o.lease_expires_at > {NOW} RETURNING o.id",
-            list(ids),
-            list(tokens),
-            owner,
-            lease_seconds,
+        evidence = json.dumps(Evidence(at=0.0, source="lease", detail=LEASE_LAPSED).as_json())
+        async with (
+            _translated("renew"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            at = await connection.fetchval(f"SELECT extract(epoch from {NOW})::float8")
+            rows = await connection.fetch(
+                f"UPDATE operations o SET lease_expires_at = {NOW} + {SECONDS.format('$4')} "
+                "FROM unnest($1::text[], $2::bigint[]) AS held(id, token) "
+                "WHERE o.id = held.id AND o.token = held.token AND o.lease_owner = $3 "
+                f"AND o.state = 'in_flight' AND o.lease_expires_at > {NOW} RETURNING o.id",
+                list(ids),
+                list(tokens),
+                owner,
+                lease_seconds,
+            )
+            lapsed = await connection.fetch(
+                "UPDATE operations o SET state = 'unknown', lease_owner = NULL, "
+                f"updated_at = {NOW}, version = version + 1, "
+                "evidence = evidence || jsonb_build_array("
+                f"jsonb_set($4::jsonb, '{{at}}', to_jsonb(extract(epoch from {NOW})::float8))) "
+                "FROM unnest($1::text[], $2::bigint[]) AS held(id, token) "
+                "WHERE o.id = held.id AND o.token = held.token AND o.lease_owner = $3 "
+                f"AND o.state = 'in_flight' AND o.lease_expires_at <= {NOW} "
+                f"RETURNING {columns_of('o')}, CASE WHEN o.watched THEN "
+                f"pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified",
+                list(ids),
+                list(tokens),
+                owner,
+                evidence,
+            )
+            event = lease_expired_event(LEASE_LAPSED)
+            await append_events(
+                connection,
+                [(row_to_operation(row, self._cipher, lenient=True), (event,)) for row in lapsed],
+                self._cipher,
+                self._seal,
+            )
+        return Renewal(
+            frozenset(row["id"] for row in rows), frozenset(row["id"] for row in lapsed), at
         )
-        return {row["id"] for row in rows}
 
     async def add_evidence(
         self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
@@ -558,9 +668,15 @@ class PostgresStore(PostgresConnection):
         retention_seconds: float,
         tombstone_seconds: float,
         events: Sequence[NewEvent] = (),
+        calibrated: tuple[str, str] | None = None,
     ) -> Operation | None:
         sealed = seal_receipt(
             response, response.body if response else None, operation_id, self._cipher
+        )
+        calibration = (
+            ""
+            if calibrated is None
+            else "AND " + calibration_rows.ADMITS_RELEASE.format("$14", "$15")
         )
         return await self._changed(
             "resolve",
@@ -572,7 +688,7 @@ class PostgresStore(PostgresConnection):
             f"resolution_by = $9, resolution_at = {NOW}, resolution_note = $10, "
             f"token = token + 1, updated_at = {NOW}, version = version + 1 "
             "WHERE id = $1 AND state = 'unknown' AND token = $12 "
-            "AND ($11::bigint IS NULL OR version = $11) "
+            f"AND ($11::bigint IS NULL OR version = $11) {calibration}"
             f"{_OUTCOME_RETURNING}",
             operation_id,
             state.value,
@@ -587,7 +703,46 @@ class PostgresStore(PostgresConnection):
             expected_version,
             token,
             sealed.storage,
+            *(() if calibrated is None else calibrated),
         )
+
+    async def calibration_samples(
+        self,
+        *,
+        route: str,
+        kind: str,
+        scope: str | None,
+        completed_since: float | None,
+        limit: int,
+    ) -> tuple[Operation, ...]:
+        rows = await self._fetch(
+            "calibration", calibration_rows.SAMPLE, route, kind, scope, completed_since, limit
+        )
+        return tuple(self._decode(row) for row in rows)
+
+    async def calibrations(self, route: str) -> tuple[Calibration, ...]:
+        async with _translated("calibration"), self._require_pool().acquire() as connection:
+            return await calibration_rows.calibrations(connection, route)
+
+    async def save_calibration(self, change: CalibrationChange) -> Calibration | None:
+        async with (
+            _translated("calibration"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            return await calibration_rows.save(connection, change)
+
+    async def route_kinds(self, route: str, *, limit: int) -> tuple[str, ...]:
+        rows = await self._fetch("calibration", calibration_rows.ROUTE_KINDS, route, limit)
+        return tuple(row["kind"] for row in rows)
+
+    async def latest_of_request(
+        self, *, scope: str, route: str, fingerprints: tuple[str, ...]
+    ) -> Operation | None:
+        row = await self._fetchrow(
+            "lookup", calibration_rows.LATEST_OF_REQUEST, list(fingerprints), scope, route
+        )
+        return None if row is None else self._decode(row)
 
     async def list_operations(
         self, where: OperationFilter, *, limit: int, cursor: str | None

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -199,12 +199,48 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         )
         """,
         "CREATE INDEX similar_refusals_by_expiry ON similar_refusals (expires_at)",
+    ),
+    # A probe proves it can see (gateway.engine.calibration): each operation's request
+    # kind, so that calibration finds a recent completed one of a kind, and the
+    # calibration rows themselves. Fingerprints become version 2 (JSON compared as JSON):
+    # where operations of the old form exist, the upgrade's time is kept, and twins and
+    # refusal bindings are looked up by both forms (`legacies`) while the old ones may
+    # still refuse. `gateway_claims` (made here, replacing version 7's) takes each
+    # claim's kind and the old form of its fingerprint.
+    8: (
+        "ALTER TABLE operations ADD COLUMN request_kind text",
+        "CREATE INDEX operations_by_kind ON operations (route, request_kind, scope, created_at) "
+        "WHERE request_kind IS NOT NULL",
+        """
+        CREATE TABLE probe_calibrations (
+            route text NOT NULL,
+            kind text NOT NULL,
+            state text NOT NULL CHECK (state IN ('calibrated', 'blind', 'trusted')),
+            at timestamptz NOT NULL,
+            sample text,
+            detail text NOT NULL,
+            until timestamptz,
+            actor text,
+            note text,
+            events jsonb NOT NULL DEFAULT '[]'::jsonb,
+            PRIMARY KEY (route, kind)
+        )
+        """,
+        "INSERT INTO gateway_meta (name, value) SELECT 'fingerprint_v2_since', "
+        "convert_to(extract(epoch from clock_timestamp())::text, 'UTF8') "
+        "WHERE EXISTS (SELECT 1 FROM operations "
+        "WHERE method <> 'tools/call' AND fingerprint LIKE 'sha256:%') "
+        "ON CONFLICT (name) DO NOTHING",
+        "DROP FUNCTION IF EXISTS gateway_claims(text[], text[], text[], text[], text[], text[], "
+        "text[], text[], float8[], bool[], text[], text[], bytea[], text[], bytea, bytea, "
+        "text[], float8[], bool[])",
         f"""
         CREATE FUNCTION gateway_claims(
             ids text[], scopes text[], keys text[], routes text[], methods text[],
             paths text[], fingerprints text[], owners text[], leases float8[], kept bool[],
             actors text[], datas text[], payloads bytea[], storages text[],
-            inner_pad bytea, outer_pad bytea, guards text[], windows float8[], vouched bool[]
+            inner_pad bytea, outer_pad bytea, guards text[], windows float8[], vouched bool[],
+            kinds text[], legacies text[]
         ) RETURNS TABLE (op operations, kind text, for_id text)
         LANGUAGE plpgsql VOLATILE
         -- Its plans are cached for the session, from the statistics of the moment: made
@@ -227,10 +263,10 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             WITH input AS (
                 SELECT * FROM unnest(ids, scopes, keys, routes, methods, paths, fingerprints,
                     owners, leases, kept, actors, datas, payloads, storages, guards, windows,
-                    vouched) WITH ORDINALITY
+                    vouched, kinds, legacies) WITH ORDINALITY
                 AS v(id, scope, key, route, method, path, fingerprint, lease_owner,
                     lease_seconds, request_kept, actor, data, payload, storage, guard,
-                    window_seconds, vouched, ord)
+                    window_seconds, vouched, request_kind, legacy, ord)
             ),
             clock AS (
                 SELECT clock_timestamp() AS now,
@@ -261,7 +297,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                 SELECT c.id AS for_id, b.twin_id
                 FROM checked c
                 JOIN similar_refusals b ON b.scope = c.scope AND b.key = c.key
-                    AND b.fingerprint = c.fingerprint AND b.refused_at > c.since
+                    AND b.fingerprint IN (c.fingerprint, c.legacy) AND b.refused_at > c.since
                 JOIN operations t ON t.id = b.twin_id
                     AND (t.forgotten_at IS NULL OR t.forgotten_at > c.now)
             ),
@@ -270,13 +306,13 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                 FROM checked c, LATERAL (
                     (SELECT o.id, o.state, 0 AS rank FROM operations o
                      WHERE o.scope = c.scope AND o.route = c.route
-                        AND o.fingerprint = c.fingerprint
+                        AND o.fingerprint IN (c.fingerprint, c.legacy)
                         AND o.state IN ('in_flight', 'unknown') AND o.sent_at > c.since
                      ORDER BY o.sent_at DESC LIMIT 1)
                     UNION ALL
                     (SELECT o.id, o.state, 1 FROM operations o
                      WHERE o.scope = c.scope AND o.route = c.route
-                        AND o.fingerprint = c.fingerprint AND o.state = 'completed'
+                        AND o.fingerprint IN (c.fingerprint, c.legacy) AND o.state = 'completed'
                         AND o.sent_at > c.since
                         AND (o.forgotten_at IS NULL OR o.forgotten_at > c.now)
                      ORDER BY o.sent_at DESC LIMIT 1)
@@ -307,13 +343,13 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                 INSERT INTO operations (id, scope, key, state, route, method, path,
                     fingerprint, attempts, token, version, created_at, updated_at,
                     lease_owner, lease_expires_at, sent_at, request_kept, history_seq,
-                    history_head)
+                    history_head, request_kind)
                 SELECT i.id, i.scope, i.key, 'in_flight', i.route, i.method, i.path,
                     i.fingerprint, 1, 1, 1, clock.now, clock.now, i.lease_owner,
                     clock.now + make_interval(secs => i.lease_seconds), clock.now,
                     i.request_kept, 1,
                     gateway_event_hash(i.actor, clock.at_us, i.data, '', 1, 'claimed', 1,
-                        inner_pad, outer_pad)
+                        inner_pad, outer_pad), i.request_kind
                 FROM input i CROSS JOIN clock
                 WHERE i.id NOT IN (SELECT id FROM deferred)
                     AND i.id NOT IN (SELECT r.for_id FROM refused r)

@@ -90,9 +90,9 @@ _SELECT_BY_KEY = f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $
 _INSERT_CLAIM = (
     "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
     "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-    f"sent_at, request_kept) VALUES ($1, $2, $3, 'in_flight', $4, $5, $6, $7, 1, 1, 1, {NOW}, "
-    f"{NOW}, $8, {NOW} + {SECONDS.format('$9')}, {NOW}, $10) ON CONFLICT (scope, key) DO NOTHING "
-    f"RETURNING {COLUMNS}"
+    f"sent_at, request_kept, request_kind) VALUES ($1, $2, $3, 'in_flight', $4, $5, $6, $7, "
+    f"1, 1, 1, {NOW}, {NOW}, $8, {NOW} + {SECONDS.format('$9')}, {NOW}, $10, $11) "
+    f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}"
 )
 """One claim's insert, under the row lock of `_claim_existing`."""
 
@@ -101,9 +101,9 @@ _CLAIMS = (
     "FROM gateway_claims($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
     "$6::text[], $7::text[], $8::text[], $9::float8[], $10::bool[], $11::text[], $12::text[], "
     "$13::bytea[], $14::text[], $15::bytea, $16::bytea, $17::text[], $18::float8[], "
-    "$19::bool[]) AS r"
+    "$19::bool[], $20::text[], $21::text[]) AS r"
 )
-"""Claims of a batch in one round trip (`gateway_claims`, schema version 7): the rows it
+"""Claims of a batch in one round trip (`gateway_claims`, schema version 8): the rows it
 inserted (`inserted`, found by their new ids) with a completed twin each (`twin`), the
 twin that refused a new key (`similar`, `_for` its claim's id), and the existing rows
 of the other keys as its snapshot sees them (`existing`).
@@ -311,6 +311,7 @@ def _insert_args(request: ClaimRequest) -> tuple[Any, ...]:
         request.owner,
         request.lease_seconds,
         request.claimed is not None and request.claimed.payload is not None,
+        request.kind,
     )
 
 
@@ -320,6 +321,7 @@ async def _claim_existing(
     decode: Callable[[Any], Operation],
     cipher: BodyCipher | None,
     seal: HistorySeal | None = None,
+    legacy: str | None = None,
 ) -> ClaimResult:
     """Decide under a row lock what a claim means for its key (inserting it if absent).
 
@@ -365,7 +367,7 @@ async def _claim_existing(
             break
         # Absent, or deleted (forgotten) while we waited for its lock: insert; if
         # another claim got there first, its row is read, locked, on the next turn.
-        refused, twin = await _twins(connection, request, decode)
+        refused, twin = await _twins(connection, request, decode, legacy)
         if refused is not None:
             return Similar(refused)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
@@ -377,13 +379,13 @@ async def _claim_existing(
     if is_forgotten(current):
         await connection.execute("DELETE FROM operation_events WHERE operation_id = $1", current.id)
         await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
-        refused, twin = await _twins(connection, request, decode)
+        refused, twin = await _twins(connection, request, decode, legacy)
         if refused is not None:
             return Similar(refused)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
         return await started(decode(inserted), twin, request.claimed)
-    if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
-        refused, twin = await _twins(connection, request, decode)
+    if current.state is State.RELEASED and request.same_request(current.fingerprint):
+        refused, twin = await _twins(connection, request, decode, legacy)
         if refused is not None:
             return Similar(refused)
         updated = await connection.fetchrow(
@@ -415,15 +417,16 @@ _SINCE = f"CASE WHEN $5 THEN {NOW} - {SECONDS.format('$4')} ELSE '-infinity' END
 
 _BOUND = (
     f"SELECT {columns_of('t')} FROM similar_refusals b JOIN operations t ON t.id = b.twin_id "
-    f"WHERE b.scope = $1 AND b.key = $2 AND b.fingerprint = $3 AND b.refused_at > {_SINCE} "
+    "WHERE b.scope = $1 AND b.key = $2 AND b.fingerprint IN ($3, $6) "
+    f"AND b.refused_at > {_SINCE} "
     f"AND (t.forgotten_at IS NULL OR t.forgotten_at > {NOW})"
 )
 _TWIN = (
     f"(SELECT {columns_of('o')}, 0 AS _rank FROM operations o WHERE o.scope = $1 "
-    "AND o.route = $2 AND o.fingerprint = $3 AND o.state IN ('in_flight', 'unknown') "
+    "AND o.route = $2 AND o.fingerprint IN ($3, $6) AND o.state IN ('in_flight', 'unknown') "
     f"AND o.sent_at > {_SINCE} ORDER BY o.sent_at DESC LIMIT 1) "
     f"UNION ALL (SELECT {columns_of('o')}, 1 FROM operations o WHERE o.scope = $1 "
-    "AND o.route = $2 AND o.fingerprint = $3 AND o.state = 'completed' "
+    "AND o.route = $2 AND o.fingerprint IN ($3, $6) AND o.state = 'completed' "
     f"AND o.sent_at > {_SINCE} AND (o.forgotten_at IS NULL OR o.forgotten_at > {NOW}) "
     "ORDER BY o.sent_at DESC LIMIT 1) ORDER BY _rank LIMIT 1"
 )
@@ -443,14 +446,23 @@ async def _twins(
     connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
     request: ClaimRequest,
     decode: Callable[[Any], Operation],
+    legacy: str | None,
 ) -> tuple[Operation | None, Operation | None]:
     """(the twin that refuses this claim, the twin a claim that goes ahead names), found
-    under the request's lock; decided by `gateway.engine.twins`. A fresh refusal binds
-    the key to its twin for the window."""
+    under the request's lock, by its fingerprint (and `legacy`, the old form, while one
+    may still refuse); decided by `gateway.engine.twins`. A fresh refusal binds the key
+    to its twin for the window."""
     guard = request.similar
     if guard is None or guard.derived:
         return None, None
-    window = (request.scope, request.route, request.fingerprint, guard.window, guard.vouched)
+    window = (
+        request.scope,
+        request.route,
+        request.fingerprint,
+        guard.window,
+        guard.vouched,
+        legacy,
+    )
     bound: Operation | None = None
     if not guard.distinct:
         row = await connection.fetchrow(_BOUND, request.scope, request.key, *window[2:])

@@ -14,7 +14,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from gateway.engine.errors import StoreUnavailable
-from gateway.engine.models import Evidence, Operation, Resolution, State, StoredResponse
+from gateway.engine.models import (
+    ClaimRequest,
+    Evidence,
+    Operation,
+    Resolution,
+    State,
+    StoredResponse,
+)
 from gateway.store.crypto import BodyCipher, CipherError
 
 COLUMN_NAMES = (
@@ -149,7 +156,44 @@ def scope_secret_lost() -> StoreUnavailable:
     )
 
 
-def claim_changes(current: Operation, fingerprint: str) -> bool:
+LEGACY_MARGIN = 3600.0
+"""Seconds past a guard's window after the upgrade during which twins are still looked up
+by the old fingerprint form: room for the gateway host's clock to disagree with the store's."""
+
+
+class LegacyFingerprints(NamedTuple):
+    """Whether a claim's twin check looks up the old fingerprint form too (see
+    `gateway.engine.fingerprint`): while an operation of that form may still refuse a new
+    key, that is while one is unsettled, or inside the guard's window after the upgrade.
+    Read once when the store opens; `since` is None where no such operation existed."""
+
+    since: float | None = None
+    unsettled: bool = False
+
+    def twin_form(self, request: ClaimRequest, now: float) -> str | None:
+        """The old form to look twins and bindings up by too, or None."""
+        guard = request.similar
+        if self.since is None or guard is None or request.legacy_fingerprint is None:
+            return None
+        if self.unsettled or now < self.since + guard.window + LEGACY_MARGIN:
+            return request.legacy_fingerprint
+        return None
+
+
+NO_LEGACY = LegacyFingerprints()
+"""A store with no operation of the old fingerprint form."""
+
+LEGACY_SINCE = "fingerprint_v2_since"
+"""The `gateway_meta` row that dates the upgrade to version 2 fingerprints (POSIX seconds
+as text), written by the migration only where operations of the old form existed."""
+LEGACY_UNSETTLED = (
+    "SELECT 1 FROM operations WHERE state IN ('in_flight', 'unknown') "
+    "AND method <> 'tools/call' AND fingerprint LIKE 'sha256:%' LIMIT 1"
+)
+"""Whether an operation of the old fingerprint form is still unsettled (by the state index)."""
+
+
+def claim_changes(current: Operation, request: ClaimRequest) -> bool:
     """Whether a claim of `current`'s key changes its record, rather than report it.
 
     It does for a forgotten record (the key starts over), a released one with
@@ -160,7 +204,7 @@ def claim_changes(current: Operation, fingerprint: str) -> bool:
     if is_forgotten(current):
         return True
     if current.state is State.RELEASED:
-        return current.fingerprint == fingerprint
+        return request.same_request(current.fingerprint)
     return current.lease_expired()
 
 

@@ -36,10 +36,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.engine.calibration import Calibration, CalibrationChange
 from gateway.engine.clock import SYSTEM_CLOCK, Clock
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.history import NewEvent, capped, micros
-from gateway.engine.lifecycle_events import expired_event, lease_expired_event
+from gateway.engine.lifecycle_events import LEASE_LAPSED, expired_event, lease_expired_event
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
@@ -51,7 +52,8 @@ from gateway.engine.models import (
     StoredResponse,
 )
 from gateway.engine.twins import BINDING_SWEEP_SLACK
-from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
+from gateway.store import sqlite_calibration as calibration
+from gateway.store.base import HistoryPage, OperationFilter, Page, Renewal, SweepReport
 from gateway.store.crypto import BodyCipher, CipherError
 from gateway.store.history_rows import (
     READ_COLUMNS,
@@ -63,6 +65,7 @@ from gateway.store.history_rows import (
 )
 from gateway.store.rows import (
     WITNESS_PREFIX,
+    LegacyFingerprints,
     as_stored,
     decode_cursor,
     encode_cursor,
@@ -75,6 +78,8 @@ from gateway.store.sqlite_connection import SharedDatabase, SqliteConnection
 from gateway.store.sqlite_schema import COLUMNS, migrate
 from gateway.store.sqlite_statements import (
     _INSERT_EVENT,
+    _LATE_RESOLUTION,
+    _LATE_WRITABLE,
     _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
     _RETURNING,
@@ -83,6 +88,7 @@ from gateway.store.sqlite_statements import (
     KEY_IN_ANY_SCOPE,
     _claim,
     load_key_since,
+    load_legacy_fingerprints,
     load_or_create_secret,
 )
 
@@ -98,6 +104,9 @@ _REPLAYABLE = (
 and not forgotten), judged on the store's clock (`?1`, its time now): the columns a replay
 needs, no more."""
 log = logging.getLogger("gateway.store.sqlite")
+
+
+_UPSTREAM = "'upstream'"
 
 
 class SqliteStore(SqliteConnection):
@@ -131,6 +140,7 @@ class SqliteStore(SqliteConnection):
         self._history_key = history_key
         self._seal: HistorySeal | None = None
         self._secret: bytes | None = None
+        self._legacy = LegacyFingerprints()
         self.orphans_at_start = 0
 
     def _decode(self, row: Any) -> Operation:
@@ -145,6 +155,7 @@ class SqliteStore(SqliteConnection):
             await self._writer.start()
             await self._writer.run(migrate, off_loop=True)
             self._secret = await self._writer.run(load_or_create_secret)
+            self._legacy = await self._writer.run(load_legacy_fingerprints)
             if history_key := self._history_key:
                 now_us = micros(self._clock.time())
                 record = await self._writer.run(lambda c: load_key_since(c, history_key, now_us))
@@ -222,7 +233,14 @@ class SqliteStore(SqliteConnection):
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         return await self._writer.run(
             lambda c: _claim(
-                c, request, self._decode, self._clock, self._append, self._cipher, self._seal
+                c,
+                request,
+                self._decode,
+                self._clock,
+                self._append,
+                self._cipher,
+                self._seal,
+                self._legacy,
             )
         )
 
@@ -298,6 +316,51 @@ class SqliteStore(SqliteConnection):
         stored = as_stored(response, body_retained=body_retained)
         return await self._writer.run(job)
 
+    async def complete_late(
+        self,
+        operation_id: str,
+        attempt: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        receipt = seal_receipt(
+            response, response.body if body_retained else None, operation_id, self._cipher
+        )
+
+        def job(c: sqlite3.Connection) -> Operation | None:
+            now = self._clock.time()
+            row = c.execute(
+                "UPDATE operations SET state = 'completed', response_status = ?, "
+                "response_headers = ?, response_body = ?, storage = ?, body_retained = ?, "
+                "expires_at = ?, forgotten_at = ?, "
+                f"resolution_by = {_LATE_RESOLUTION.format('by', _UPSTREAM)}, "
+                f"resolution_at = {_LATE_RESOLUTION.format('at', '?')}, "
+                f"resolution_note = {_LATE_RESOLUTION.format('note', 'NULL')}, "
+                "lease_owner = NULL, token = token + 1, updated_at = ?, version = version + 1 "
+                f"WHERE id = ? AND attempts = ? AND {_LATE_WRITABLE} {_OUTCOME_RETURNING}",
+                (
+                    response.status,
+                    receipt.headers,
+                    receipt.body,
+                    receipt.storage,
+                    int(body_retained),
+                    now + retention_seconds,
+                    now + max(tombstone_seconds, retention_seconds),
+                    now,
+                    now,
+                    operation_id,
+                    attempt,
+                ),
+            ).fetchone()
+            return self._append_row(c, row, events, stored=stored)
+
+        stored = as_stored(response, body_retained=body_retained)
+        return await self._writer.run(job)
+
     async def mark_unknown(
         self,
         operation_id: str,
@@ -347,15 +410,14 @@ class SqliteStore(SqliteConnection):
 
         return await self._writer.run(job)
 
-    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> Renewal:
         items = list(leases.items())
 
-        def job(c: sqlite3.Connection) -> set[str]:
+        def job(c: sqlite3.Connection) -> Renewal:
             now = self._clock.time()
-            renewed = set()
+            renewed, lapsed = set(), set()
+            evidence = json.dumps(Evidence(at=now, source="lease", detail=LEASE_LAPSED).as_json())
             for op_id, token in items:
-                # An expired lease is not renewed: someone may already have seen it
-                # expire and acted on that.
                 cursor = c.execute(
                     "UPDATE operations SET lease_expires_at = ? WHERE id = ? AND token = ? "
                     "AND lease_owner = ? AND state = 'in_flight' AND lease_expires_at > ?",
@@ -363,9 +425,23 @@ class SqliteStore(SqliteConnection):
                 )
                 if cursor.rowcount:
                     renewed.add(op_id)
-            return renewed
+                    continue
+                row = c.execute(
+                    "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
+                    "updated_at = ?, version = version + 1, "
+                    "evidence = json_insert(evidence, '$[#]', json(?)) "
+                    "WHERE id = ? AND token = ? AND lease_owner = ? AND state = 'in_flight' "
+                    f"AND lease_expires_at <= ? {_OUTCOME_RETURNING}",
+                    (now, evidence, op_id, token, owner, now),
+                ).fetchone()
+                if row is not None:
+                    lapsed.add(op_id)
+                    self._append_row(c, row, (lease_expired_event(LEASE_LAPSED),), lenient=True)
+            return Renewal(frozenset(renewed), frozenset(lapsed), now)
 
-        return await self._writer.run(job) if items else set()
+        if not items:
+            return Renewal(frozenset(), frozenset(), await self.now())
+        return await self._writer.run(job)
 
     async def add_evidence(
         self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
@@ -456,6 +532,7 @@ class SqliteStore(SqliteConnection):
         retention_seconds: float,
         tombstone_seconds: float,
         events: Sequence[NewEvent] = (),
+        calibrated: tuple[str, str] | None = None,
     ) -> Operation | None:
         receipt = seal_receipt(
             response, response.body if response else None, operation_id, self._cipher
@@ -463,6 +540,8 @@ class SqliteStore(SqliteConnection):
 
         def job(c: sqlite3.Connection) -> Operation | None:
             now = self._clock.time()
+            if calibrated is not None and not calibration.admits_release(c, *calibrated, now):
+                return None
             retained = response is not None
             row = c.execute(
                 "UPDATE operations SET state = ?, response_status = ?, response_headers = ?, "
@@ -494,6 +573,54 @@ class SqliteStore(SqliteConnection):
             return self._append_row(c, row, events)
 
         return await self._writer.run(job)
+
+    async def calibration_samples(
+        self,
+        *,
+        route: str,
+        kind: str,
+        scope: str | None,
+        completed_since: float | None,
+        limit: int,
+    ) -> tuple[Operation, ...]:
+        return await self._writer.run(
+            lambda c: calibration.samples(
+                c,
+                self._decode,
+                route=route,
+                kind=kind,
+                scope=scope,
+                completed_since=completed_since,
+                now=self._clock.time(),
+                limit=limit,
+            ),
+            off_loop=True,
+        )
+
+    async def calibrations(self, route: str) -> tuple[Calibration, ...]:
+        return await self._writer.run(lambda c: calibration.calibrations(c, route))
+
+    async def save_calibration(self, change: CalibrationChange) -> Calibration | None:
+        return await self._writer.run(lambda c: calibration.save(c, change, self._clock.time()))
+
+    async def route_kinds(self, route: str, *, limit: int) -> tuple[str, ...]:
+        return await self._writer.run(
+            lambda c: calibration.route_kinds(c, route, limit), off_loop=True
+        )
+
+    async def latest_of_request(
+        self, *, scope: str, route: str, fingerprints: tuple[str, ...]
+    ) -> Operation | None:
+        return await self._writer.run(
+            lambda c: calibration.latest_of_request(
+                c,
+                self._decode,
+                scope=scope,
+                route=route,
+                fingerprints=fingerprints,
+                now=self._clock.time(),
+            )
+        )
 
     async def list_operations(
         self, where: OperationFilter, *, limit: int, cursor: str | None

@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 SETTLED_FUNCTION = "gateway_settled"
 """An SQL function the writer connection registers: `gateway_settled(id)` notes that a
@@ -134,6 +134,35 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         ) WITHOUT ROWID
         """,
         "CREATE INDEX similar_refusals_by_expiry ON similar_refusals (expires_at)",
+    ),
+    # A probe proves it can see (gateway.engine.calibration): each operation's request
+    # kind, so that calibration finds a recent completed one of a kind; and the
+    # calibration rows themselves. Fingerprints become version 2 (JSON compared as JSON):
+    # when operations of the old form exist, the upgrade's time is kept, so that twins
+    # of the old form are looked up by both forms while they may still refuse.
+    7: (
+        "ALTER TABLE operations ADD COLUMN request_kind TEXT",
+        "CREATE INDEX operations_by_kind ON operations (route, request_kind, scope, created_at) "
+        "WHERE request_kind IS NOT NULL",
+        """
+        CREATE TABLE probe_calibrations (
+            route TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('calibrated', 'blind', 'trusted')),
+            at REAL NOT NULL,
+            sample TEXT,
+            detail TEXT NOT NULL,
+            until REAL,
+            actor TEXT,
+            note TEXT,
+            events TEXT NOT NULL DEFAULT '[]',
+            PRIMARY KEY (route, kind)
+        ) WITHOUT ROWID
+        """,
+        # The host's clock, the store's on SQLite (julianday: any SQLite version).
+        "INSERT INTO gateway_meta (name, value) SELECT 'fingerprint_v2_since', "
+        "CAST((julianday('now') - 2440587.5) * 86400.0 AS TEXT) WHERE EXISTS (SELECT 1 "
+        "FROM operations WHERE method != 'tools/call' AND fingerprint LIKE 'sha256:%')",
     ),
 }
 

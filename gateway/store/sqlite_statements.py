@@ -43,7 +43,15 @@ from gateway.store.history_rows import (
     chained_rows,
     key_since_record,
 )
-from gateway.store.rows import claim_changes, is_forgotten, scope_secret_lost
+from gateway.store.rows import (
+    LEGACY_SINCE,
+    LEGACY_UNSETTLED,
+    NO_LEGACY,
+    LegacyFingerprints,
+    claim_changes,
+    is_forgotten,
+    scope_secret_lost,
+)
 from gateway.store.sqlite_schema import COLUMNS, SETTLED_FUNCTION
 
 Decode = Callable[[Any], Operation]
@@ -74,6 +82,17 @@ _OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
 token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
 still records what it learned; a resolution or a new attempt bumps the token."""
 
+_LATE_WRITABLE = (
+    "(state = 'released' OR (state = 'completed' AND response_status IS NULL "
+    "AND resolution_by IN ('owner', 'admin')))"
+)
+"""Where a stale attempt's answer is still recorded (`Store.complete_late`): a release it
+proves wrong, or an operator's `applied` that has no receipt."""
+
+_LATE_RESOLUTION = "CASE WHEN state = 'released' THEN {1} ELSE resolution_{0} END"
+"""A late answer settles a released operation as the upstream's; an operator's `applied`
+keeps its resolution and gains the receipt (format: the column's suffix, the new value)."""
+
 KEY_IN_ANY_SCOPE = (
     "key = ? AND scope IN ("
     "WITH RECURSIVE scopes(scope) AS ("
@@ -98,6 +117,7 @@ def _claim(
     append: Append,
     cipher: BodyCipher | None,
     seal: HistorySeal | None = None,
+    legacy: LegacyFingerprints = NO_LEGACY,
 ) -> ClaimResult:
     """Read first: a miss is a cheap index probe, while an INSERT that conflicts (every
     replay, if we inserted first) costs a built row and a constraint check (profiled).
@@ -112,16 +132,16 @@ def _claim(
         f"{_SELECT} WHERE scope = ? AND key = ?", (request.scope, request.key)
     ).fetchone()
     if row is None:
-        return _claim_new(c, request, now, decode, append, cipher, seal)
+        return _claim_new(c, request, now, decode, append, cipher, seal, legacy)
     current = decode(row)
-    if not claim_changes(current, request.fingerprint):
+    if not claim_changes(current, request):
         return Existing(current)
     if is_forgotten(current):
         c.execute("DELETE FROM operation_events WHERE operation_id = ?", (current.id,))
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
-        return _claim_new(c, request, now, decode, append, cipher, seal)
-    if current.state is State.RELEASED and current.fingerprint == request.fingerprint:
-        refused, twin = _twins(c, request, now, decode)
+        return _claim_new(c, request, now, decode, append, cipher, seal, legacy)
+    if current.state is State.RELEASED and request.same_request(current.fingerprint):
+        refused, twin = _twins(c, request, now, decode, legacy)
         if refused is not None:
             return Similar(refused)
         updated = decode(
@@ -158,8 +178,9 @@ def _claim_new(
     append: Append,
     cipher: BodyCipher | None,
     seal: HistorySeal | None,
+    legacy: LegacyFingerprints,
 ) -> ClaimResult:
-    refused, twin = _twins(c, request, now, decode)
+    refused, twin = _twins(c, request, now, decode, legacy)
     if refused is not None:
         return Similar(refused)
     operation = _insert_claim(c, request, now, cipher, seal, distinct_of(request, twin))
@@ -186,20 +207,26 @@ def _note_distinct(
 
 
 _UNSETTLED_TWIN = (
-    f"{_SELECT} WHERE scope = ? AND route = ? AND fingerprint = ? "
+    f"{_SELECT} WHERE scope = ? AND route = ? AND fingerprint {{}} "
     "AND state IN ('in_flight', 'unknown') AND sent_at > ? ORDER BY sent_at DESC LIMIT 1"
 )
 _COMPLETED_TWIN = (
-    f"{_SELECT} WHERE scope = ? AND route = ? AND fingerprint = ? AND state = 'completed' "
+    f"{_SELECT} WHERE scope = ? AND route = ? AND fingerprint {{}} AND state = 'completed' "
     "AND sent_at > ? AND (forgotten_at IS NULL OR forgotten_at > ?) "
     "ORDER BY sent_at DESC LIMIT 1"
 )
+_ONE_FORM, _TWO_FORMS = "= ?", "IN (?, ?)"
+"""A twin's fingerprint: this request's, or (`LegacyFingerprints`) either of its forms."""
 """The latest twin of each kind: a seek each on `operations_by_request`, however many
 completed twins the window holds."""
 
 
 def _twins(
-    c: sqlite3.Connection, request: ClaimRequest, now: float, decode: Decode
+    c: sqlite3.Connection,
+    request: ClaimRequest,
+    now: float,
+    decode: Decode,
+    legacy: LegacyFingerprints,
 ) -> tuple[Operation | None, Operation | None]:
     """(the twin that refuses this claim, the twin a claim that goes ahead names).
 
@@ -210,6 +237,8 @@ def _twins(
     guard = request.similar
     if guard is None or guard.derived:
         return None, None
+    old_form = legacy.twin_form(request, now)
+    forms = (request.fingerprint,) if old_form is None else (request.fingerprint, old_form)
     bound: Operation | None = None
     if not guard.distinct:
         binding = c.execute(
@@ -217,19 +246,16 @@ def _twins(
             "WHERE scope = ? AND key = ?",
             (request.scope, request.key),
         ).fetchone()
-        if (
-            binding is not None
-            and binding[0] == request.fingerprint
-            and guard.within(binding[2], now)
-        ):
+        if binding is not None and binding[0] in forms and guard.within(binding[2], now):
             row = c.execute(f"{_SELECT} WHERE id = ?", (binding[1],)).fetchone()
             bound = None if row is None else decode(row)
             if bound is not None and is_forgotten(bound):
                 bound = None
-    where = (request.scope, request.route, request.fingerprint, guard.since(now))
-    row = c.execute(_UNSETTLED_TWIN, where).fetchone()
+    where = (request.scope, request.route, *forms, guard.since(now))
+    match = _ONE_FORM if old_form is None else _TWO_FORMS
+    row = c.execute(_UNSETTLED_TWIN.format(match), where).fetchone()
     if row is None:
-        row = c.execute(_COMPLETED_TWIN, (*where, now)).fetchone()
+        row = c.execute(_COMPLETED_TWIN.format(match), (*where, now)).fetchone()
     twin = None if row is None else decode(row)
     if twin is not None and not is_twin(twin, guard, now):
         twin = None
@@ -280,8 +306,8 @@ def _insert_claim(
     c.execute(
         "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
         "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-        "sent_at, request_kept, history_seq, history_head) "
-        "VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "sent_at, request_kept, history_seq, history_head, request_kind) "
+        "VALUES (?, ?, ?, 'in_flight', ?, ?, ?, ?, 1, 1, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             operation.id,
             operation.scope,
@@ -298,6 +324,7 @@ def _insert_claim(
             int(claimed.payload is not None),
             operation.history_seq,
             operation.history_head,
+            request.kind,
         ),
     )
     c.executemany(_INSERT_EVENT, events)
@@ -312,6 +339,15 @@ def load_key_since(c: sqlite3.Connection, key: bytes, now_us: int) -> bytes:
     )
     row = c.execute("SELECT value FROM gateway_meta WHERE name = ?", (KEY_SINCE,)).fetchone()
     return bytes(row[0])
+
+
+def load_legacy_fingerprints(c: sqlite3.Connection) -> LegacyFingerprints:
+    """Whether twins are still looked up by the fingerprint form before version 2."""
+    row = c.execute("SELECT value FROM gateway_meta WHERE name = ?", (LEGACY_SINCE,)).fetchone()
+    if row is None:
+        return LegacyFingerprints()
+    unsettled = c.execute(LEGACY_UNSETTLED).fetchone() is not None
+    return LegacyFingerprints(float(bytes(row[0]).decode()), unsettled)
 
 
 def load_or_create_secret(c: sqlite3.Connection) -> bytes:

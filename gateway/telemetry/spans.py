@@ -216,6 +216,10 @@ class SpanNotes:
         self._inner.probe_result(route, result)
         otel_trace.get_current_span().set_attribute(attr.PROBE_RESULT, result)
 
+    def late_answer(self, route: str, outcome: str) -> None:
+        self._inner.late_answer(route, outcome)
+        otel_trace.get_current_span().add_event("late answer", {"outcome": outcome})
+
     def resolved(self, by: str, outcome: str) -> None:
         self._inner.resolved(by, outcome)
         otel_trace.get_current_span().set_attributes(

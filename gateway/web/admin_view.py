@@ -56,7 +56,7 @@ def require_admin(request: web.Request) -> None:
         raise Unauthorized("a valid 'Authorization: Bearer <admin token>' is required")
 
 
-def _actor(request: web.Request) -> str:
+def actor_of(request: web.Request) -> str:
     """`admin`, or `admin:<name>` from `X-Admin-Actor` (the console asks for it at sign-in)."""
     name = request.headers.get(ADMIN_ACTOR, "").strip()
     if not name:
@@ -175,7 +175,7 @@ async def resolve_operation(request: web.Request) -> web.Response:
     """Settle any scope's unknown operation; `force` releases despite `too-early`, on the
     record, and `share_with_owner` lets the owner read the note."""
     require_admin(request)
-    actor = _actor(request)
+    actor = actor_of(request)
     body = parse_resolve_body(await read_operator_body(request))
     operation = await _operation_by_id(request)
     resolved = await request.app[ENGINE].resolve(
@@ -204,7 +204,7 @@ async def redact_operation(request: web.Request) -> web.Response:
     """Erase an operation's recorded request and any receipt's headers and body (personal
     data), in any state; the key stays used, the history says who erased what and why."""
     require_admin(request)
-    actor = _actor(request)
+    actor = actor_of(request)
     raw = await read_operator_body(request)
     try:
         body = RedactBody.model_validate_json(raw or b"null")

@@ -24,10 +24,11 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.config import Settings
+from gateway.engine.clock import SYSTEM_CLOCK
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.forwarded_key import ForwardedKeys
-from gateway.engine.graces import start_witness
+from gateway.engine.graces import GraceClock, start_witness
 from gateway.engine.leases import LeaseKeeper
 from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
@@ -70,6 +71,7 @@ from gateway.web.appkeys import (
     MCP_READER,
     MCP_SESSIONS,
     METRICS,
+    OFFLOADER,
     PROBE_JOBS,
     QUOTAS,
     ROUTES,
@@ -88,9 +90,11 @@ from gateway.web.listeners import (
 )
 from gateway.web.metrics import GatewayMetrics
 from gateway.web.metrics_processes import SNAPSHOT_SECONDS, WorkerSnapshots
+from gateway.web.offload import Offloader
 from gateway.web.openapi import openapi_json
 from gateway.web.operations_view import lookup, resolve
 from gateway.web.probe_jobs import ProbeJobs
+from gateway.web.probes_view import check_probe, show_probe, trust_probe
 from gateway.web.problems import problem_middleware
 from gateway.web.request_log import request_logging
 from gateway.workers.role import RunningWorker
@@ -135,7 +139,8 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app[MCP_HINTS] = ReadOnlyHints()
     app[MCP_KNOWN_CALLS] = KnownCalls()
     app[MCP_CANCELLATIONS] = Cancellations(app[MCP_KNOWN_CALLS])
-    app[MCP_READER] = MessageReader()
+    app[OFFLOADER] = Offloader()
+    app[MCP_READER] = MessageReader(app[OFFLOADER])
     app.on_cleanup.append(_close_reader)
     app[BACKGROUND] = set()
     if worker is not None:
@@ -161,6 +166,9 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app.router.add_post("/admin/operations/{id}/redact", redact_operation)
     app.router.add_post("/admin/operations/{id}/probe", probe_operation)
     app.router.add_get("/admin/probe-jobs/{route}", probe_job)
+    app.router.add_get("/admin/probes/{route}", show_probe)
+    app.router.add_post("/admin/probes/{route}/check", check_probe)
+    app.router.add_post("/admin/probes/{route}/trust", trust_probe)
     app.router.add_get("/admin/verify", verify_all)
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_route("*", "/{tail:.*}", proxy)
@@ -169,7 +177,7 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
 
 async def _close_reader(app: web.Application) -> None:
     """The helper processes that read large MCP messages end with the app."""
-    app[MCP_READER].close()
+    app[OFFLOADER].close()
 
 
 async def _services(app: web.Application) -> AsyncIterator[None]:
@@ -191,11 +199,13 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     tracer = open_tracer()
     forwarder = Forwarder(settings.routes, tracer=tracer, tenant_routes=settings.tenant_routes)
     await forwarder.start()
+    graces = GraceClock(SYSTEM_CLOCK)
     keeper = LeaseKeeper(
         store,
         owner=instance_id() if worker is None else worker.role.owner,
         lease_seconds=settings.idempotency.lease,
         tombstone_seconds=settings.idempotency.tombstone_retention,
+        graces=graces,
     )
     await keeper.start()
     scope_secret = await store.scope_secret()
@@ -212,6 +222,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         observer=tracer.observing(metrics),
         tracer=tracer,
         fault=settings.testing.fault,
+        graces=graces,
+        sight_observer=metrics,
     )
     engine.cross_process_signals = await store.subscribe(engine.notify_settled)
     witness = await start_witness(store, engine.graces)
@@ -241,6 +253,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
             await asyncio.gather(publisher, return_exceptions=True)
             metrics.publish()  # the last counts of a worker that stops
         await sweeper.stop()
+        await engine.close()
         witness.cancel()
         await asyncio.gather(witness, return_exceptions=True)
         await keeper.stop()

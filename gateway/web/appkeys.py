@@ -21,6 +21,7 @@ from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
 from gateway.upstream.forwarder import Forwarder
 from gateway.web.metrics import GatewayMetrics
+from gateway.web.offload import Offloader
 from gateway.web.probe_jobs import ProbeJobs
 from gateway.workers.role import RunningWorker
 
@@ -38,6 +39,8 @@ BACKGROUND = web.AppKey("background", set[asyncio.Task[Any]])
 MCP_HINTS = web.AppKey("mcp_hints", ReadOnlyHints)
 PROBE_JOBS = web.AppKey("probe_jobs", ProbeJobs)
 MCP_READER = web.AppKey("mcp_reader", MessageReader)
+OFFLOADER = web.AppKey("offloader", Offloader)
+"""The helper process for CPU-bound work on large bodies (both front ends)."""
 """What each MCP route's server says is read-only, learned from its `tools/list` answers."""
 MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)
 """Binds MCP session ids to the scope that opened them (with `[[clients]]`)."""

@@ -140,6 +140,21 @@ class GatewayMetrics:
             ("route", "result"),
             registry=r,
         )
+        self.probe_blind_kinds = Gauge(
+            PREFIX + "probe_blind",
+            "1 while a route's probe is blind for requests an applies_to entry covers: its "
+            '"not found" releases none of them until an operator trusts it (probes trust).',
+            ("route", "applies_to"),
+            registry=r,
+        )
+        self.late_answers = Counter(
+            PREFIX + "late_answers",
+            "Upstream answers recorded after their attempt lost its hold, by route and what "
+            "they did: completed a released operation, attached a receipt, or evidence "
+            "(possible_duplicate when a newer attempt was sent).",
+            ("route", "outcome"),
+            registry=r,
+        )
         self.resolutions = Counter(
             PREFIX + "resolutions",
             "Unknown operations settled, by who settled them and the outcome.",
@@ -228,6 +243,12 @@ class GatewayMetrics:
 
     def resolved(self, by: str, outcome: str) -> None:
         self.resolutions.labels(by, outcome).inc()
+
+    def probe_blind(self, route: str, entry: str, blind: bool) -> None:
+        self.probe_blind_kinds.labels(route, entry).set(1 if blind else 0)
+
+    def late_answer(self, route: str, outcome: str) -> None:
+        self.late_answers.labels(route, outcome).inc()
 
     def swept_records(self, receipts_expired: int, forgotten: int) -> None:
         self.swept.labels("receipt_expired").inc(receipts_expired)

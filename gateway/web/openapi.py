@@ -26,6 +26,7 @@ from gateway.engine.errors import (
     InvalidKey,
     InvalidRequest,
     KeyMismatch,
+    KeyMismatchUnsettled,
     LeaseLost,
     MethodNotAllowed,
     MissingCredentials,
@@ -81,6 +82,7 @@ _PROXY_PROBLEMS: tuple[type[GatewayError], ...] = (
     PayloadTooLarge,
     QuotaExceeded,
     KeyMismatch,
+    KeyMismatchUnsettled,
     InProgress,
     SimilarOperation,
     OutcomeUnknown,
@@ -357,6 +359,42 @@ def _admin_paths() -> dict[str, Any]:
             {"200": job},
             _ADMIN,
             description="404 when this process has started none for the route.",
+        ),
+        "/admin/probes/{route}": _admin(
+            "get",
+            "What a route's probe can see: its applies_to and every kind's calibration",
+            "adminProbe",
+            [route],
+            {"200": _ok("The route's probe.", ref("ProbeKinds"), _NO_STORE)},
+            _ADMIN,
+            description='A probe\'s "not found" releases only requests its `applies_to` '
+            "covers, of a kind it is calibrated for (it found a recent completed one and did "
+            "not find a key never used). 404 for no such route; 400 when it has no probe.",
+        ),
+        "/admin/probes/{route}/check": _admin(
+            "post",
+            "Calibrate the route's probe for every kind of its requests now",
+            "adminCheckProbe",
+            [route],
+            {"200": _ok("One row per kind.", ref("ProbeCheck"), _NO_STORE)},
+            _ADMIN,
+            description="What `idempotency-gateway probes check ROUTE` prints. A blind kind "
+            "stays blind whatever the check finds: only `trust` re-enables it.",
+        ),
+        "/admin/probes/{route}/trust": _admin(
+            "post",
+            "Re-enable a blind probe for one kind, with a note",
+            "adminTrustProbe",
+            [route],
+            {"200": _ok("The kind's calibration now.", ref("ProbeKindState"), _NO_STORE)},
+            _ADMIN,
+            requestBody={
+                "required": True,
+                "content": {JSON: {"schema": ref("TrustRequest")}},
+            },
+            description="The calibration runs again: if it passes, the kind is calibrated; "
+            "if it still fails, the trust is an override (`trusted`) that ends after 24 "
+            "hours. 400 for a kind the probe's `applies_to` does not cover.",
         ),
     }
 

@@ -15,6 +15,7 @@ from gateway.engine.keys import MAX_KEY_LENGTH
 from gateway.engine.models import State
 from gateway.web.admin_view import ADMIN_ACTOR, RedactBody
 from gateway.web.operation_document import HISTORY_PAGE, RECEIPT_SOURCES
+from gateway.web.probes_view import ProbeCheck, ProbeKinds, ProbeKindState, TrustBody
 from gateway.web.request_log import REQUEST_ID
 from gateway.web.resolve_body import ResolveBody
 
@@ -411,6 +412,22 @@ def _resolve_request_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     return {**schema, "title": "ResolveRequest"}, definitions
 
 
+def _probe_schemas() -> dict[str, Any]:
+    """What `/admin/probes/{route}` answers and takes: the pydantic models that also make
+    the JSON (`gateway.web.probes_view`)."""
+    found: dict[str, Any] = {}
+    for model, title in (
+        (ProbeKinds, "ProbeKinds"),
+        (ProbeCheck, "ProbeCheck"),
+        (TrustBody, "TrustRequest"),
+        (ProbeKindState, "ProbeKindState"),
+    ):
+        schema = model.model_json_schema(ref_template=SCHEMAS + "{model}")
+        found.update(schema.pop("$defs", {}))
+        found[title] = {**schema, "title": title}
+    return found
+
+
 def components() -> dict[str, Any]:
     resolve_schema, schemas = _resolve_request_schema()
     schemas["ResolveRequest"] = resolve_schema
@@ -451,6 +468,7 @@ def components() -> dict[str, Any]:
         ],
     }
     schemas.update(_admin_schemas())
+    schemas.update(_probe_schemas())
     schemas["AdminOverview"] = {
         "type": "object",
         "description": "The operator console's first screen: counts by state, route names.",

@@ -23,6 +23,7 @@ from gateway.engine.errors import StoreUnavailable
 from gateway.engine.history import EventRow, NewEvent, capped, chain, micros
 from gateway.engine.lifecycle_events import (
     LEASE_EXPIRED,
+    LEASE_LAPSED,
     claimed_event,
     distinct_twin_event,
     expired_event,
@@ -49,7 +50,7 @@ from gateway.engine.twins import (
     refusing_twin,
     twin_order,
 )
-from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
+from gateway.store.base import HistoryPage, OperationFilter, Page, Renewal, SweepReport
 from gateway.store.history_rows import probe_merge
 from gateway.store.rows import decode_cursor, encode_cursor, is_forgotten
 
@@ -506,28 +507,34 @@ class MemoryStore:
         assert written is not None
         return self._seen(written, now)
 
-    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> Renewal:
         self._check_open()
         now = self.db.clock()
         renewed: set[str] = set()
+        lapsed: set[str] = set()
         for op_id, token in leases.items():
             current = self.db.rows.get(op_id)
-            # An expired lease is not renewed: someone may already have acted on it.
             if (
                 current is None
                 or current.state is not State.IN_FLIGHT
                 or current.token != token
                 or current.lease_owner != owner
                 or current.lease_expires_at is None
-                or current.lease_expires_at <= now
             ):
+                continue
+            if current.lease_expires_at <= now:
+                # Never renewed silently: recorded lapsed, the holder goes on as a stale one.
+                event = lease_expired_event(LEASE_LAPSED)
+                expired = self._expire(current, now, LEASE_LAPSED)
+                self.db.put("renew", current, expired, token=token, events=(event,))
+                lapsed.add(op_id)
                 continue
             longer = current._replace(
                 lease_expires_at=now + lease_seconds, version=current.version + 1
             )
             self.db.put("renew", current, longer, token=token)
             renewed.add(op_id)
-        return renewed
+        return Renewal(frozenset(renewed), frozenset(lapsed), now)
 
     async def add_evidence(
         self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()

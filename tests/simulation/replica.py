@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.config import QuotaSettings
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.forwarded_key import ForwardedKeys
+from gateway.engine.graces import GraceClock
 from gateway.engine.leases import LeaseKeeper
 from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
@@ -56,12 +57,14 @@ class Replica:
         self.upstream = ReplicaUpstream(
             upstream, replica=name, clock=self.clock, probe_path=route.probe.path
         )
+        graces = GraceClock(self.clock)
         self.keeper = LeaseKeeper(
             self.store,
             owner=self.owner,
             lease_seconds=settings.lease,
             tombstone_seconds=settings.tombstone_retention,
             clock=self.clock,
+            graces=graces,
         )
         self.prober = Prober(self.upstream, clock=self.clock)
         self.engine = IdempotencyEngine(
@@ -74,6 +77,7 @@ class Replica:
             settings=settings,
             routes=(route,),
             clock=self.clock,
+            graces=graces,
         )
         # As a gateway does when it starts (`start_witness`): its first reading of the store's
         # clock, from which its graces may count.
