@@ -1,4 +1,5 @@
-"""What the similar-operation guard costs on the miss path, in alternating windows.
+"""What a switch on the miss path costs, in alternating windows: the similar-operation
+guard, or canonical JSON fingerprints.
 
 `bench.run`'s HTTP rows measure the gateway's miss row with the guard on (the
 default) and, right after, the same row against a gateway with
@@ -11,11 +12,18 @@ measures them in `--rounds` pairs of windows, the order swapped every round
 window and the medians of each side's throughput, p50, p99 and CPU per
 request, and their ratios.
 
-Every request is a new key with a body of its own (`bench.loadgen.JsonBodies`),
+Every request is a new key with a JSON body of its own (`bench.loadgen.JsonBodies`),
 so the guard looks for a twin and finds none: its whole cost on this path.
+
+`--compare canonical` measures the same way what JSON compared as JSON costs
+(`gateway.engine.fingerprint`, version 2: the body parsed and written in its RFC
+8785 canonical form before it is hashed) against a gateway that fingerprints the
+bytes as received (version 1; `IDEMPOTENCY_GATEWAY_TESTING__CANONICAL_JSON=false`,
+a switch for this measurement only).
 
     python -m bench.guard_pair --store sqlite --concurrency 64
     python -m bench.guard_pair --store postgres --concurrency 1 --rounds 6 --seconds 3
+    python -m bench.guard_pair --compare canonical --concurrency 64
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import contextlib
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import postgres, processes
@@ -34,10 +43,27 @@ from bench.loadgen import Client, LoadResult, LoadSpec, run_load
 from bench.report import Table, ms, ratio
 from bench.wrk import add_client_option, chosen_client
 
-__all__ = ["main", "measure_pair", "pair_table"]
+__all__ = ["COMPARISONS", "Side", "main", "measure_pair", "pair_table"]
 
-SIDES: tuple[tuple[str, SimilarGuard], ...] = (("on", "unsettled"), ("off", "off"))
-"""Each side's label and its route's `similar_guard` ("unsettled" is the default)."""
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One gateway of a pair: its label, its route's `similar_guard`, its environment."""
+
+    label: str
+    similar_guard: SimilarGuard = "unsettled"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+COMPARISONS: dict[str, tuple[str, tuple[Side, Side]]] = {
+    "guard": ("similar guard", (Side("on"), Side("off", similar_guard="off"))),
+    "canonical": (
+        "canonical JSON",
+        (Side("on"), Side("off", env={"IDEMPOTENCY_GATEWAY_TESTING__CANONICAL_JSON": "false"})),
+    ),
+}
+"""What `--compare` may name: the switch's words, and its two sides (the default first)."""
+SIDES = COMPARISONS["guard"][1]
 
 
 def measure_pair(
@@ -49,26 +75,30 @@ def measure_pair(
     seconds: float,
     warmup: float,
     client: Client,
+    compare: str = "guard",
 ) -> dict[str, list[tuple[LoadResult, int]]]:
     """Each side's windows (result, the gateway's pid), in the order they ran per side."""
-    windows: dict[str, list[tuple[LoadResult, int]]] = {label: [] for label, _ in SIDES}
+    switch, sides = COMPARISONS[compare]
+    windows: dict[str, list[tuple[LoadResult, int]]] = {side.label: [] for side in sides}
     with (
         processes.tool_api(workdir) as api,
-        _store_urls(workdir, store) as urls,
+        _store_urls(workdir, store, sides) as urls,
         contextlib.ExitStack() as stack,
     ):
         gateways = {}
-        for label, guard in SIDES:
+        for side in sides:
             config = write_gateway_config(
-                workdir / f"pair-{label}.toml",
+                workdir / f"pair-{side.label}.toml",
                 upstream=api.url,
-                store_url=urls[label],
-                similar_guard=guard,
+                store_url=urls[side.label],
+                similar_guard=side.similar_guard,
             )
-            name = f"gateway {store}, similar guard {label}"
-            gateways[label] = stack.enter_context(processes.gateway(config, name=name))
+            name = f"gateway {store}, {switch} {side.label}"
+            gateways[side.label] = stack.enter_context(
+                processes.gateway(config, name=name, env=side.env)
+            )
         for index in range(rounds):
-            order = [label for label, _ in SIDES]
+            order = [side.label for side in sides]
             if index % 2:
                 order.reverse()
             for label in order:
@@ -85,7 +115,7 @@ def measure_pair(
                 result = run_load(spec)
                 windows[label].append((result, gateway.pid))
                 print(
-                    f"  round {index + 1} guard {label}: {result.throughput:,.0f} req/s, "
+                    f"  round {index + 1} {switch} {label}: {result.throughput:,.0f} req/s, "
                     f"p50 {ms(result.p50_ms)} ms, statuses {result.statuses}",
                     file=sys.stderr,
                     flush=True,
@@ -94,22 +124,26 @@ def measure_pair(
 
 
 @contextlib.contextmanager
-def _store_urls(workdir: Path, store: str) -> Iterator[dict[str, str]]:
+def _store_urls(
+    workdir: Path, store: str, sides: tuple[Side, ...] = SIDES
+) -> Iterator[dict[str, str]]:
     """A fresh store for each side: SQLite files, or PostgreSQL schemas dropped after."""
     if store == "sqlite":
-        yield {label: sqlite_url(workdir / f"pair-{label}.db") for label, _ in SIDES}
+        yield {side.label: sqlite_url(workdir / f"pair-{side.label}.db") for side in sides}
         return
     schemas: dict[str, str] = {}
     try:
-        for label, _ in SIDES:
-            schemas[label] = postgres.create_schema()
+        for side in sides:
+            schemas[side.label] = postgres.create_schema()
         yield {label: postgres.url_for(schema) for label, schema in schemas.items()}
     finally:
         for schema in schemas.values():
             postgres.drop_schema(schema)
 
 
-def pair_table(windows: dict[str, list[tuple[LoadResult, int]]], concurrency: int) -> Table:
+def pair_table(
+    windows: dict[str, list[tuple[LoadResult, int]]], concurrency: int, switch: str = "guard"
+) -> Table:
     """Each side's medians over its windows, and on over off."""
     medians = {
         label: {
@@ -130,8 +164,8 @@ def pair_table(windows: dict[str, list[tuple[LoadResult, int]]], concurrency: in
     body.append(("409, other non-2xx and errors, all windows", *map(str, failed.values()), ""))
     header = (
         f"miss path, c={concurrency}, {len(windows['on'])} windows each",
-        "guard on",
-        "guard off",
+        f"{switch} on",
+        f"{switch} off",
         "on / off",
     )
     return Table(header, tuple(body))
@@ -152,7 +186,14 @@ def _figures(result: LoadResult, pid: int) -> dict[str, float]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.guard_pair",
-        description="The similar-operation guard's cost on the miss path, alternating windows.",
+        description="A switch's cost on the miss path (the similar-operation guard, or "
+        "canonical JSON fingerprints), in alternating windows.",
+    )
+    parser.add_argument(
+        "--compare",
+        choices=tuple(COMPARISONS),
+        default="guard",
+        help="what to switch: the similar guard (default) or canonical JSON fingerprints",
     )
     parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight")
@@ -180,9 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             seconds=args.seconds,
             warmup=args.warmup,
             client=client,
+            compare=args.compare,
         )
+    switch = COMPARISONS[args.compare][0]
     print(f"{args.store}, load generator {client}, {args.seconds:g} s windows:\n")
-    print(pair_table(windows, args.concurrency).render(), flush=True)
+    print(pair_table(windows, args.concurrency, switch).render(), flush=True)
     return 0
 
 

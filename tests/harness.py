@@ -274,7 +274,7 @@ async def calibration_sample(
     key = f"calibration-sample-{os.urandom(6).hex()}"
     async with session.post(
         base_url + path,
-        data=json.dumps({"calibration_sample": key}).encode(),
+        data=json.dumps({"title": key}).encode(),
         headers={**(headers or {}), "Idempotency-Key": key, "Content-Type": "application/json"},
     ) as response:
         await response.read()

@@ -225,12 +225,17 @@ def test_defaults_quick_run() -> None:
     assert after == before, "bench/RESULTS.md changed without --write"
 
 
-def test_guard_pair_alternates_windows() -> None:
-    """`python -m bench.guard_pair` (the guard's cost in alternating windows) runs both
-    gateways, prints the medians table, and no miss was refused."""
+@pytest.mark.parametrize(
+    ("compare", "switch"), [("guard", "guard"), ("canonical", "canonical JSON")]
+)
+def test_guard_pair_alternates_windows(compare: str, switch: str) -> None:
+    """`python -m bench.guard_pair` (a switch's cost in alternating windows: the similar
+    guard, canonical JSON fingerprints) runs both gateways, prints the medians table,
+    and no miss was refused."""
     completed = subprocess.run(
         [sys.executable, "-m", "bench.guard_pair", "--store", "sqlite", "--concurrency", "4",
-         "--rounds", "2", "--seconds", "0.3", "--warmup", "0.1", "--client", "aiohttp"],
+         "--rounds", "2", "--seconds", "0.3", "--warmup", "0.1", "--client", "aiohttp",
+         "--compare", compare],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -241,7 +246,8 @@ def test_guard_pair_alternates_windows() -> None:
     rows = _table_rows(completed.stdout, "| miss path, c=4, 2 windows each")
     assert {"req/s, median", "p50 ms, median", "server CPU us/req, median"} <= set(rows)
     assert rows["409, other non-2xx and errors, all windows"][:2] == ["0", "0"], rows
-    assert completed.stderr.count("guard on: ") == completed.stderr.count("guard off: ") == 2
+    assert completed.stderr.count(f"{switch} on: ") == completed.stderr.count(f"{switch} off: ")
+    assert completed.stderr.count(f"{switch} on: ") == 2
 
 
 def test_store_cpu_measures_durable_write_pairs(tmp_path: Path) -> None:

@@ -191,6 +191,18 @@ async def check_slow(ran: Ran) -> None:
     assert late.idempotency_key == operation["id"]
 
 
+async def check_slow_email(ran: Ran) -> None:
+    """The email that timed out was sent once, never released by the tickets probe, and
+    settled by the operator with the email the mail API sent."""
+    assert ran.tickets_and_emails == (5, 4)
+    operation = await ran.operation("slow-2:0:c1")
+    assert (operation["state"], operation["attempts"]) == ("completed", 1)
+    assert operation["resolution"]["by"] == "admin"
+    probes = [event for event in operation["history"] if event["type"] == "probe"]
+    assert probes
+    assert all(event["verdict"] == "not-declared" for event in probes)
+
+
 async def check_mcp_client(ran: Ran) -> None:
     [ticket] = ran.served.mcp_state.tickets
     operation = await ran.operation("run-mcp-1:0:c1", MCP_CREDENTIAL)
@@ -336,7 +348,8 @@ HARNESS: dict[str, Harness] = {
     "readme-mcp": Harness(after="readme-cross-language", check=check_mcp_retry),
     "readme-mcp-agent": Harness(after="readme-mcp", check=check_mcp_agent),
     "readme-slow": Harness(after="readme-mcp-agent", admin_cli=True, check=check_slow),
-    "readme-cli": Harness(after="readme-slow", admin_cli=True, check=check_cli),
+    "readme-slow-email": Harness(after="readme-slow", admin_cli=True, check=check_slow_email),
+    "readme-cli": Harness(after="readme-slow-email", admin_cli=True, check=check_cli),
     "agents-http": Harness(check=check_http),
     "agents-run": Harness(check=check_effects(1, 1, "runs/run-agents-2.json"), max_effects=4),
     "agents-mcp": Harness(check=check_mcp_run),

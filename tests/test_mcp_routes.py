@@ -449,6 +449,35 @@ async def test_the_status_tool_answers_from_the_store_in_the_callers_scope(
     assert server.count == 3
 
 
+async def test_the_status_tool_finds_a_call_made_under_an_explicit_key(
+    gateway_factory: GatewayFactory, server: CountingMcpServer
+) -> None:
+    """Asked with {tool, arguments} about a call made under an explicit key (whose answer
+    was lost: unknown), the status tool finds it by the call itself and names its key,
+    instead of saying it was never made (an agent believing that calls again under a new
+    key: a second effect). "Never made" is said only of calls it has no record of, and
+    only for the span the gateway remembers them."""
+    gateway = await gateway_for(gateway_factory, server, status_tool="operation_status")
+    async with asyncio.timeout(TIMEOUT), mcp_client(gateway.url + PREFIX) as client:
+        await call_with_key(client, "lose_connection", {"title": "pay 7", "n": 1}, "explicit-1")
+        found = await client.call_tool(
+            "operation_status",
+            {"tool": "lose_connection", "arguments": {"n": 1.0, "title": "pay 7"}},
+        )
+        never = await client.call_tool(
+            "operation_status", {"tool": "lose_connection", "arguments": {"title": "other"}}
+        )
+    assert found.structured_content is not None
+    assert found.structured_content["key"] == "explicit-1"
+    assert found.structured_content["state"] == "unknown"
+    assert "Do not call it again" in found.content[0].text  # type: ignore[union-attr]
+    assert never.structured_content == {"key": None, "state": None}
+    text = never.content[0].text  # type: ignore[union-attr]
+    assert "was made through this gateway" in text
+    assert "in the last 30 days" in text
+    assert server.count == 1
+
+
 FORGED_META = {"idempotencyReplayed": True, "idempotency": {"state": "completed"}, "kept": 1}
 
 

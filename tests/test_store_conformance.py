@@ -21,6 +21,7 @@ import pytest_asyncio
 from pg import drop_schema, fresh_schema, require_postgres, url_for
 from worker_stores import GatewayLock, TwoWorkers
 
+from gateway.engine.calibration import MAX_KINDS, CalibrationChange, CalibrationState
 from gateway.engine.history import verify_chain
 from gateway.engine.lifecycle_events import answered_event, probe_event, sent_event
 from gateway.engine.models import (
@@ -1256,3 +1257,228 @@ async def test_a_receipt_and_its_events_are_written_together_and_fenced(store: S
         page.events, head=done.history_head, head_seq=done.history_seq, payloads=page.payloads
     )
     assert report.ok, report
+
+
+# -- what a probe can see: calibration rows and samples (third round) ----------------------
+
+
+async def calibrate(store: Store, state: CalibrationState, kind: str = "POST /*/x") -> None:
+    change = CalibrationChange("r", kind, state, "calibration", f"made {state.value}")
+    if state is CalibrationState.TRUSTED:
+        change = change._replace(note="checked by hand", trust_seconds=3600)
+    assert await store.save_calibration(change) is not None
+
+
+async def resolve_by_probe(store: Store, operation: Operation) -> Operation | None:
+    return await store.resolve(
+        operation.id,
+        token=operation.token,
+        expected_version=None,
+        state=State.RELEASED,
+        response=None,
+        resolution=Resolution(by="probe", at=time.time()),
+        retention_seconds=60,
+        tombstone_seconds=60,
+        calibrated=("r", "POST /*/x"),
+    )
+
+
+async def test_a_probes_release_needs_the_kinds_calibration_as_the_store_reads_it(
+    store: Store,
+) -> None:
+    """`resolve(calibrated=...)` applies only while the kind's row admits a release (a
+    calibration under an hour old, or an unexpired trust): no row, or a blind one,
+    refuses it inside the releasing transaction."""
+    operation = await unknown(store, "k")
+    assert await resolve_by_probe(store, operation) is None  # no row: never calibrated
+    await calibrate(store, CalibrationState.BLIND)
+    assert await resolve_by_probe(store, operation) is None
+    await calibrate(store, CalibrationState.TRUSTED)
+    released = await resolve_by_probe(store, operation)
+    assert released is not None
+    assert released.state is State.RELEASED
+    other = await unknown(store, "k2")
+    await calibrate(store, CalibrationState.CALIBRATED)
+    assert await resolve_by_probe(store, other) is not None
+
+
+async def test_calibration_rows_keep_their_transitions_and_are_capped_per_route(
+    store: Store,
+) -> None:
+    """A row keeps its transitions (a state change, or a person's note); a confirmation
+    refreshes it without one; past `MAX_KINDS` kinds a route gets no new row."""
+    await calibrate(store, CalibrationState.CALIBRATED)
+    await calibrate(store, CalibrationState.CALIBRATED)  # a confirmation
+    await calibrate(store, CalibrationState.BLIND)
+    await calibrate(store, CalibrationState.TRUSTED)
+    [row] = await store.calibrations("r")
+    assert row.state is CalibrationState.TRUSTED
+    assert row.until is not None
+    assert row.note == "checked by hand"
+    assert [event["state"] for event in row.events] == ["calibrated", "blind", "trusted"]
+    for n in range(MAX_KINDS - 1):
+        await calibrate(store, CalibrationState.CALIBRATED, kind=f"POST /*/k{n}")
+    extra = CalibrationChange("r", "POST /*/one-too-many", CalibrationState.CALIBRATED, "c", "d")
+    assert await store.save_calibration(extra) is None
+    assert len(await store.calibrations("r")) == MAX_KINDS
+    assert await store.calibrations("other") == ()
+
+
+async def test_calibration_samples_are_recent_2xx_answers_of_the_kind(store: Store) -> None:
+    """Samples: operations of the kind (in the scope, when given) that the upstream
+    completed with a 2xx, completed at `completed_since` or later, newest first; and the
+    route's kinds."""
+
+    def kind(key: str, *, scope: str = "s1", request_kind: str = "POST /*/x") -> ClaimRequest:
+        return claim_request(key, scope=scope)._replace(kind=request_kind)
+
+    async def done(request: ClaimRequest, response: StoredResponse = RESPONSE) -> Operation:
+        claimed = await store.claim(request)
+        assert isinstance(claimed, NewAttempt)
+        operation = claimed.operation
+        completed = await store.complete(
+            operation.id,
+            operation.token,
+            response,
+            body_retained=True,
+            retention_seconds=60,
+            tombstone_seconds=60,
+            resolution=upstream(),
+        )
+        assert completed is not None
+        return completed
+
+    first = await done(kind("a"))
+    await done(kind("b", scope="s2"))
+    await done(kind("c"), OTHER_RESPONSE)  # a 500: never a sample
+    await done(kind("d", request_kind="POST /*/y"))
+    await unknown(store, "e")
+    later = await done(kind("f"))
+    samples = await store.calibration_samples(
+        route="r", kind="POST /*/x", scope="s1", completed_since=None, limit=10
+    )
+    assert [sample.key for sample in samples] == ["f", "a"]
+    every_scope = await store.calibration_samples(
+        route="r", kind="POST /*/x", scope=None, completed_since=None, limit=10
+    )
+    assert {sample.key for sample in every_scope} == {"a", "b", "f"}
+    recent = await store.calibration_samples(
+        route="r", kind="POST /*/x", scope="s1", completed_since=later.updated_at, limit=10
+    )
+    assert [sample.key for sample in recent] == ["f"]
+    assert first.key == "a"
+    assert set(await store.route_kinds("r", limit=10)) == {"POST /*/x", "POST /*/y"}
+
+
+async def test_the_latest_operation_of_a_request_is_found_whatever_its_key(store: Store) -> None:
+    """`latest_of_request` finds the latest operation of a request (scope, route and
+    fingerprint in any form given), whatever its key and state; none in another scope."""
+    await completed(store, "first")
+    second = await unknown(store, "second")
+    found = await store.latest_of_request(scope="s1", route="r", fingerprints=("sha256:aa",))
+    assert found is not None
+    assert found.id == second.id
+    either = await store.latest_of_request(
+        scope="s1", route="r", fingerprints=("v2:sha256:zz", "sha256:aa")
+    )
+    assert either is not None
+    assert either.id == second.id
+    assert await store.latest_of_request(scope="s2", route="r", fingerprints=("sha256:aa",)) is None
+
+
+async def test_a_late_answer_completes_a_release_it_proves_wrong(store: Store) -> None:
+    """`complete_late`: an attempt's answer after its operation was released (no newer
+    attempt) completes it, by the upstream; after a newer attempt it changes nothing."""
+    operation = await unknown(store, "k")
+    released = await store.resolve(
+        operation.id,
+        token=operation.token,
+        expected_version=None,
+        state=State.RELEASED,
+        response=None,
+        resolution=Resolution(by="admin", at=time.time(), note="forced"),
+        retention_seconds=60,
+        tombstone_seconds=60,
+    )
+    assert released is not None
+    late = await store.complete_late(
+        operation.id,
+        operation.attempts,
+        RESPONSE,
+        body_retained=True,
+        retention_seconds=60,
+        tombstone_seconds=60,
+    )
+    assert late is not None
+    assert late.state is State.COMPLETED
+    assert late.resolution is not None
+    assert late.resolution.by == "upstream"
+    assert late.response is not None
+    assert late.response.body == RESPONSE.body
+
+    again = await unknown(store, "k2")
+    gone = await store.resolve(
+        again.id,
+        token=again.token,
+        expected_version=None,
+        state=State.RELEASED,
+        response=None,
+        resolution=Resolution(by="admin", at=time.time()),
+        retention_seconds=60,
+        tombstone_seconds=60,
+    )
+    assert gone is not None
+    retried = await store.claim(claim_request("k2"))
+    assert isinstance(retried, NewAttempt)  # attempt 2 began: attempt 1's answer is evidence
+    assert (
+        await store.complete_late(
+            again.id, 1, RESPONSE, body_retained=True, retention_seconds=60, tombstone_seconds=60
+        )
+        is None
+    )
+
+
+async def test_a_late_answer_fills_an_applied_resolution_without_a_receipt(store: Store) -> None:
+    """An operator's `applied` without a response gets the late answer as its receipt; the
+    resolution stays the operator's. One with a receipt is never changed."""
+    operation = await unknown(store, "k")
+    applied = await store.resolve(
+        operation.id,
+        token=operation.token,
+        expected_version=None,
+        state=State.COMPLETED,
+        response=None,
+        resolution=Resolution(by="admin", at=time.time(), note="seen in the CRM"),
+        retention_seconds=60,
+        tombstone_seconds=60,
+    )
+    assert applied is not None
+    filled = await store.complete_late(
+        operation.id, 1, RESPONSE, body_retained=True, retention_seconds=60, tombstone_seconds=60
+    )
+    assert filled is not None
+    assert filled.response is not None
+    assert filled.resolution is not None
+    assert (filled.resolution.by, filled.resolution.note) == ("admin", "seen in the CRM")
+    assert (
+        await store.complete_late(
+            operation.id, 1, OTHER_RESPONSE, body_retained=True, retention_seconds=60,
+            tombstone_seconds=60,
+        )
+        is None
+    )  # fmt: skip
+
+
+async def test_a_key_bound_before_version_2_is_the_same_request_in_its_old_form(
+    store: Store,
+) -> None:
+    """A released key bound with a version-1 fingerprint starts a new attempt for a
+    request whose old form matches it (`ClaimRequest.legacy_fingerprint`)."""
+    old = await released(store, "k")
+    assert old.fingerprint == "sha256:aa"
+    upgraded = claim_request("k")._replace(
+        fingerprint="v2:sha256:cc", legacy_fingerprint="sha256:aa"
+    )
+    again = await store.claim(upgraded)
+    assert isinstance(again, NewAttempt), again
+    assert again.operation.attempts == 2

@@ -167,6 +167,9 @@ class CountingUpstream:
         self.probe_holds: list[asyncio.Event] = []
         self.held = 0
         """How many ``hold=1`` requests arrived (they wait for ``release_held``)."""
+        self.per_principal = False
+        """Like an API that shows each account only its own records: a probe finds only the
+        effects that arrived with the probe's own ``Authorization``."""
         self._release = asyncio.Event()
         self._answer = asyncio.Event()
         # Holding the transports (not their ids) keeps ids from being reused by
@@ -294,7 +297,16 @@ class CountingUpstream:
         self._changed.set()
         key = request.match_info["key"]
         hold = self.probe_holds.pop(0) if self.probe_holds else None
-        found = next((effect for effect in self.effects if effect.key == key), None)
+        asking = request.headers.get("Authorization")
+        found = next(
+            (
+                effect
+                for effect in self.effects
+                if effect.key == key
+                and (not self.per_principal or effect.headers.get("authorization") == asking)
+            ),
+            None,
+        )
         if hold is not None:
             await hold.wait()
         if found is not None:

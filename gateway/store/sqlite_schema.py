@@ -161,7 +161,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         """,
         # The host's clock, the store's on SQLite (julianday: any SQLite version).
         "INSERT INTO gateway_meta (name, value) SELECT 'fingerprint_v2_since', "
-        "CAST((julianday('now') - 2440587.5) * 86400.0 AS TEXT) WHERE EXISTS (SELECT 1 "
+        "CAST(CAST((julianday('now') - 2440587.5) * 86400.0 AS TEXT) AS BLOB) "
+        "WHERE EXISTS (SELECT 1 "
         "FROM operations WHERE method != 'tools/call' AND fingerprint LIKE 'sha256:%')",
     ),
 }

@@ -347,7 +347,9 @@ def load_legacy_fingerprints(c: sqlite3.Connection) -> LegacyFingerprints:
     if row is None:
         return LegacyFingerprints()
     unsettled = c.execute(LEGACY_UNSETTLED).fetchone() is not None
-    return LegacyFingerprints(float(bytes(row[0]).decode()), unsettled)
+    value = row[0]  # a blob; text where someone wrote the row by hand
+    since = float(value.decode() if isinstance(value, bytes) else value)
+    return LegacyFingerprints(since, unsettled)
 
 
 def load_or_create_secret(c: sqlite3.Connection) -> bytes:
