@@ -369,6 +369,40 @@ async def test_probe_now_settles_and_labels_the_receipt(
     assert (operation["resolution"]["by"], operation["resolution"]["note"]) == ("probe", None)
 
 
+async def test_a_probe_that_cannot_vouch_says_so_and_what_it_asked(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    chromium: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    """On an operation whose request its probe is not declared for, Probe now settles
+    nothing: the result says so, a line over the history says what to do (check the tool
+    by hand), and the probe's event shows the request it made."""
+    gateway = await gateway_factory(
+        upstream.url,
+        route={**TIMEOUT_ROUTE, "probe": effects_probe(applies_to=("POST /v1/emails",))},
+        idempotency={"sweep_interval": "1h"},
+        admin={"token": ADMIN_TOKEN, "port": 0},
+    )
+    assert gateway.admin_url is not None
+    page = ConsolePage(chromium, gateway.admin_url, tmp_path / "screenshots")
+    op_id = await unknown_by_timeout(gateway, "run-6:0", {"amount": 60})
+    upstream.effects.clear()  # the probe would answer 404: nothing of it found
+
+    await page.open(f"#/op/{op_id}")
+    await page.sign_in(ADMIN_TOKEN)
+    assert await page.wait_text("probe-box", "Probe now")
+    await page.click("probe-now")
+    result = await page.wait_text("action-result", "Probed run-6:0")
+    assert "cannot vouch for this request" in result
+    assert "Check the tool by hand" in await page.wait_text("probe-sight", "not declared")
+    history = await page.history(until=lambda events: events[-1]["type"] == "probe")
+    [probed] = events_of(history, "probe")
+    assert "not declared for this request" in probed
+    assert f"asked GET /effects/{op_id}" in probed
+    await page.screenshot("probe-not-declared")
+
+
 async def test_the_note_of_a_release_stays_after_the_retry_completes(
     gateway_factory: GatewayFactory,
     upstream: CountingUpstream,

@@ -152,3 +152,25 @@ async def test_a_key_recorded_before_version_2_is_compared_the_old_way(
     assert status == 409, problem
     assert problem["similar_operation"]["key"] == "old-lost"
     assert upstream.count == 2
+
+
+async def test_each_attempt_forwards_its_own_bytes_and_records_their_digest(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """A released key retried with its body re-serialised is the same request (a new
+    attempt, not a 422); the upstream gets the bytes this attempt received, and each
+    attempt's `sent` event has a keyed digest of its own bytes."""
+    gateway = await gateway_factory(upstream.url)
+    first, again = RESERIALISED[0][2], RESERIALISED[1][2]
+    status, _ = await send(gateway, "k", PATH + "&status=429", first, JSON)
+    assert status == 429  # a release status: the key may be sent again
+    status, _ = await send(gateway, "k", PATH + "&status=429", again, JSON)
+    assert status == 429
+    assert [effect.body for effect in upstream.effects] == [first, again]
+    async with gateway.session.get(f"{gateway.url}/operations/k") as found:
+        operation = await found.json()
+    sent = [event for event in operation["history"] if event["type"] == "sent"]
+    assert [event["attempt"] for event in sent] == [1, 2]
+    digests = [event["body_digest"] for event in sent]
+    assert all(digest.startswith("hmac-sha256:") for digest in digests)
+    assert digests[0] != digests[1]

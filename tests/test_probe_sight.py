@@ -466,3 +466,29 @@ async def test_a_kind_another_worker_found_blind_is_not_released_here(
 
     assert probed["state"] == "unknown"
     assert any(event["type"] == "probe-blind" for event in probed["history"])
+
+
+async def test_a_redaction_erases_what_the_probes_asked_and_read(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """A probe's exchange is kept as an erasable field of its event: a redaction erases
+    it with the request, and the history says so (the verdict and its status stay)."""
+    gateway = await gateway_factory(
+        upstream.url,
+        route={"probe": effects_probe(not_applied_after="1h"), "timeout": "1s"},
+        admin={"token": ADMIN_TOKEN},
+    )
+    lost = await gateway.post("/tickets/v1/issues?drop=before_effect", key="x-1", json_body={})
+    assert lost.status == 502
+    probed = await probe_now(gateway, "x-1")
+    [verdict] = probes_of(probed)
+    assert verdict["probe"]["request"]["path"] == f"/effects/{probed['id']}"
+    status, redacted = await admin(
+        gateway, "POST", f"/admin/operations/{probed['id']}/redact", {"reason": "test"}
+    )
+    assert status == 200, redacted
+    [verdict] = probes_of(redacted)
+    assert "probe" not in verdict
+    assert verdict["probe_redacted"] is True
+    assert verdict["status"] == 404
+    assert redacted["history"][-1]["erased"] == ["request", "probes"]

@@ -260,3 +260,37 @@ async def test_an_mcp_release_waits_for_max_call_not_the_silence_limit(
         assert refused["type"].endswith("/too-early")
         assert "allowed_at" in refused
         assert server.count == 1
+
+
+async def test_a_deferred_release_is_probed_again_when_it_becomes_allowed(
+    gateway_factory: Any, upstream: CountingUpstream
+) -> None:
+    """A probe's "not found" that came too soon schedules one probe at the instant the
+    release becomes allowed: the key is released then, with no lookup, retry or sweep
+    to ask again (the sweep runs hourly here)."""
+    from gateway.web.appkeys import STORE
+
+    gateway = await gateway_factory(
+        upstream.url,
+        route={"timeout": "1s", "probe": effects_probe(not_applied_after="500ms")},
+        idempotency={"lease": "1s", "sweep_interval": "1h"},
+    )
+    await calibration_sample(gateway.session, gateway.url)
+    lost = await gateway.post("/tickets/v1/issues?drop=before_effect", key="d-1", json_body={})
+    assert lost.status == 502
+    async with gateway.session.get(f"{gateway.url}/operations/d-1") as found:
+        operation = await found.json()  # the lookup probes: 404, too soon
+    assert operation["state"] == "unknown"
+    assert [event["verdict"] for event in operation["history"] if event["type"] == "probe"] == [
+        "not_applied_too_soon"
+    ]
+    store = gateway.app[STORE]
+    async with asyncio.timeout(LIMIT):  # reads of the store: none of them probes
+        current = await store.get("anonymous", "d-1")
+        while current is not None and current.state.value == "unknown":
+            await asyncio.sleep(0.1)
+            current = await store.get("anonymous", "d-1")
+    assert current is not None
+    assert current.state.value == "released"
+    assert current.resolution is not None
+    assert current.resolution.by == "probe"

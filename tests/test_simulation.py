@@ -3,7 +3,10 @@
 The long hunt is `make simulate` (10 minutes of seeds); here a short,
 bounded run keeps every invariant in the normal suite, one seed is replayed
 to show a failure can be reproduced exactly, and deliberately broken stores
-show that each invariant catches the bug it claims to catch.
+and gateways show that each invariant catches the bug it claims to catch. A
+broken gateway is built through the engine's own constructor seams (its
+route, its `GraceClock`, the proxy's fingerprint setting), never by patching
+a module.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,6 +22,16 @@ from typing import Any
 
 import pytest
 
+from gateway.config import RouteSettings
+from gateway.config.applies_to import AppliesTo
+from gateway.engine.calibration import (
+    CALIBRATION_TTL,
+    Calibration,
+    CalibrationChange,
+    CalibrationState,
+)
+from gateway.engine.engine import IdempotencyEngine
+from gateway.engine.graces import GraceClock
 from gateway.engine.models import (
     ClaimRequest,
     Evidence,
@@ -34,7 +48,9 @@ from gateway.store.base import SweepReport
 from tests.simulation import InvariantViolation, Scenario, Simulation
 from tests.simulation.clock import WorldClock
 from tests.simulation.memory_store import Binding, MemoryDatabase, MemoryStore
-from tests.simulation.simulator import StoreFactory
+from tests.simulation.replica import GraceFactory
+from tests.simulation.scenario import EMAILS_PATH, V2_ISSUES_PATH
+from tests.simulation.simulator import RouteFactory, StoreFactory
 
 KNOWN_ENGINE_BUGS = frozenset({"other-operation"})
 """Answer-state mismatch classes the simulation found in the engine and that are not
@@ -57,18 +73,31 @@ def simulate(seed: int, **options: Any) -> Simulation:
 
 
 def hunt(
-    store_factory: StoreFactory, *, draw: Callable[..., Scenario] = Scenario.draw, **focus: Any
+    store_factory: StoreFactory = MemoryStore,
+    *,
+    draw: Callable[..., Scenario] = Scenario.draw,
+    engine_route: RouteFactory | None = None,
+    graces: GraceFactory = GraceClock,
+    **focus: Any,
 ) -> InvariantViolation:
-    """Run seeds against a broken store until one fails (bounded in seeds and time).
+    """Run seeds against a broken store or gateway until one fails (bounded in seeds and
+    time).
 
-    `focus` overrides the drawn scenario (fewer unrelated faults) for bugs that need a
-    rare interleaving; `draw` makes the scenarios (`Scenario.losing_keys`: agents that
-    lose their keys).
+    `focus` overrides the drawn scenario (fewer unrelated faults, or a fault class
+    switched on) for bugs that need a rare interleaving; `draw` makes the scenarios
+    (`Scenario.losing_keys`: agents that lose their keys); `engine_route` and `graces`
+    break the gateway instead of the store (`Simulation`).
     """
     deadline = time.monotonic() + HUNT_SECONDS
     for seed in range(1, HUNT_SEEDS + 1):
         scenario = dataclasses.replace(draw(seed, steps=300), **focus)
-        simulation = Simulation(scenario, store_factory=store_factory, tolerate=KNOWN_ENGINE_BUGS)
+        simulation = Simulation(
+            scenario,
+            store_factory=store_factory,
+            engine_route=engine_route,
+            graces=graces,
+            tolerate=KNOWN_ENGINE_BUGS,
+        )
         try:
             asyncio.run(simulation.run())
         except InvariantViolation as violation:
@@ -262,6 +291,21 @@ def test_a_store_that_forgets_bindings_is_caught() -> None:
 
 QUIET = {"store_faults": 0.0, "crashes": False, "pauses": False, "upstream_trouble": 0.6}
 """Fewer unrelated faults, more slow and lost answers: long attempts that turn unknown."""
+RENEWED_PAST_THE_CALL = {
+    **QUIET,
+    "keeper_loop": True,
+    "timeout": 0.01,
+    "lease": 3.0,
+    "not_applied_after": 1.0,
+    "scopes": ("alice",),
+    "other_path": None,
+    "long_pauses": False,
+    "clock_steps": False,
+}
+"""`QUIET`, with keepers that renew on time and a whole-call limit next to nothing: every
+renewal outlasts the call's limit, so the last lease expiry alone bounds an effect (since
+windows count the whole call, a store that forgets renewals is wrong only for attempts
+renewed past it); one scope and a probe that sees everything, so it is calibrated early."""
 
 
 @pytest.mark.parametrize(
@@ -269,7 +313,9 @@ QUIET = {"store_faults": 0.0, "crashes": False, "pauses": False, "upstream_troub
     [
         pytest.param(TokenBlindStore, None, {}, id="token-blind"),
         pytest.param(StaleReleaseStore, {"unknown-exit", "sent-released"}, {}, id="stale-release"),
-        pytest.param(ForgetfulLeaseStore, {"sent-released"}, QUIET, id="grace-from-claim"),
+        pytest.param(
+            ForgetfulLeaseStore, {"sent-released"}, RENEWED_PAST_THE_CALL, id="grace-from-claim"
+        ),
         pytest.param(EmptySweepStore, {"receipt-provenance"}, {}, id="empty-sweep"),
         pytest.param(LaggingReadStore, None, {}, id="lagging-reads"),
     ],
@@ -282,6 +328,132 @@ def test_a_broken_store_is_caught(
     broken = {problem.invariant for problem in violation.problems}
     if invariants is not None:
         assert broken & invariants, str(violation)
+
+
+# -- deliberately broken gateways: a probe that proves it can see, windows, witnesses ----------
+
+
+class CoversEverything(RouteSettings):
+    """A gateway that releases on "not found" without checking `applies_to`: each entry
+    covers any path of its length (every segment taken as `*`), so its probe is taken to
+    see `/v2/issues` beside the `/v1/issues` it was declared for.
+
+    The rule lives in `gateway.engine.calibrator.sight`, which reads the route it is
+    given: the engine's route (its constructor seam) is this one, the world's is not.
+    A store whose `resolve` ignored `calibrated` would not do: the calibrator refuses an
+    undeclared kind before any store call, and a blind kind is never calibrated, so the
+    releasing transaction's own check is only a race's last word (another replica
+    marking the kind blind meanwhile)."""
+
+    def applies_to(self) -> tuple[AppliesTo, ...]:
+        return tuple(
+            entry._replace(segments=("*",) * len(entry.segments)) for entry in super().applies_to()
+        )
+
+
+def without_applies_to(route: RouteSettings) -> RouteSettings:
+    return CoversEverything.model_validate(route.model_dump())
+
+
+class CalibrationSkippingStore(MemoryStore):
+    """Treats every kind as calibrated: a calibration row that says so for each kind the
+    route has, and a releasing transaction that admits every probe's release. Its probe
+    declared for `/v1/emails`, which it cannot see, releases sent emails."""
+
+    async def calibrations(self, route: str) -> tuple[Calibration, ...]:
+        now = self.db.clock()
+        kinds = await self.route_kinds(route, limit=64)
+        state = CalibrationState.CALIBRATED
+        return tuple(Calibration(route, kind, state, at=now, detail="skipped") for kind in kinds)
+
+    def _admits_release(self, route: str, kind: str, now: float) -> bool:
+        return True
+
+
+def grace_from_the_last_lease(route: RouteSettings) -> RouteSettings:
+    """A gateway whose release window counts the grace from the attempt's last lease
+    expiry only, ignoring the whole-call limit (`Settler.release_window` takes the
+    limit from the engine's route: here next to nothing; the world's upstream still
+    works to the route's real `timeout`)."""
+    return route.model_copy(update={"timeout": 1e-3})
+
+
+class ClaimBlindGraces(GraceClock):
+    """Clock witnesses that ignore the claims' readings (as before the third round: a step
+    shorter than the periodic witness interval, during a claim, goes unseen; the claim
+    keeps its times an hour off and is sent). Readings are told apart by who takes them:
+    the engine's `_claim`."""
+
+    def witness(self, store_now: float, *, before: float, after: float) -> None:
+        caller = sys._getframe(1).f_code
+        if caller is IdempotencyEngine._claim.__code__:
+            return
+        super().witness(store_now, before=before, after=after)
+
+
+def byte_fingerprints(seed: int, *, steps: int | None = None) -> Scenario:
+    """Agents that lose their keys and re-serialise their requests, in front of a gateway
+    whose fingerprints compare bytes (version 1, the proxy's `testing.canonical_json` off)."""
+    return dataclasses.replace(
+        Scenario.losing_keys(seed, steps=steps), reserialise=0.7, canonical_json=False
+    )
+
+
+BLIND_V2 = {"other_path": V2_ISSUES_PATH, "other_declared": False, **QUIET}
+"""The probe cannot see `/v2/issues` (the first kind's path, not declared in `applies_to`)."""
+BLIND_EMAILS = {"other_path": EMAILS_PATH, "other_declared": True, **QUIET}
+"""The probe cannot see `/v1/emails`, though its `applies_to` declares it."""
+LONG_PAUSES = {"long_pauses": True, "timeout": 10.0, **QUIET}
+"""Replicas frozen past their lease with a call on the wire; a whole-call limit longer
+than the lease and the grace."""
+CLOCK_STEPS = {"clock_steps": 10.0, "upstream_trouble": 0.6, "timeout": 2.0}
+"""The store's clock steps back an hour during one claim, often (each step on its own);
+an upstream slow to apply, so a claim sent with times an hour off is often still
+without its effect when another replica probes it."""
+
+
+@pytest.mark.parametrize(
+    ("mutant", "invariants"),
+    [
+        pytest.param(
+            {"engine_route": without_applies_to, **BLIND_V2},
+            {"sent-released", "duplicate-effect"},
+            id="releases-undeclared",
+        ),
+        pytest.param(
+            {"store_factory": CalibrationSkippingStore, **BLIND_EMAILS},
+            {"sent-released", "duplicate-effect"},
+            id="skips-calibration",
+        ),
+        pytest.param(
+            {"engine_route": grace_from_the_last_lease, **LONG_PAUSES},
+            {"sent-released", "duplicate-effect"},
+            id="grace-from-last-lease",
+        ),
+        pytest.param(
+            {"graces": ClaimBlindGraces, **CLOCK_STEPS},
+            {"sent-released", "duplicate-effect", "answer-state"},
+            id="claims-not-witnessed",
+        ),
+        pytest.param(
+            {"draw": byte_fingerprints},
+            {"twin-effect"},
+            id="byte-fingerprints",
+        ),
+    ],
+)
+def test_a_broken_gateway_is_caught(mutant: dict[str, Any], invariants: set[str]) -> None:
+    """Each rule of the third round, broken on purpose, makes some seed fail on the
+    invariant it protects: a release of an effect the probe cannot see (not declared, or
+    declared but never calibrated), a release before the whole call's window closed (a
+    replica frozen past its lease), a claim whose store clock was an hour off, and the
+    same request re-serialised under a new key taken for another request. (A claim whose
+    store clock was an hour off holds a lease already past: other replicas record it
+    expired while its holder still answers `in_flight`, `answer-state`, before a probe
+    releases it while its send may still land, `sent-released`.)"""
+    violation = hunt(**mutant)
+    broken = {problem.invariant for problem in violation.problems}
+    assert broken & invariants, str(violation)
 
 
 # -- the memory store's claim of the same request under a new key ------------------------------
@@ -394,5 +566,145 @@ def test_memory_store_refuses_the_same_request_under_a_new_key() -> None:
         await store.sweep(batch=100)
         assert set(db.bindings) == {("alice", "k9")}
         assert db.history[-1].verb == "unbind"
+
+    asyncio.run(scenario())
+
+
+def test_memory_store_calibrates_and_takes_late_answers_as_sqlite_does() -> None:
+    """The third round's verbs on the simulation's store (the SQL stores' semantics):
+    calibration samples are the upstream's own 2xx completions of a kind (a swept body
+    still counts, by its status), the releasing `resolve` obeys the kind's row as it
+    reads it, and a late answer completes a release with no newer attempt, or fills an
+    operator's `applied` that has no receipt, and nothing else."""
+    world = WorldClock()
+    db = MemoryDatabase(world)
+    store = MemoryStore(db)
+    kind = "POST /*/issues"
+    ok = StoredResponse(201, (("content-type", "application/json"),), b'{"ok":1}')
+    evidence = Evidence(world.now, "test", "-")
+
+    async def settled(key: str) -> Operation:
+        claimed = await store.claim(_claim(key, f"fp-{key}", guarded=False)._replace(kind=kind))
+        assert isinstance(claimed, NewAttempt)
+        operation = claimed.operation
+        done = await store.complete(
+            operation.id,
+            operation.token,
+            ok,
+            body_retained=True,
+            retention_seconds=5.0,
+            tombstone_seconds=600.0,
+            resolution=Resolution("upstream", world.now),
+        )
+        assert done is not None
+        return done
+
+    async def unknown(key: str) -> Operation:
+        claimed = await store.claim(_claim(key, f"fp-{key}", guarded=False)._replace(kind=kind))
+        assert isinstance(claimed, NewAttempt)
+        marked = await store.mark_unknown(claimed.operation.id, claimed.operation.token, evidence)
+        assert marked is not None
+        return marked
+
+    async def release_by_probe(operation: Operation) -> Operation | None:
+        return await store.resolve(
+            operation.id,
+            token=operation.token,
+            expected_version=None,
+            state=State.RELEASED,
+            response=None,
+            resolution=Resolution("probe", world.now),
+            retention_seconds=0.0,
+            tombstone_seconds=600.0,
+            calibrated=("tickets", kind),
+        )
+
+    async def scenario() -> None:
+        await store.open()
+        first = await settled("k1")
+        world.advance(10.0)
+        second = await settled("k2")
+        samples = await store.calibration_samples(
+            route="tickets", kind=kind, scope="alice", completed_since=None, limit=5
+        )
+        assert [op.id for op in samples] == [second.id, first.id]  # newest first
+        recent = await store.calibration_samples(
+            route="tickets", kind=kind, scope="alice", completed_since=world.now, limit=5
+        )
+        assert [op.id for op in recent] == [second.id]
+        assert await store.route_kinds("tickets", limit=5) == (kind,)
+        found = await store.latest_of_request(
+            scope="alice", route="tickets", fingerprints=("fp-k9", "fp-k2")
+        )
+        assert found is not None
+        assert found.id == second.id
+        world.advance(6.0)
+        await store.sweep(batch=10)  # both bodies dropped: still samples, by their status
+        assert db.rows[first.id].response is None
+        assert len(await store.calibration_samples(
+            route="tickets", kind=kind, scope=None, completed_since=None, limit=5
+        )) == 2  # fmt: skip
+
+        # No row: a probe's release is refused in the transaction; calibrated: admitted.
+        lost = await unknown("k3")
+        assert await release_by_probe(lost) is None
+        change = CalibrationChange(
+            "tickets", kind, CalibrationState.CALIBRATED, "t", "ok", first.id
+        )
+        row = await store.save_calibration(change)
+        assert row is not None
+        assert (await store.calibrations("tickets")) == (row,)
+        assert db.history[-1].verb == "calibrate"
+        assert db.history[-1].calibration == row
+        world.advance(CALIBRATION_TTL)  # an hour on: calibrate again first
+        assert await release_by_probe(lost) is None
+        blind = change._replace(state=CalibrationState.BLIND)
+        assert (await store.save_calibration(blind)) is not None
+        assert await release_by_probe(lost) is None
+        await store.save_calibration(change)
+        released = await release_by_probe(lost)
+        assert released is not None
+        assert released.state is State.RELEASED
+
+        # A late answer of the released attempt completes it, as the upstream's.
+        assert await store.complete_late(
+            lost.id, 2, ok, body_retained=True, retention_seconds=60.0, tombstone_seconds=60.0
+        ) is None  # fmt: skip
+        late = await store.complete_late(
+            lost.id, 1, ok, body_retained=True, retention_seconds=60.0, tombstone_seconds=60.0
+        )
+        assert late is not None
+        assert (late.state, late.response, late.token) == (State.COMPLETED, ok, released.token + 1)
+        assert late.resolution is not None
+        assert late.resolution.by == "upstream"
+
+        # An operator's `applied` without a receipt gains one; with a receipt, nothing.
+        for key, response in (("k4", None), ("k5", ok)):
+            pending = await unknown(key)
+            applied = await store.resolve(
+                pending.id,
+                token=pending.token,
+                expected_version=None,
+                state=State.COMPLETED,
+                response=response,
+                resolution=Resolution("admin", world.now, "checked"),
+                retention_seconds=60.0,
+                tombstone_seconds=60.0,
+            )
+            assert applied is not None
+            filled = await store.complete_late(
+                pending.id,
+                1,
+                ok,
+                body_retained=True,
+                retention_seconds=60.0,
+                tombstone_seconds=60.0,
+            )
+            if response is None:
+                assert filled is not None
+                assert filled.response == ok
+                assert filled.resolution == applied.resolution
+            else:
+                assert filled is None
 
     asyncio.run(scenario())

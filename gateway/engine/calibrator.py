@@ -109,7 +109,9 @@ class Admission(NamedTuple):
         return self.refused is None
 
 
-Verdict = Literal["calibrated", "blind", "no-sample", "error", "too-many-kinds", "not-declared"]
+Verdict = Literal[
+    "calibrated", "blind", "trusted", "no-sample", "error", "too-many-kinds", "not-declared"
+]
 
 
 class CalibrationRun(NamedTuple):
@@ -255,7 +257,8 @@ class Calibrator:
 
     async def check(self, route: RouteSettings) -> tuple[CalibrationRun, ...]:
         """`probes check`: calibrate every kind of the route now (with any scope's latest
-        sample). A blind kind stays blind whatever this finds: only `trust` lifts it."""
+        sample). A blind kind stays blind whatever this finds (only `trust` lifts it), and
+        a trusted one stays trusted (the check says what it found beside it)."""
         rows = {row.kind: row for row in await self._store.calibrations(route.name)}
         kinds = dict.fromkeys((*rows, *await self._store.route_kinds(route.name, limit=MAX_KINDS)))
         results: list[CalibrationRun] = []
@@ -269,16 +272,24 @@ class Calibrator:
                     )
                 )
                 continue
-            blind = (
-                current := rows.get(kind)
-            ) is not None and current.state is CalibrationState.BLIND
+            current = rows.get(kind)
+            # A person's word stands: a check never lifts a blind kind nor undoes a trust.
+            kept = current is not None and current.state is not CalibrationState.CALIBRATED
             run = await self.calibrate(
-                route, kind, scope=None, completed_since=None, actor="check", write=not blind
+                route, kind, scope=None, completed_since=None, actor="check", write=not kept
             )
-            if blind and run.verdict == "calibrated":
+            if current is not None and current.state is CalibrationState.BLIND:
+                if run.verdict == "calibrated":
+                    run = run._replace(
+                        verdict="blind",
+                        detail=f"passes now ({run.detail}); still blind until trusted "
+                        "(probes trust)",
+                    )
+            elif current is not None and current.state is CalibrationState.TRUSTED:
                 run = run._replace(
-                    verdict="blind",
-                    detail=f"passes now ({run.detail}); still blind until trusted (probes trust)",
+                    verdict="trusted",
+                    detail=f"trusted by a person ({current.note}); the check found: "
+                    f"{run.verdict}, {run.detail}",
                 )
             results.append(run)
         return tuple(results)
@@ -313,7 +324,9 @@ class Calibrator:
             extra={"event": "probe_trusted", "route": route.name, "kind": kind,
                    "state": saved.state.value, "actor": actor},
         )  # fmt: skip
-        verdict: Verdict = "calibrated" if saved.state is CalibrationState.CALIBRATED else "blind"
+        verdict: Verdict = "calibrated"
+        if saved.state is CalibrationState.TRUSTED:
+            verdict = "trusted"
         return CalibrationRun(kind, verdict, saved.detail, run.sample, saved)
 
     async def refresh_metrics(self, routes: tuple[RouteSettings, ...]) -> None:

@@ -70,6 +70,7 @@ from gateway.telemetry.tracer import NO_TRACER, Span, Tracer
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
+    from gateway.engine.digests import Digests
     from gateway.engine.exchange import Upstream
     from gateway.engine.forwarded_key import ForwardedKeys
     from gateway.engine.leases import LeaseKeeper
@@ -108,6 +109,7 @@ class IdempotencyEngine:
         clock: Clock = SYSTEM_CLOCK,
         graces: GraceClock | None = None,
         sight_observer: SightObserver | None = None,
+        digests: Digests | None = None,
     ) -> None:
         self._store = store
         self._tracer = tracer
@@ -158,6 +160,7 @@ class IdempotencyEngine:
             clock=clock,
             forwarded_key=self._forwarded_key,
             tracer=tracer,
+            digests=digests,
         )
 
     # -- the request path ------------------------------------------------------

@@ -52,8 +52,14 @@ def request_claimed(request: dict[str, Any] | None) -> NewEvent:
     return new_event("claimed", "gateway", erasable={"request": request})
 
 
-def sent_event(token: int, forwarded_key: str | None, *, attempt: int) -> NewEvent:
-    data = {"attempt": attempt, "token": token, "forwarded_key": forwarded_key}
+def sent_event(
+    token: int, forwarded_key: str | None, *, attempt: int, body_digest: str | None = None
+) -> NewEvent:
+    """An attempt's send; `body_digest` (keyed, `gateway.engine.digests`) says which bytes
+    it forwarded: attempts of one request may send different bytes of equal JSON."""
+    data: dict[str, Any] = {"attempt": attempt, "token": token, "forwarded_key": forwarded_key}
+    if body_digest is not None:
+        data["body_digest"] = body_digest
     return new_event("sent", "gateway", data)
 
 

@@ -30,6 +30,7 @@ from gateway.telemetry.tracer import NO_TRACER, Tracer
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings
     from gateway.engine.clock import Clock
+    from gateway.engine.digests import Digests
     from gateway.engine.exchange import LifecycleObserver, ProxyRequest, StoreTimer
     from gateway.engine.leases import LeaseKeeper
     from gateway.store.base import Store
@@ -51,8 +52,10 @@ class OutcomeWriter:
         clock: Clock,
         forwarded_key: Callable[[ProxyRequest, Operation], str | None],
         tracer: Tracer = NO_TRACER,
+        digests: Digests | None = None,
     ) -> None:
         self._forwarded_key = forwarded_key
+        self._digests = digests
         self._store = store
         self._keeper = keeper
         self._settings = settings
@@ -167,7 +170,10 @@ class OutcomeWriter:
 
     def _sent(self, request: ProxyRequest, operation: Operation) -> NewEvent:
         forwarded = self._forwarded_key(request, operation)
-        return sent_event(operation.token, forwarded, attempt=operation.attempts)
+        digest = None if self._digests is None else self._digests.body(request.scope, request.body)
+        return sent_event(
+            operation.token, forwarded, attempt=operation.attempts, body_digest=digest
+        )
 
     async def _fenced_write(
         self,

@@ -835,7 +835,10 @@ class PostgresStore(PostgresConnection):
                 batch,
             )
             changes = []
-            for rows, erased in ((expired, ["receipt", "request"]), (requests, ["request"])):
+            for rows, erased in (
+                (expired, ["receipt", "request", "probes"]),
+                (requests, ["request", "probes"]),
+            ):
                 for row in rows:
                     operation = row_to_operation(row, self._cipher, lenient=True)
                     await connection.execute(ERASE_REQUEST, operation.id)

@@ -266,9 +266,11 @@ _APPEND = (
 
 ERASE_REQUEST = (
     "UPDATE operation_events SET payload = NULL "
-    "WHERE operation_id = $1 AND type = 'claimed' AND payload IS NOT NULL"
+    "WHERE operation_id = $1 AND type IN ('claimed', 'probe', 'probe-blind') "
+    "AND payload IS NOT NULL"
 )
-"""Drop an operation's recorded request (retention, redaction): its commitment stays."""
+"""Drop an operation's recorded request and what its probes asked and read (retention,
+redaction): their commitments stay."""
 
 
 async def append_events(

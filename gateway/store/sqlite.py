@@ -708,7 +708,10 @@ class SqliteStore(SqliteConnection):
                 f"{_RETURNING}",
                 (now, now, batch),
             ).fetchall()
-            for rows, erased in ((expired, ["receipt", "request"]), (requests, ["request"])):
+            for rows, erased in (
+                (expired, ["receipt", "request", "probes"]),
+                (requests, ["request", "probes"]),
+            ):
                 for row in rows:
                     operation = row_to_operation(row, self._cipher, lenient=True)
                     c.execute(ERASE_REQUEST, (operation.id,))

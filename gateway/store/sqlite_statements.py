@@ -73,9 +73,10 @@ _INSERT_EVENT = (
 
 ERASE_REQUEST = (
     "UPDATE operation_events SET payload = NULL "
-    "WHERE operation_id = ? AND type = 'claimed' AND payload IS NOT NULL"
+    "WHERE operation_id = ? AND type IN ('claimed', 'probe', 'probe-blind') AND payload IS NOT NULL"
 )
-"""Drop an operation's recorded request (retention, redaction): its commitment stays."""
+"""Drop an operation's recorded request and what its probes asked and read (retention,
+redaction): their commitments stay."""
 
 _OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
 """Where an outcome write (`complete`, `mark_unknown`, `release`) may land, under its

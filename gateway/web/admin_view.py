@@ -213,7 +213,9 @@ async def redact_operation(request: web.Request) -> web.Response:
     store = request.app[STORE]
     operation = await _operation_by_id(request)
     version = expected_version(request, operation)
-    erased = ["request", "receipt"] if operation.state is State.COMPLETED else ["request"]
+    erased = ["request", "probes"]
+    if operation.state is State.COMPLETED:
+        erased.append("receipt")
     evidence = Evidence(
         at=time.time(), source="redaction", detail=f"{', '.join(erased)} erased by {actor}"
     )

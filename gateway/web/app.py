@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway import __version__
 from gateway.config import Settings
 from gateway.engine.clock import SYSTEM_CLOCK
+from gateway.engine.digests import Digests
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.forwarded_key import ForwardedKeys
@@ -224,6 +225,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         fault=settings.testing.fault,
         graces=graces,
         sight_observer=metrics,
+        digests=Digests(scope_secret),
     )
     engine.cross_process_signals = await store.subscribe(engine.notify_settled)
     witness = await start_witness(store, engine.graces)

@@ -283,6 +283,11 @@ function probe() {
     if (op.state === "released") {
       return `Probed ${op.key}: the upstream has no such effect. Released: its key may be sent again.`;
     }
+    const last = (op.history ?? []).findLast((event) => event.type === "probe");
+    if (last && ["not-declared", "probe-blind", "not-calibrated", "too-many-kinds"].includes(last.verdict)) {
+      return `Probed ${op.key}: the probe cannot vouch for this request, so its answer releases nothing; ` +
+        `it is still ${op.state}. Check the tool by hand, then resolve.`;
+    }
     return `Probed ${op.key}: the answer did not settle it; it is still ${op.state}. The answer is in the history.`;
   });
 }

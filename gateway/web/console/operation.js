@@ -26,6 +26,7 @@ const EVENT_LABELS = {
   expired: "Expired",
   truncated: "Truncated",
   "distinct-twin": "Same request, marked distinct",
+  "probe-blind": "Probe blind",
 };
 
 const VERDICTS = {
@@ -34,6 +35,11 @@ const VERDICTS = {
   not_applied_too_soon: "not applied, but too soon to release (the tool may still apply the send)",
   inconclusive: "inconclusive",
   superseded: "superseded: about an attempt that is no longer current",
+  "not-declared": "not found, but the probe is not declared for this request: check the tool by hand",
+  "not-calibrated": "not found, but the probe could not be calibrated for this kind: kept unknown",
+  "probe-blind": "not found, but the probe is blind for this kind of request: check the tool by hand",
+  "too-many-kinds": "not found, but this kind is past the route's calibrated kinds: check by hand",
+  found_not_proof: "found, but the forwarded key may name an earlier effect: check the tool by hand",
 };
 
 const OWN_WORDS = [["note", ""], ["reason", "Reason: "]];
@@ -52,6 +58,7 @@ export function renderOperation(op) {
   $("detail-title").textContent = `Operation ${op.key}`;
   renderTiming(op);
   $("probe-box").hidden = !(op.state === "unknown" && op.probe_available === true);
+  renderProbeSight(op);
   renderSummary(op);
   renderRequest(op.request);
   $("history").replaceChildren(...historyItems(op.history ?? []));
@@ -189,6 +196,7 @@ function eventDetails(event) {
         ...attempt(event),
         ...(event.token !== undefined ? [`fencing token ${event.token}`] : []),
         event.forwarded_key ? `forwarded key ${event.forwarded_key}` : "no key forwarded",
+        ...(event.body_digest ? [`body ${event.body_digest}`] : []),
         "recorded with the attempt's outcome (the send began after the claim)",
       ];
     case "answered":
@@ -206,6 +214,7 @@ function eventDetails(event) {
         ...attempt(event),
         VERDICTS[event.verdict] ?? `verdict ${event.verdict}`,
         ...(event.status !== undefined && event.status !== null ? [`status ${event.status}`] : []),
+        ...probeAsked(event.probe),
         ...(event.detail ? [event.detail] : []),
         ...(event.count > 1
           ? [`${event.count} identical answers, ${readableTime(event.first_at)} to ${readableTime(event.last_at)}`]
@@ -230,11 +239,49 @@ function eventDetails(event) {
       return [`${event.dropped} later probe answers were not recorded`];
     case "distinct-twin":
       return [`${event.operation} was claimed for the same request, marked as a second effect`];
+    case "probe-blind":
+      return [
+        `the probe cannot see ${event.kind}${event.applies_to ? ` (its applies_to: ${event.applies_to})` : ""}`,
+        ...(event.calibration?.sample ? [`asked about ${event.calibration.sample}, which completed`] : []),
+        ...(event.detail ? [event.detail] : []),
+      ];
     default:
       return Object.entries(event)
         .filter(([name]) => !SHOWN_APART.has(name))
         .map(([name, value]) => `${name}: ${typeof value === "string" ? value : JSON.stringify(value)}`);
   }
+}
+
+/** What a probe asked and read, as the history keeps it (secrets already redacted). */
+function probeAsked(seen) {
+  if (!seen || typeof seen !== "object") return [];
+  const request = seen.request ?? {};
+  const asked = request.tool
+    ? `asked ${request.tool} ${JSON.stringify(request.arguments ?? {})}`
+    : request.method
+      ? `asked ${request.method} ${request.path}`
+      : null;
+  const result = seen.answer?.result === undefined ? null : `read ${JSON.stringify(seen.answer.result)}`;
+  return [asked, result].filter((text) => text !== null);
+}
+
+/** A line over the history when the route's probe cannot vouch for this operation: what
+ * its "not found" means here, and what to do instead. */
+function renderProbeSight(op) {
+  const line = $("probe-sight");
+  const events = op.history ?? [];
+  const blind = events.findLast((event) => event.type === "probe-blind");
+  const undeclared = events.findLast((event) => event.type === "probe" && event.verdict === "not-declared");
+  let text = "";
+  if (op.state === "unknown" && blind) {
+    text = `The route's probe is blind for ${blind.kind}: its "not found" releases nothing of this kind ` +
+      "until an admin re-enables it (idempotency-gateway probes trust). Check the tool by hand, then resolve.";
+  } else if (op.state === "unknown" && undeclared) {
+    text = "The route's probe is not declared for this request (applies_to): its \"not found\" releases " +
+      "nothing here. Check the tool by hand, then resolve.";
+  }
+  line.textContent = text;
+  line.hidden = text === "";
 }
 
 /** An operator's own words (a note, a redaction's reason), verbatim on their own lines, or
