@@ -49,6 +49,7 @@ from tests.simulation import InvariantViolation, Scenario, Simulation
 from tests.simulation.clock import WorldClock
 from tests.simulation.memory_store import Binding, MemoryDatabase, MemoryStore
 from tests.simulation.replica import GraceFactory
+from tests.simulation.runner import run_seed
 from tests.simulation.scenario import EMAILS_PATH, V2_ISSUES_PATH
 from tests.simulation.simulator import RouteFactory, StoreFactory
 
@@ -177,18 +178,59 @@ def test_seeds_that_found_engine_bugs_keep_every_invariant(seed: int) -> None:
     asyncio.run(simulate(seed, tolerate=KNOWN_ENGINE_BUGS).run())
 
 
-@pytest.mark.parametrize("lost_keys", [False, True], ids=["keys-kept", "keys-lost"])
-def test_a_seed_replays_identically(lost_keys: bool) -> None:
+EVERY_NEW_CLASS = {
+    "other_path": EMAILS_PATH,
+    "other_declared": True,
+    "long_pauses": True,
+    "clock_steps": 4.0,
+    "reserialise": 0.7,
+    "keeper_loop": True,
+    "timeout": 5.0,
+    "upstream_trouble": 0.6,
+}
+"""The third round's fault classes all at once: calibration probes about random unused
+keys, timers the engine sets (a probe scheduled at a window's end), loops on simulated
+time (the keeper's, the witness's): none may make a replay differ."""
+
+
+@pytest.mark.parametrize(
+    ("lost_keys", "focus"),
+    [(False, {}), (True, {}), (True, EVERY_NEW_CLASS)],
+    ids=["keys-kept", "keys-lost", "third-round"],
+)
+def test_a_seed_replays_identically(lost_keys: bool, focus: dict[str, Any]) -> None:
     """The same seed makes the same trace, step for step, every time it runs."""
     traces = []
     for _ in range(2):
         scenario = (Scenario.losing_keys if lost_keys else Scenario.draw)(7)
+        scenario = dataclasses.replace(scenario, **focus)
         simulation = Simulation(scenario, keep_trace=True, tolerate=KNOWN_ENGINE_BUGS)
         report = asyncio.run(simulation.run())
         traces.append((simulation.full_trace, report.trace_digest))
     assert traces[0] == traces[1]
     assert traces[0][0] is not None
     assert len(traces[0][0]) > 200
+
+
+STEPS_THAT_LAST = 268
+"""A seed whose store clock steps back for a stretch of world time (several readings:
+`Scenario.clock_step_window`) breaks `sent-released` with the production engine: a claim
+sees the step, releases its attempt and claims again, but the second claim is taken in
+the same step and is not itself a witness (`IdempotencyEngine._claim`), so the attempt
+is sent with times an hour early, and a replica that never saw the step releases it on
+a probe's "not found" while its send may still land. Not drawn until that is fixed;
+`python -m tests.simulation --seed 268 --clock-step-window` shows it."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine: a claim taken again after a store-clock step is not witnessed",
+)
+def test_store_clock_steps_that_last_keep_every_invariant() -> None:
+    """Short backward steps of the store's clock that last a while, not one claim, keep
+    every invariant (strict: passes once the engine witnesses the claim it takes again,
+    and then `clock_step_window` can be drawn)."""
+    run_seed(STEPS_THAT_LAST, clock_step_window=True, tolerate=KNOWN_ENGINE_BUGS)
 
 
 def test_a_violation_names_the_seed_the_step_and_the_trace() -> None:
@@ -406,10 +448,19 @@ BLIND_EMAILS = {"other_path": EMAILS_PATH, "other_declared": True, **QUIET}
 LONG_PAUSES = {"long_pauses": True, "timeout": 10.0, **QUIET}
 """Replicas frozen past their lease with a call on the wire; a whole-call limit longer
 than the lease and the grace."""
-CLOCK_STEPS = {"clock_steps": 10.0, "upstream_trouble": 0.6, "timeout": 2.0}
-"""The store's clock steps back an hour during one claim, often (each step on its own);
-an upstream slow to apply, so a claim sent with times an hour off is often still
-without its effect when another replica probes it."""
+CLOCK_STEPS = {
+    **QUIET,
+    "clock_steps": 10.0,
+    "timeout": 30.0,
+    "store_latency": 0.0,
+    "long_pauses": False,
+    "other_path": None,
+}
+"""The store's clock steps back an hour during one claim, often (each step on its own,
+once every replica's periodic witness has read the clock again: no pauses, no parked
+calls to hold those up); an upstream slow to apply, and a long whole-call limit, so a
+claim sent with times an hour off is still within its window, and often without its
+effect, when another replica probes it."""
 
 
 @pytest.mark.parametrize(

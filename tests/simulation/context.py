@@ -43,6 +43,10 @@ class CallContext:
     """Every store call of this call that raised `StoreUnavailable`."""
     probe: ProbeCall | None = None
     """The last probe answer delivered to this call."""
+    probes: dict[str, ProbeCall] = field(default_factory=dict)
+    """The last probe answer delivered to this call about each operation id: one call
+    may ask about several (a calibration asks about a sample and an unused key before
+    the verdict it calibrates for is written)."""
     send: SendCall | None = None
     """The last upstream answer (to a request) delivered to this call."""
     claimed: str | None = None
@@ -68,6 +72,7 @@ def annotate() -> dict[str, Any]:
         "replica": call.replica,
         "label": call.label,
         "probe": call.probe,
+        "probes": dict(call.probes),  # a copy: the call may ask again after this write
         "operator": call.operator,
         "intent": call.intent,
         "distinct": call.distinct,

@@ -11,7 +11,9 @@ constructors: nothing is monkeypatched). The simulator scripts it:
 - `down = True` / `False`: every call raises while the store is unreachable;
 - `kill()`: every call raises forever (the replica crashed);
 - `hold`: a hook the simulator sets to park a call before it applies
-  (latency), so other replicas' calls overtake it.
+  (latency), so other replicas' calls overtake it;
+- a step of the store's clock waiting for one transaction (`StoreClock.step_during`)
+  is on exactly while the matching call applies.
 
 A paused replica issues nothing: every call first waits for its clock to be
 resumed. Calls only ever wait *before* they apply, never between applying
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -31,6 +34,7 @@ from gateway.engine.models import NewAttempt, ReplayableReceipt, Similar
 from tests.simulation.context import CALL
 
 if TYPE_CHECKING:
+    from gateway.engine.calibration import Calibration, CalibrationChange
     from gateway.engine.history import NewEvent
     from gateway.engine.models import (
         ClaimRequest,
@@ -41,8 +45,8 @@ if TYPE_CHECKING:
         State,
         StoredResponse,
     )
-    from gateway.store.base import HistoryPage, OperationFilter, Page, SweepReport
-    from tests.simulation.clock import ReplicaClock
+    from gateway.store.base import HistoryPage, OperationFilter, Page, Renewal, SweepReport
+    from tests.simulation.clock import ReplicaClock, StoreClock
     from tests.simulation.memory_store import MemoryStore
 
 __all__ = ["WRITES", "ArmedFault", "FaultKind", "FaultyStore"]
@@ -54,6 +58,7 @@ Hold = Callable[[str, str], "asyncio.Future[None] | None"]
 WRITES = (
     "claim",
     "complete",
+    "complete_late",
     "mark_unknown",
     "release",
     "renew",
@@ -62,6 +67,7 @@ WRITES = (
     "expire_orphans",
     "sweep",
     "redact",
+    "save_calibration",
 )
 """Verbs that change the database: the ones an ambiguous commit can hit."""
 
@@ -81,10 +87,19 @@ class ArmedFault:
 class FaultyStore:
     """`Store` for one replica: the shared memory store behind scripted faults."""
 
-    def __init__(self, inner: MemoryStore, *, replica: str, clock: ReplicaClock) -> None:
+    def __init__(
+        self,
+        inner: MemoryStore,
+        *,
+        replica: str,
+        clock: ReplicaClock,
+        store_clock: StoreClock | None = None,
+    ) -> None:
         self._inner = inner
         self._replica = replica
         self._clock = clock
+        self._store_clock = store_clock
+        """The database's clock, when a step of it may wait for a transaction."""
         self.down = False
         self.dead = False
         self.armed: list[ArmedFault] = []
@@ -136,7 +151,9 @@ class FaultyStore:
             # A read has no commit to lose or keep: it just fails.
             self._noted(verb, "lost")
             raise StoreUnavailable(f"{verb}: the connection was lost before the commit")
-        result = await run()
+        steps = self._store_clock.during(verb) if self._store_clock is not None else nullcontext()
+        with steps:  # one transaction: the memory store's verbs never await inside
+            result = await run()
         if fault is not None:
             self._noted(verb, "ambiguous")
             raise StoreUnavailable(f"{verb}: the connection was lost after the commit")
@@ -206,6 +223,30 @@ class FaultyStore:
             ),
         )
 
+    async def complete_late(
+        self,
+        operation_id: str,
+        attempt: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        return await self._call(
+            "complete_late",
+            lambda: self._inner.complete_late(
+                operation_id,
+                attempt,
+                response,
+                body_retained=body_retained,
+                retention_seconds=retention_seconds,
+                tombstone_seconds=tombstone_seconds,
+                events=events,
+            ),
+        )
+
     async def mark_unknown(
         self,
         operation_id: str,
@@ -240,7 +281,7 @@ class FaultyStore:
             ),
         )
 
-    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> set[str]:
+    async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> Renewal:
         return await self._call(
             "renew", lambda: self._inner.renew(leases, owner=owner, lease_seconds=lease_seconds)
         )
@@ -286,6 +327,7 @@ class FaultyStore:
         retention_seconds: float,
         tombstone_seconds: float,
         events: Sequence[NewEvent] = (),
+        calibrated: tuple[str, str] | None = None,
     ) -> Operation | None:
         return await self._call(
             "resolve",
@@ -299,6 +341,46 @@ class FaultyStore:
                 retention_seconds=retention_seconds,
                 tombstone_seconds=tombstone_seconds,
                 events=events,
+                calibrated=calibrated,
+            ),
+        )
+
+    async def calibration_samples(
+        self,
+        *,
+        route: str,
+        kind: str,
+        scope: str | None,
+        completed_since: float | None,
+        limit: int,
+    ) -> tuple[Operation, ...]:
+        return await self._call(
+            "calibration_samples",
+            lambda: self._inner.calibration_samples(
+                route=route,
+                kind=kind,
+                scope=scope,
+                completed_since=completed_since,
+                limit=limit,
+            ),
+        )
+
+    async def calibrations(self, route: str) -> tuple[Calibration, ...]:
+        return await self._call("calibrations", lambda: self._inner.calibrations(route))
+
+    async def save_calibration(self, change: CalibrationChange) -> Calibration | None:
+        return await self._call("save_calibration", lambda: self._inner.save_calibration(change))
+
+    async def route_kinds(self, route: str, *, limit: int) -> tuple[str, ...]:
+        return await self._call("route_kinds", lambda: self._inner.route_kinds(route, limit=limit))
+
+    async def latest_of_request(
+        self, *, scope: str, route: str, fingerprints: tuple[str, ...]
+    ) -> Operation | None:
+        return await self._call(
+            "latest_of_request",
+            lambda: self._inner.latest_of_request(
+                scope=scope, route=route, fingerprints=fingerprints
             ),
         )
 

@@ -21,12 +21,16 @@ believed, and each is named so a failure says which promise broke:
   or through the holder of the current token recording its answer;
 - `sent-released`: an attempt that reached the upstream is released only by
   an operator's `not_applied`, a probe's `not_applied` answered after the
-  upstream's bound for that attempt, or an honest refusal (a release status);
+  upstream's bound for that attempt about an attempt that made no effect (a
+  probe blind to it says "not found" all the same), or an honest refusal (a
+  release status);
 - `key-binding`: a request whose fingerprint differs from its key's record is
-  answered 422 and never forwarded;
+  answered 422 and never forwarded; a forwarded request is, in either
+  fingerprint form computed from the bytes sent, its record's request;
 - `twin-effect`: no second effect for one request while its twin is unsettled,
   unless marked distinct: an attempt claimed while another key's operation of
-  the same scope, route and fingerprint was `in_flight` or `unknown` (in the
+  the same request (the agent's same intended call: same scope, route, path
+  and JSON meaning, in whatever bytes) was `in_flight` or `unknown` (in the
   database's committed history at the moment the claim committed) and sent
   within the route's `similar_window` makes no upstream effect, unless the
   request that claimed it was marked distinct; nor does one claimed under a
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.engine.errors import GatewayError, KeyMismatch, SimilarOperation
-from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.fingerprint import fingerprints
 from gateway.engine.headers import IDEMPOTENCY_STATUS, without
 from gateway.engine.models import UNSETTLED, Operation, State, StoredResponse
 from gateway.web.problems import problem_response
@@ -56,7 +60,7 @@ if TYPE_CHECKING:
     from gateway.config import RouteSettings
     from gateway.engine.exchange import Reply
     from tests.simulation.memory_store import Binding, Transition
-    from tests.simulation.upstream import ScriptedUpstream
+    from tests.simulation.upstream import ProbeCall, ScriptedUpstream
 
 __all__ = ["AnswerSeen", "Invariants", "Problem"]
 
@@ -140,11 +144,12 @@ class Invariants:
         self._rows: dict[str, Operation] = {}
         """Every operation as the committed history has it so far (a replay of it)."""
         self._same_request: dict[tuple[str, str, str], set[str]] = {}
-        """(scope, route, fingerprint) -> the ids of `_rows` with that request."""
+        """(scope, route, request) -> the ids of `_rows` with that request (`_request`)."""
         self._intents: dict[str, str] = {}
         """Operation id -> the agent's intended call that first claimed it."""
-        self._bindings: dict[tuple[str, str], Binding] = {}
-        """(scope, key) -> the binding a refusal left on the key (replayed history)."""
+        self._bindings: dict[tuple[str, str], tuple[Binding, str | None]] = {}
+        """(scope, key) -> the binding a refusal left on the key (replayed history), and
+        the intended call of the request it was refused for."""
         self._twin_claims: dict[tuple[str, int], TwinClaim] = {}
         """(operation id, attempt) of attempts that must make no effect (`twin-effect`)."""
         self._twin_effects_seen: set[int] = set()
@@ -361,11 +366,24 @@ class Invariants:
             f"{', ' + intent if intent else ''})"
         )
 
+    def _request(self, operation: Operation, intent: str | None = None) -> str:
+        """Which request an operation is, by the truth rather than by the gateway's
+        fingerprint: the agent's intended call that first claimed it (one name across
+        every key and every re-serialisation of the call), else its fingerprint.
+
+        Changed with fingerprint version 2: the same request sent in other bytes is the
+        same request, so a gateway that compared bytes would see no twin where there is
+        one, and an invariant keyed by the gateway's own fingerprint would agree with it.
+        Where the gateway is right (version 2), both keys name the same operations."""
+        intent = self._intents.get(operation.id, intent)
+        return f"call {intent}" if intent else f"fingerprint {operation.fingerprint}"
+
     def _twin_claim(self, t: Transition, after: Operation) -> None:
         """At a claim's commit (the replayed history up to it): the same request's
         unsettled operations under other keys, within the route's window."""
         window = self._route.similar_window
-        same = self._same_request.get((after.scope, after.route, after.fingerprint), ())
+        request = self._request(after, t.notes.get("intent"))
+        same = self._same_request.get((after.scope, after.route, request), ())
         twins = tuple(
             twin
             for twin in (self._rows[op_id] for op_id in sorted(same))
@@ -374,12 +392,11 @@ class Invariants:
             and (twin.sent_at is None or t.at - twin.sent_at < window)
         )
         bound = None
-        binding = self._bindings.get((after.scope, after.key))
-        if (
-            binding is not None
-            and binding.fingerprint == after.fingerprint
-            and t.at - binding.refused_at < window
-        ):
+        binding, refused = self._bindings.get((after.scope, after.key), (None, None))
+        same_request = binding is not None and (
+            f"call {refused}" == request if refused else binding.fingerprint == after.fingerprint
+        )
+        if binding is not None and same_request and t.at - binding.refused_at < window:
             bound = self._rows.get(binding.twin_id)
             if bound is not None and MemoryDatabase.forgotten(bound, t.at):
                 bound = None
@@ -403,33 +420,31 @@ class Invariants:
             if t.bound is None:
                 self._bindings.pop(t.binding, None)
             else:
-                self._bindings[t.binding] = t.bound
+                self._bindings[t.binding] = (t.bound, t.notes.get("intent"))
             return
         if t.after is not None:
             self._rows[t.after.id] = t.after
-            where = (t.after.scope, t.after.route, t.after.fingerprint)
-            self._same_request.setdefault(where, set()).add(t.after.id)
             if t.verb == "claim" and t.after.id not in self._intents:
                 intent = t.notes.get("intent")
                 if intent is not None:
                     self._intents[t.after.id] = intent
+            where = (t.after.scope, t.after.route, self._request(t.after))
+            self._same_request.setdefault(where, set()).add(t.after.id)
         elif t.before is not None:
             self._rows.pop(t.before.id, None)
-            where = (t.before.scope, t.before.route, t.before.fingerprint)
+            where = (t.before.scope, t.before.route, self._request(t.before))
             self._same_request.get(where, set()).discard(t.before.id)
 
     def _check_sends(self) -> None:
+        """Each forwarded request is its record's request: the record's fingerprint is one
+        of the two forms (version 2, or the bytes of version 1) computed by the production
+        functions from what reached the upstream (path, query, media type and body)."""
         sends = self._upstream.sends
         for send in sends[self._sends_seen :]:
-            expected = fingerprint_request(
-                method="POST",
-                route=self._route.name,
-                path=f"{self._route.prefix}/v1/issues",
-                query="",
-                content_type="application/json",
-                body=send.body,
+            expected = fingerprints(
+                "POST", self._route.name, send.raw_path, send.query, send.content_type, send.body
             )
-            if send.fingerprint is not None and send.fingerprint != expected:
+            if send.fingerprint is not None and send.fingerprint not in expected:
                 self._fail(
                     "key-binding",
                     f"{send.label} forwarded a body that is not the request {send.operation_id} "
@@ -462,6 +477,8 @@ class Invariants:
             and (before is None or before.state is not State.COMPLETED)
         ):
             self._check_receipt(t, after)
+        elif t.verb == "complete_late" and after is not None:
+            self._check_late_receipt(t, after)
         if (
             before is not None
             and before.state is State.UNKNOWN
@@ -506,6 +523,23 @@ class Invariants:
         else:
             self._fail("receipt-provenance", f"{where}: completed with resolution {by!r}")
 
+    def _check_late_receipt(self, t: Transition, after: Operation) -> None:
+        """A late answer attached to an operator's `applied` that had no receipt (new with
+        `Store.complete_late`): the receipt, whoever resolved, is an upstream answer."""
+        response = after.response
+        answers = self._upstream.answers.get(after.id, [])
+        where = f"history #{t.number} (complete_late by {t.notes.get('label')})"
+        if response is None:
+            self._fail("receipt-provenance", f"{where}: a late answer with no response")
+        elif after.body_retained and _stored(response) not in answers:
+            self._fail(
+                "receipt-provenance",
+                f"{where}: receipt {response.status} {response.body[:60]!r} is not an answer "
+                f"the upstream gave for {after.id}",
+            )
+        elif not after.body_retained and response.status not in {a[0] for a in answers}:
+            self._fail("receipt-provenance", f"{where}: status {response.status} never given")
+
     def _check_unknown_exit(
         self, t: Transition, before: Operation, after: Operation | None
     ) -> None:
@@ -514,8 +548,8 @@ class Invariants:
             by = after.resolution.by if after is not None and after.resolution else None
             if by in ("owner", "admin"):
                 return
-            probe = t.notes.get("probe")
-            if by == "probe" and probe is not None and probe.operation_id == before.id:
+            probe = _probe_about(t, before.id)
+            if by == "probe" and probe is not None:
                 if probe.token == before.token:
                     return
                 self._fail(
@@ -550,8 +584,11 @@ class Invariants:
         if by in ("owner", "admin"):
             return
         if by == "probe":
-            probe = t.notes.get("probe")
+            probe = _probe_about(t, before.id)
             bound = self._upstream.bound(before.id, before.attempts)
+            made = [
+                e for e in self._upstream.effects.get(before.id, ()) if e.attempt == before.attempts
+            ]
             if probe is None or probe.answered_at is None:
                 self._fail("sent-released", f"{where}: no probe answer behind the verdict")
             elif probe.status not in self._not_applied_statuses:
@@ -563,6 +600,14 @@ class Invariants:
                     f"+{probe.answered_at - _EPOCH:.2f}, before the upstream's bound "
                     f"+{bound - _EPOCH:.2f} for that attempt",
                 )
+            elif made:
+                # A probe blind to the request (`gateway.engine.calibrator`) says "not
+                # found" about an effect that exists: the release is a second effect waiting.
+                self._fail(
+                    "sent-released",
+                    f"{where}: on {probe.label}'s {probe.status}, but that attempt made "
+                    f"E{made[0].number} on {made[0].path}: the probe cannot see it",
+                )
             return
         if (
             t.verb == "release"
@@ -571,6 +616,14 @@ class Invariants:
         ):
             return  # an honest refusal: the upstream said it did not and will not apply it
         self._fail("sent-released", f"{where}: {sent.label} effect={sent.effect}")
+
+
+def _probe_about(t: Transition, operation_id: str) -> ProbeCall | None:
+    """The last probe answer the writing call got about this operation (not a calibration's
+    probe about a sample or an unused key, asked after it)."""
+    probes = t.notes.get("probes") or {}
+    found = probes.get(operation_id)
+    return found if found is not None and found.operation_id == operation_id else None
 
 
 def _mismatch_class(seen: AnswerSeen, row: Operation | None) -> str:

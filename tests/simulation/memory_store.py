@@ -9,7 +9,9 @@ Several `MemoryStore`s may share one `MemoryDatabase` (the replicas of a
 simulation, or a store reopened in the conformance suite). The database keeps
 the history of every committed write, which is what the simulation's
 invariants are checked against: the truth as the database saw it, not as an
-engine believed it.
+engine believed it. Probe calibration rows (`gateway.engine.calibration`) are
+part of that state: one row per (route, kind), shared by every replica, each
+write of one in the history too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from gateway.engine.calibration import (
+    MAX_KINDS,
+    Calibration,
+    CalibrationChange,
+    decide,
+    next_calibration,
+)
 from gateway.engine.errors import StoreUnavailable
 from gateway.engine.history import EventRow, NewEvent, capped, chain, micros
 from gateway.engine.lifecycle_events import (
@@ -59,6 +68,7 @@ __all__ = ["Binding", "MemoryDatabase", "MemoryStore", "Transition"]
 _HAS_OBSERVED_AT = "observed_at" in Operation._fields
 _SETTLED = (State.COMPLETED, State.RELEASED)
 _OUTCOME_WRITABLE = (State.IN_FLIGHT, State.UNKNOWN)
+_OPERATORS = ("owner", "admin")
 
 
 class Binding(NamedTuple):
@@ -97,25 +107,40 @@ class Transition:
     """(scope, key) of a `bind` or `unbind` write."""
     bound: Binding | None = None
     """What a `bind` wrote."""
+    world_at: float | None = None
+    """True (world) time of the commit; `at` is the store's clock, which a step may have
+    set off (`tests.simulation.clock.StoreClock`): the times a write stored are off by
+    `at - world_at`."""
+    calibration: Calibration | None = None
+    """What a `calibrate` write (a probe calibration row, no operation row) wrote;
+    `operation_id` is then its sample's, or empty."""
+
+    @property
+    def offset(self) -> float:
+        """How far the store's clock was off world time when this write committed."""
+        return 0.0 if self.world_at is None else self.at - self.world_at
 
 
 class MemoryDatabase:
     """The shared state: operations by id, the (scope, key) index, and the write history.
 
-    `clock` is the database's clock (the simulation's world time; wall time by
-    default, as the conformance suite expects). `unsafe_skip_token_check`
-    exists only to prove the simulation's invariants catch a store that
-    lets a stale writer through; nothing else may set it.
+    `clock` is the database's clock (the simulation's store clock; wall time by
+    default, as the conformance suite expects); `true_time` is the world's, when
+    the store's may be off it (each write's history entry keeps both).
+    `unsafe_skip_token_check` exists only to prove the simulation's invariants
+    catch a store that lets a stale writer through; nothing else may set it.
     """
 
     def __init__(
         self,
         clock: Callable[[], float],
         *,
+        true_time: Callable[[], float] | None = None,
         secret: bytes = b"",
         unsafe_skip_token_check: bool = False,
     ) -> None:
         self.clock = clock
+        self.true_time = true_time or clock
         self.secret = secret or hashlib.sha256(b"memory-store-scope-secret").digest()
         self.unsafe_skip_token_check = unsafe_skip_token_check
         self.rows: dict[str, Operation] = {}
@@ -126,6 +151,14 @@ class MemoryDatabase:
         self.events: dict[str, list[EventRow]] = {}
         self.bindings: dict[tuple[str, str], Binding] = {}
         """(scope, key) -> the binding a `similar-operation` refusal left on the key."""
+        self.kinds: dict[str, str | None] = {}
+        """Operation id -> its request kind, as its first claim gave it (the SQL stores'
+        `request_kind` column: kept across attempts, never on `Operation`)."""
+        self.statuses: dict[str, int] = {}
+        """Operation id -> its receipt's status (the SQL stores' `response_status`
+        column): kept when the sweep drops the body, which a read shows as no response."""
+        self.calibrations: dict[tuple[str, str], Calibration] = {}
+        """(route, kind) -> the probe's calibration row for that kind."""
         self.annotate: Callable[[], dict[str, Any]] | None = None
         self._next_seq = 0
         self._next_id = 0
@@ -186,18 +219,52 @@ class MemoryDatabase:
                 self.seq[after.id] = self._next_seq
             self.rows[after.id] = after
             self.by_key[(after.scope, after.key)] = after.id
+            if after.response is not None:
+                self.statuses[after.id] = after.response.status
+            elif verb != "sweep_body":  # the sweep drops the body, not the status
+                self.statuses.pop(after.id, None)
         elif before is not None:
             del self.rows[before.id]
             del self.seq[before.id]
             self.events.pop(before.id, None)
+            self.kinds.pop(before.id, None)
+            self.statuses.pop(before.id, None)
             if self.by_key.get((before.scope, before.key)) == before.id:
                 del self.by_key[(before.scope, before.key)]
         op_id = (after or before).id if (after or before) is not None else "?"
         notes = self.annotate() if self.annotate is not None else {}
         self.history.append(
-            Transition(len(self.history), now, verb, op_id, before, after, token, notes)
+            Transition(
+                len(self.history),
+                now,
+                verb,
+                op_id,
+                before,
+                after,
+                token,
+                notes,
+                world_at=self.true_time(),
+            )
         )
         return after
+
+    def calibrate(self, row: Calibration) -> None:
+        """Commit a probe calibration row, a write of its own in the history."""
+        self.calibrations[(row.route, row.kind)] = row
+        notes = self.annotate() if self.annotate is not None else {}
+        self.history.append(
+            Transition(
+                len(self.history),
+                self.clock(),
+                "calibrate",
+                row.sample or "",
+                None,
+                None,
+                notes=notes,
+                world_at=self.true_time(),
+                calibration=row,
+            )
+        )
 
     def bind(self, scope: str, key: str, binding: Binding | None) -> None:
         """Commit a key's binding (None: drop it), a write of its own in the history."""
@@ -221,6 +288,7 @@ class MemoryDatabase:
                 notes=notes,
                 binding=(scope, key),
                 bound=binding,
+                world_at=self.true_time(),
             )
         )
 
@@ -294,7 +362,7 @@ class MemoryStore:
             db.put("forget", current, None)
             current = None
         starts = current is None or (
-            current.state is State.RELEASED and current.fingerprint == request.fingerprint
+            current.state is State.RELEASED and request.same_request(current.fingerprint)
         )
         if not starts:
             assert current is not None
@@ -352,6 +420,7 @@ class MemoryStore:
                 sent_at=now,
             )
             event = claimed_event(request.claimed, 1, distinct_from=distinct_from)
+            db.kinds[fresh.id] = request.kind  # set on insert only, as `request_kind` is
             claimed = db.put("claim", None, fresh, events=(event,))
         else:
             again = current._replace(
@@ -455,6 +524,53 @@ class MemoryStore:
         written = self.db.put("complete", current, done, token=token, events=events)
         assert written is not None
         return self._seen(written, now)
+
+    async def complete_late(
+        self,
+        operation_id: str,
+        attempt: int,
+        response: StoredResponse,
+        *,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        """Attempt `attempt`'s answer after its token went stale, where it is still the
+        truth (as SQLite's `_LATE_WRITABLE`): a release with no newer attempt since (the
+        release was wrong: completed by the upstream), or an operator's `applied` with no
+        receipt (it gains this one, its resolution kept). Not fenced by a token."""
+        self._check_open()
+        now = self.db.clock()
+        current = self.db.rows.get(operation_id)
+        if current is None or current.attempts != attempt or not self._late_writable(current):
+            return None
+        released = current.state is State.RELEASED
+        done = current._replace(
+            state=State.COMPLETED,
+            response=response if body_retained else StoredResponse(response.status, (), b""),
+            body_retained=body_retained,
+            expires_at=now + retention_seconds,
+            forgotten_at=now + max(tombstone_seconds, retention_seconds),
+            resolution=Resolution("upstream", now) if released else current.resolution,
+            lease_owner=None,
+            token=current.token + 1,
+            updated_at=now,
+            version=current.version + 1,
+        )
+        written = self.db.put("complete_late", current, done, events=events)
+        assert written is not None
+        return self._seen(written, now)
+
+    def _late_writable(self, operation: Operation) -> bool:
+        if operation.state is State.RELEASED:
+            return True
+        return (
+            operation.state is State.COMPLETED
+            and self.db.statuses.get(operation.id) is None
+            and operation.resolution is not None
+            and operation.resolution.by in _OPERATORS
+        )
 
     async def mark_unknown(
         self,
@@ -598,9 +714,12 @@ class MemoryStore:
         retention_seconds: float,
         tombstone_seconds: float,
         events: Sequence[NewEvent] = (),
+        calibrated: tuple[str, str] | None = None,
     ) -> Operation | None:
         self._check_open()
         now = self.db.clock()
+        if calibrated is not None and not self._admits_release(*calibrated, now):
+            return None  # the kind's row, as this transaction reads it, admits no release
         current = self.db.rows.get(operation_id)
         if (
             current is None
@@ -623,6 +742,94 @@ class MemoryStore:
         written = self.db.put("resolve", current, settled, token=token, events=events)
         assert written is not None
         return self._seen(written, now)
+
+    def _admits_release(self, route: str, kind: str, now: float) -> bool:
+        """The releasing transaction's own reading of the kind's calibration row."""
+        return decide(self.db.calibrations.get((route, kind)), now=now) == "release"
+
+    # -- probe calibration, and a call found by its request --------------------------------
+
+    async def calibration_samples(
+        self,
+        *,
+        route: str,
+        kind: str,
+        scope: str | None,
+        completed_since: float | None,
+        limit: int,
+    ) -> tuple[Operation, ...]:
+        """As SQLite's `samples`: completed by the upstream itself with a 2xx status (the
+        status column, which outlives a swept body), not forgotten, newest first."""
+        self._check_open()
+        db, now = self.db, self.db.clock()
+
+        def sample(op: Operation) -> bool:
+            status = db.statuses.get(op.id)
+            return (
+                op.route == route
+                and db.kinds.get(op.id) == kind
+                and op.state is State.COMPLETED
+                and op.resolution is not None
+                and op.resolution.by == "upstream"
+                and status is not None
+                and 200 <= status <= 299
+                and (op.forgotten_at is None or op.forgotten_at > now)
+                and (scope is None or op.scope == scope)
+                and (completed_since is None or op.updated_at >= completed_since)
+            )
+
+        found = sorted(
+            (op for op in db.rows.values() if sample(op)),
+            key=lambda op: (op.created_at, db.seq[op.id]),
+            reverse=True,
+        )
+        return tuple(self._seen(op, now) for op in found[:limit])
+
+    async def calibrations(self, route: str) -> tuple[Calibration, ...]:
+        self._check_open()
+        rows = self.db.calibrations
+        return tuple(rows[key] for key in sorted(rows) if key[0] == route)
+
+    async def save_calibration(self, change: CalibrationChange) -> Calibration | None:
+        self._check_open()
+        now = self.db.clock()
+        previous = self.db.calibrations.get((change.route, change.kind))
+        if previous is None:
+            kinds = sum(1 for route, _ in self.db.calibrations if route == change.route)
+            if kinds >= MAX_KINDS:
+                return None
+        row = next_calibration(previous, change, now=now)
+        self.db.calibrate(row)
+        return row
+
+    async def route_kinds(self, route: str, *, limit: int) -> tuple[str, ...]:
+        self._check_open()
+        kinds = {
+            kind
+            for op_id, kind in self.db.kinds.items()
+            if kind is not None and self.db.rows[op_id].route == route
+        }
+        return tuple(sorted(kinds)[:limit])
+
+    async def latest_of_request(
+        self, *, scope: str, route: str, fingerprints: tuple[str, ...]
+    ) -> Operation | None:
+        self._check_open()
+        db, now = self.db, self.db.clock()
+        found = [
+            op
+            for op in db.rows.values()
+            if op.fingerprint in fingerprints
+            and op.scope == scope
+            and op.route == route
+            and (op.forgotten_at is None or op.forgotten_at > now)
+        ]
+        if not found:
+            return None
+        latest = max(
+            found, key=lambda op: (op.sent_at is not None, op.sent_at or 0.0, db.seq[op.id])
+        )
+        return self._seen(latest, now)
 
     async def list_operations(
         self, where: OperationFilter, *, limit: int, cursor: str | None

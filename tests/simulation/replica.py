@@ -1,10 +1,13 @@
 """One gateway replica in the simulated world: an engine with its own clock, store and upstream.
 
 Built exactly as `gateway.web.app` builds one, through the constructors' seams
-(store, forwarder, keeper, prober, clock), so the engine under test is the
-production engine. Nothing here runs on its own: the keeper's loop is never
-started (its rounds are simulator actions) and every engine call is a task
-the simulator starts, watches and, when the replica crashes, cancels.
+(store, forwarder, keeper, prober, clock, and one `GraceClock` shared by the
+engine and the keeper), so the engine under test is the production engine.
+Its own loops run on simulated time, as tasks of the replica: the store-clock
+witness loop always, the lease keeper's loop when the seed says so
+(`Scenario.keeper_loop`; besides, keeper rounds are simulator actions). Every
+engine call is a task the simulator starts, watches and, when the replica
+crashes, cancels.
 """
 
 from __future__ import annotations
@@ -15,23 +18,28 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.config import QuotaSettings
 from gateway.engine.engine import IdempotencyEngine
+from gateway.engine.errors import StoreUnavailable
 from gateway.engine.forwarded_key import ForwardedKeys
-from gateway.engine.graces import GraceClock
+from gateway.engine.graces import WITNESS_INTERVAL, GraceClock
 from gateway.engine.leases import LeaseKeeper
 from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
-from tests.simulation.clock import ReplicaClock
+from tests.simulation.clock import ReplicaClock, StoreClock
 from tests.simulation.context import CALL, CallContext
 from tests.simulation.faults import FaultyStore
 from tests.simulation.upstream import ReplicaUpstream
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
+    from gateway.engine.clock import Clock
     from tests.simulation.clock import WorldClock
     from tests.simulation.memory_store import MemoryStore
     from tests.simulation.upstream import ScriptedUpstream
 
-__all__ = ["Replica"]
+__all__ = ["GraceFactory", "Replica"]
+
+GraceFactory = Callable[["Clock"], GraceClock]
+"""Makes a replica's `GraceClock` from its clock (a test-only seam for a broken one)."""
 
 
 class Replica:
@@ -48,24 +56,29 @@ class Replica:
         settings: IdempotencySettings,
         route: RouteSettings,
         skew: float,
+        graces: GraceFactory = GraceClock,
     ) -> None:
         self.name = name
         self.owner = f"gw-{name}-{generation}"
+        self._world = world
+        self.witnessed_at = float("-inf")
         self.clock = ReplicaClock(world, skew=skew)
-        self.store = FaultyStore(store, replica=name, clock=self.clock)
+        store_clock = store.db.clock if isinstance(store.db.clock, StoreClock) else None
+        self.store = FaultyStore(store, replica=name, clock=self.clock, store_clock=store_clock)
         assert route.probe is not None
         self.upstream = ReplicaUpstream(
             upstream, replica=name, clock=self.clock, probe_path=route.probe.path
         )
-        graces = GraceClock(self.clock)
+        self.graces = graces(self.clock)
         self.keeper = LeaseKeeper(
             self.store,
             owner=self.owner,
             lease_seconds=settings.lease,
             tombstone_seconds=settings.tombstone_retention,
             clock=self.clock,
-            graces=graces,
+            graces=self.graces,
         )
+        self.keeper_interval = settings.lease / 3
         self.prober = Prober(self.upstream, clock=self.clock)
         self.engine = IdempotencyEngine(
             store=self.store,
@@ -77,14 +90,39 @@ class Replica:
             settings=settings,
             routes=(route,),
             clock=self.clock,
-            graces=graces,
+            graces=self.graces,
         )
         # As a gateway does when it starts (`start_witness`): its first reading of the store's
         # clock, from which its graces may count.
         started = self.clock.monotonic()
-        self.engine.graces.witness(world.now, before=started, after=started)
+        self.engine.graces.witness(store.db.clock(), before=started, after=started)
         self.alive = True
         self.tasks: list[asyncio.Task[Any]] = []
+
+    async def keep_witnessing(self) -> None:
+        """The store-clock witness loop every gateway runs (`start_witness`'s, without the
+        host trail): a reading every `WITNESS_INTERVAL` seconds of simulated time (the
+        event loop's clock is world time), besides the readings its decisions take. A
+        paused process takes none; a crash cancels it with the replica's other tasks.
+        `witnessed_at` says when the last one was taken (world time)."""
+        while True:
+            await asyncio.sleep(WITNESS_INTERVAL)
+            before = self.graces.monotonic()
+            try:
+                store_now = await self.store.now()
+            except StoreUnavailable:
+                continue  # reported by the requests that meet the outage
+            self.graces.witness(store_now, before=before, after=self.graces.monotonic())
+            self.witnessed_at = self._world.now
+
+    async def keep_leases(self) -> None:
+        """The lease keeper's own loop, as `LeaseKeeper.start` runs it: a round every third
+        of a lease of simulated time, besides the rounds the simulator starts. A paused
+        process renews nothing (its store calls wait), so its leases lapse."""
+        interval = max(self.keeper_interval, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            await self.keeper.upkeep()
 
     def start(self, label: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> asyncio.Task[Any]:
         """Run one engine call as its own task, with its own `CallContext`.

@@ -5,6 +5,8 @@
     python -m tests.simulation --seconds 60 --first 5000 --replicas 3
     python -m tests.simulation --seconds 60 --lost-keys  # agents that lose their keys
     python -m tests.simulation --seed 3 --lost-keys --similar-guard off  # twin-effect bites
+    python -m tests.simulation --seed 5 --lost-keys --byte-fingerprints  # twin-effect bites
+    python -m tests.simulation --seconds 60 --clock-step-window  # store clock steps that last
 
 Exits 1 at the first invariant violation, after printing the seed, the step,
 what broke and the last steps of the trace. `PYTHONHASHSEED` is pinned (the
@@ -31,6 +33,8 @@ __all__ = ["main", "run_seed", "run_seeds"]
 HASH_SEED = "0"
 PROGRESS_EVERY = 15.0
 """Seconds between progress lines of a long run."""
+WINDOW_STEPS = 4.0
+"""`--clock-step-window`: how often the store's clock steps in a seed that drew no steps."""
 
 
 def run_seed(
@@ -43,15 +47,25 @@ def run_seed(
     tolerate: frozenset[str] = frozenset(),
     lost_keys: bool = False,
     similar_guard: SimilarGuardSetting = "unsettled",
+    byte_fingerprints: bool = False,
+    clock_step_window: bool = False,
 ) -> tuple[RunReport, list[str] | None]:
     """One seed on a fresh event loop; raises `InvariantViolation`.
 
     `lost_keys`: the seed's world is `Scenario.losing_keys` (agents that lose keys);
-    `similar_guard`: the route's guard (`off` only to see `twin-effect` bite)."""
+    `similar_guard`: the route's guard (`off` only to see `twin-effect` bite);
+    `byte_fingerprints`: version-1 fingerprints (only to see `twin-effect` bite on
+    re-serialised bodies); `clock_step_window`: the store clock's steps last a stretch of
+    world time, not one claim (`Scenario.clock_step_window`), in every seed."""
     draw = Scenario.losing_keys if lost_keys else Scenario.draw
     scenario = draw(seed, replicas=replicas, steps=steps)
     if similar_guard != scenario.similar_guard:
         scenario = dataclasses.replace(scenario, similar_guard=similar_guard)
+    if byte_fingerprints:
+        scenario = dataclasses.replace(scenario, canonical_json=False)
+    if clock_step_window:  # steps that last a while, in every seed
+        steps_rate = scenario.clock_steps or WINDOW_STEPS
+        scenario = dataclasses.replace(scenario, clock_step_window=True, clock_steps=steps_rate)
     simulation = Simulation(
         scenario,
         echo=print if echo else None,
@@ -72,6 +86,8 @@ def run_seeds(
     tolerate: frozenset[str] = frozenset(),
     lost_keys: bool = False,
     similar_guard: SimilarGuardSetting = "unsettled",
+    byte_fingerprints: bool = False,
+    clock_step_window: bool = False,
 ) -> list[RunReport]:
     """Seeds `first`, `first + 1`, ... until `seconds` pass (or `max_seeds` ran)."""
     started = time.monotonic()
@@ -87,6 +103,8 @@ def run_seeds(
             tolerate=tolerate,
             lost_keys=lost_keys,
             similar_guard=similar_guard,
+            byte_fingerprints=byte_fingerprints,
+            clock_step_window=clock_step_window,
         )
         reports.append(report)
         steps += report.steps
@@ -109,7 +127,11 @@ def summary(reports: Sequence[RunReport], seconds: float) -> str:
     states: Counter[str] = Counter()
     transitions: Counter[str] = Counter()
     twins: Counter[str] = Counter()
+    classes: Counter[str] = Counter()
     for report in reports:
+        for name in report.scenario.fault_classes():
+            classes[f"{name}: seeds"] += 1
+            classes[f"{name}: steps"] += report.steps
         transitions.update(report.transitions)
         twins.update(report.twins)
         actions.update(report.actions)
@@ -128,6 +150,7 @@ def summary(reports: Sequence[RunReport], seconds: float) -> str:
     lines = ["", "summary", "-------"]
     lines += [f"{name:<46}{value:>10}" for name, value in rows]
     for title, counter in (
+        ("fault classes drawn (seeds and steps with each)", classes),
         ("actions (interleavings)", actions),
         ("store faults fired", faults),
         ("answer-state mismatches excused", excused),
@@ -167,6 +190,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the route's similar_guard (off: to see the twin-effect invariant bite)",
     )
     parser.add_argument(
+        "--byte-fingerprints",
+        action="store_true",
+        help="fingerprints compare bytes (version 1): to see the twin-effect invariant bite",
+    )
+    parser.add_argument(
+        "--clock-step-window",
+        action="store_true",
+        help="the store clock's short steps last a stretch of time, not one claim",
+    )
+    parser.add_argument(
         "--tolerate",
         action="append",
         default=[],
@@ -189,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tolerate=tolerate,
                 lost_keys=args.lost_keys,
                 similar_guard=args.similar_guard,
+                byte_fingerprints=args.byte_fingerprints,
+                clock_step_window=args.clock_step_window,
             )
         except InvariantViolation as violation:
             print(violation, flush=True)
@@ -206,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tolerate=tolerate,
             lost_keys=args.lost_keys,
             similar_guard=args.similar_guard,
+            byte_fingerprints=args.byte_fingerprints,
+            clock_step_window=args.clock_step_window,
         )
     except InvariantViolation as violation:
         print(violation, flush=True)

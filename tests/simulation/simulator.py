@@ -4,22 +4,27 @@ Replicas (production `IdempotencyEngine`s, see `tests.simulation.replica`)
 share one in-memory database and one scripted upstream. Each step the seed's
 random generator picks one action (a request, a lookup, an operator's
 resolve, a keeper round, a sweep, time passing, a clock step or pause, a
-store fault, a crash or a restart, or the upstream deciding the fate of a
-send or a probe), the simulator runs the event loop until it is quiescent
-(every live task waits on something only the simulator can release), and
-then checks every invariant (`tests.simulation.invariants`).
+replica frozen past its lease with a call on the wire, a short backward step
+of the store's clock, a store fault, a crash or a restart, or the upstream
+deciding the fate of a send or a probe), the simulator runs the event loop
+until it is quiescent (every live task waits on something only the simulator
+can release), and then checks every invariant (`tests.simulation.invariants`).
 
-Determinism: no real time, no real I/O, no threads; ids come from a counter;
-every choice comes from `random.Random(seed)` in an order fixed by the
-single-threaded event loop. Python's string hashing is randomized per
-process, so the runner (`python -m tests.simulation`) pins `PYTHONHASHSEED`
-for seeds to replay across processes (engine code iterates a set of keys).
+Determinism: no real time, no real I/O, no threads; ids come from a counter
+(a calibration's "forwarded key never used" is random, and never written to
+the trace); every choice comes from `random.Random(seed)` in an order fixed
+by the single-threaded event loop, whose own clock is world time during a run
+(a timer the engine sets fires when world time reaches it). Python's string
+hashing is randomized per process, so the runner (`python -m tests.simulation`)
+pins `PYTHONHASHSEED` for seeds to replay across processes (engine code
+iterates a set of keys).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import random
 import time
 from collections import Counter, deque
@@ -28,24 +33,41 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from gateway.config import RouteSettings
 from gateway.engine.exchange import ProxyRequest
-from gateway.engine.fingerprint import fingerprint_request
+from gateway.engine.fingerprint import canonical_path, fingerprints
+from gateway.engine.graces import WITNESS_INTERVAL, GraceClock
 from gateway.engine.models import State, StoredResponse
 from gateway.engine.sweeper import Sweeper
 from tests.simulation.calls import EngineCalls, Intent
-from tests.simulation.clock import WorldClock
+from tests.simulation.clock import StoreClock, WorldClock
 from tests.simulation.context import annotate
 from tests.simulation.faults import FaultKind
 from tests.simulation.invariants import Invariants, Problem
 from tests.simulation.memory_store import MemoryDatabase, MemoryStore
-from tests.simulation.replica import Replica
-from tests.simulation.scenario import REQUEST_PATH, UPSTREAM, Scenario
+from tests.simulation.replica import GraceFactory, Replica
+from tests.simulation.scenario import (
+    OTHER_SHARE,
+    REQUEST_PATH,
+    STORE_STEP,
+    UPSTREAM,
+    Scenario,
+)
 from tests.simulation.upstream import ScriptedUpstream, SendCall
 
 __all__ = ["InvariantViolation", "RunReport", "Simulation", "StoreFactory"]
 
 StoreFactory = Callable[[MemoryDatabase], MemoryStore]
+RouteFactory = Callable[[RouteSettings], RouteSettings]
 Action = Callable[[], str]
+
+QUERY = "notify=1&team=ops"
+"""The query of every request in a seed whose agents re-serialise (`Scenario.reserialise`)."""
+RESERIALISATIONS = ("order", "space", "float", "escape", "charset", "query", "percent")
+"""How an agent may write the same JSON request again (see `Simulation._reserialise`)."""
+REFUSED_BY_PROBE = frozenset({"not-declared", "probe-blind", "not-calibrated", "too-many-kinds"})
+"""Probe verdicts that leave an operation to a person (`gateway.engine.calibrator`): the
+drain settles these by hand, as the evidence tells an operator to."""
 
 TRACE_TAIL = 60
 """Steps of trace printed with a failure."""
@@ -63,6 +85,10 @@ FAULT_VERBS = (
     "get_by_id",
     "expire_orphans",
     "list_operations",
+    "complete_late",
+    "calibrations",
+    "calibration_samples",
+    "save_calibration",
 )
 
 
@@ -119,9 +145,13 @@ class Simulation:
     """One seed's world: `await Simulation(Scenario.draw(seed)).run()`, or `InvariantViolation`.
 
     `store_factory` is a test-only hook to put a deliberately broken store in
-    front of the database and prove the invariants notice. `tolerate` names
-    classes of answer-state mismatch (see `invariants._mismatch_class`) to
-    count instead of fail: known engine bugs, so a hunt can look past them.
+    front of the database and prove the invariants notice; `engine_route` (the
+    route as the gateway is configured, when a test breaks it on purpose: the
+    world keeps the scenario's) and `graces` (each replica's `GraceClock`) are
+    the same for a broken gateway, through the engine's own constructor seams.
+    `tolerate` names classes of answer-state mismatch (see
+    `invariants._mismatch_class`) to count instead of fail: known engine bugs,
+    so a hunt can look past them.
     `echo` receives every trace line as it is written; `keep_trace` keeps them
     all in `full_trace` (the replay test compares two runs' traces).
     """
@@ -131,6 +161,8 @@ class Simulation:
         scenario: Scenario,
         *,
         store_factory: StoreFactory = MemoryStore,
+        engine_route: RouteFactory | None = None,
+        graces: GraceFactory = GraceClock,
         echo: Callable[[str], None] | None = None,
         keep_trace: bool = False,
         tolerate: frozenset[str] = frozenset(),
@@ -138,16 +170,21 @@ class Simulation:
         self.scenario = scenario
         self.rng = random.Random(scenario.seed)
         self.world = WorldClock()
-        self.db = MemoryDatabase(self.world)
+        self.store_clock = StoreClock(self.world)
+        self.db = MemoryDatabase(self.store_clock, true_time=self.world)
         self.db.annotate = annotate
         self._store_factory = store_factory
         self.route = scenario.route()
+        self._engine_route = self.route if engine_route is None else engine_route(self.route)
+        self._graces = graces
         self.settings = scenario.idempotency()
         self.upstream = ScriptedUpstream(
             self.world,
             self.db,
             not_applied_after=scenario.not_applied_after,
+            whole_call=scenario.timeout,
             large_body=400,
+            blind=frozenset(canonical_path(path) for path in scenario.blind_paths()),
         )
         self.operator_responses: dict[str, list[StoredResponse]] = {}
         self.invariants = Invariants(
@@ -162,6 +199,10 @@ class Simulation:
             note=self._note,
         )
         self.replicas: list[Replica] = []
+        self._loops = 2 if scenario.keeper_loop else 1
+        """Tasks a replica always runs (its witness loop, and its keeper's if on)."""
+        self._frozen: dict[str, float] = {}
+        """Replicas frozen with a call on the wire -> the world time they may wake from."""
         self._dead_owners: list[str] = []
         self._parked_store: list[tuple[str, asyncio.Future[None]]] = []
         self._latency = scenario.store_latency
@@ -194,10 +235,17 @@ class Simulation:
     # -- the run ---------------------------------------------------------------------------
 
     async def run(self) -> RunReport:
+        """Run the seed on the running event loop, whose clock is world time meanwhile."""
+        loop = asyncio.get_running_loop()
+        # The loop's clock, for this run only: world time, so a timer the engine sets
+        # (a probe scheduled at a release window's end, `asyncio.timeout`) fires when
+        # simulated time reaches it, the same in every replay, and never by the host's.
+        loop.time = self.world.loop_time  # type: ignore[method-assign]
         try:
             return await self._run()
         finally:
             await self._stop_everything()
+            del loop.time  # back to the class's own
 
     async def _stop_everything(self) -> None:
         """Cancel what is left (a violation stops the run mid-flight) without parking anew."""
@@ -234,6 +282,10 @@ class Simulation:
             if t.binding is not None:  # a key's binding, no operation row
                 self.report.transitions[f"{t.verb} (similar-operation binding)"] += 1
                 continue
+            if t.calibration is not None:  # a probe calibration row
+                calibrated = f"{t.calibration.kind} {t.calibration.state.value}"
+                self.report.transitions[f"calibrate {calibrated} by {t.calibration.actor}"] += 1
+                continue
             before = t.before.state.value if t.before is not None else "new"
             after = t.after.state.value if t.after is not None else "gone"
             by = (
@@ -258,6 +310,10 @@ class Simulation:
         flags = " --lost-keys" if self.scenario.lost_keys else ""
         if self.scenario.similar_guard != "unsettled":
             flags += f" --similar-guard {self.scenario.similar_guard}"
+        if not self.scenario.canonical_json:
+            flags += " --byte-fingerprints"
+        if self.scenario.clock_step_window:
+            flags += " --clock-step-window"
         return InvariantViolation(
             self.scenario.seed, self._step, problems, list(self._trace), flags=flags
         )
@@ -299,8 +355,12 @@ class Simulation:
             ]
             if s.skew or s.pauses:
                 options.append(("clock", 3, self._act_clock))
-            if any(r.clock.paused for r in live):
+            if self._wakeable():
                 options.append(("resume", 4, self._act_resume))
+            if s.long_pauses and self._freezable():
+                options.append(("freeze", 3, self._act_freeze))
+            if s.clock_steps and self._clock_steady():
+                options.append(("store-clock", s.clock_steps, self._act_store_clock))
             if s.store_faults:
                 options.append(("store-fault", 100 * s.store_faults, self._act_store_fault))
             if s.crashes:
@@ -338,12 +398,16 @@ class Simulation:
             store=self._store_factory(self.db),
             upstream=self.upstream,
             settings=self.settings,
-            route=self.route,
+            route=self._engine_route,
             skew=skew,
+            graces=self._graces,
         )
         replica.store.hold = self._hold
         self.replicas.append(replica)
         replica.start("open", replica.store.open)
+        replica.start("witness", replica.keep_witnessing)
+        if self.scenario.keeper_loop:
+            replica.start("keeper", replica.keep_leases)
         orphans = list(self._dead_owners)
         self._dead_owners.clear()
         for owner in orphans:
@@ -358,48 +422,77 @@ class Simulation:
     def _act_crash(self) -> str:
         replica = self._pick(self._live())
         replica.crash()
+        self._frozen.pop(replica.name, None)
         self._dead_owners.append(replica.owner)
         return f"crash {replica.name} ({len(replica.tasks)} tasks cancelled)"
 
     # -- engine calls -------------------------------------------------------------------------
 
-    def _request_for(self) -> tuple[ProxyRequest, Intent]:
-        """The agent's next call: which request, under which of its keys.
+    def _request_for(self) -> tuple[ProxyRequest, Intent, str]:
+        """The agent's next call: which request, under which of its keys, in which bytes.
 
-        A request is an agent's intended call (scope, key name, body); once sent, each
-        further request of it is a retry. An agent that loses its keys
+        A request is an agent's intended call (scope, path, key name, body); once sent,
+        each further request of it is a retry. An agent that loses its keys
         (`Scenario.lost_keys`) sends that fraction of its retries under a fresh key,
         marked distinct or not, and the others under one of the keys it used for the
-        call before (a refused fresh key too): same body, so same fingerprint.
+        call before (a refused fresh key too): same request, so same fingerprint. Calls
+        to the seed's second path (`Scenario.other_path`) use keys of their own (`e0`,
+        ...). An agent that re-serialises (`Scenario.reserialise`) sends some requests in
+        other bytes; the fingerprint is computed by the production functions from the
+        bytes sent, as the proxy does. Also returns how the bytes were re-serialised.
         """
         s = self.scenario
         scope = self._pick(list(s.scopes))
-        key = f"k{self.rng.randrange(s.keys)}"
+        other = s.other_path is not None and self.rng.random() < OTHER_SHARE
+        path = s.other_path if other and s.other_path is not None else REQUEST_PATH
+        key = f"{'e' if other else 'k'}{self.rng.randrange(s.keys)}"
         variant = 2 if self.rng.random() < 0.08 else 1
         body = f'{{"key":"{key}","v":{variant}}}'.encode()
         intent = Intent(f"{scope}/{key}/v{variant}", key)
         if s.lost_keys:
             intent = self._agent_key(intent)
-        fingerprint = fingerprint_request(
-            method="POST",
-            route=self.route.name,
-            path=REQUEST_PATH,
-            query="",
-            content_type="application/json",
-            body=body,
+        query, content_type, how = (QUERY if s.reserialise else ""), "application/json", ""
+        if s.reserialise and self.rng.random() < s.reserialise:
+            body, query, content_type, path, how = self._reserialise(key, variant, path)
+        fingerprint, legacy = fingerprints(
+            "POST", self.route.name, path, query, content_type, body, s.canonical_json
         )
-        return ProxyRequest(
-            route=self.route,
-            upstream_url=UPSTREAM + REQUEST_PATH,
+        request = ProxyRequest(
+            route=self._engine_route,
+            upstream_url=UPSTREAM + path + (f"?{query}" if query else ""),
             method="POST",
-            path=REQUEST_PATH,
-            headers=(("content-type", "application/json"),),
+            path=path,
+            headers=(("content-type", content_type),),
             body=body,
             scope=scope,
             key=intent.key,
             fingerprint=fingerprint,
+            legacy_fingerprint=legacy,
             distinct=intent.distinct,
-        ), intent
+        )
+        return request, intent, how
+
+    def _reserialise(self, key: str, variant: int, path: str) -> tuple[bytes, str, str, str, str]:
+        """The same JSON request in other bytes, as a language model writes its arguments
+        again: (body, query, content type, path, which `RESERIALISATIONS` were used).
+        Every one keeps the meaning; the version-2 fingerprint must see through them all."""
+        chosen = [name for name in RESERIALISATIONS if self.rng.random() < 0.4]
+        if not chosen:
+            chosen = [self._pick(list(RESERIALISATIONS))]
+        name = f"\\u{ord(key[0]):04x}{key[1:]}" if "escape" in chosen else key
+        members = [f'"key":"{name}"', f'"v":{variant}.0' if "float" in chosen else f'"v":{variant}']
+        if "order" in chosen:
+            members.reverse()
+        text = "{" + ",".join(members) + "}"
+        if "space" in chosen:
+            text = "{ " + ", ".join(m.replace(":", " : ", 1) for m in members) + " }\n"
+        query = "team=ops&notify=1" if "query" in chosen else QUERY
+        if "percent" in chosen:  # an unreserved character escaped, in the last segment too
+            query = query.replace("team=ops", "team=%6Fps")
+            head, _, last = path.rpartition("/")
+            path = f"{head}/%{ord(last[0]):02X}{last[1:]}"
+        charset = "; charset=utf-8" if "charset" in chosen else ""
+        return text.encode(), query, f"application/json{charset}", path, ",".join(chosen)
 
     def _agent_key(self, intent: Intent) -> Intent:
         keys = self._intent_keys.get(intent.name)
@@ -416,16 +509,19 @@ class Simulation:
 
     def _act_request(self) -> str:
         replica = self._pick(self._live())
-        request, intent = self._request_for()
+        request, intent, how = self._request_for()
         via_receipt = self.rng.random() < 0.3
         label = self._label(replica, f"req {request.scope}/{request.key}")
         replica.start(
             label, partial(self.calls.request, replica, label, request, via_receipt, intent=intent)
         )
-        variant = " (other body)" if b'"v":2' in request.body else ""
+        variant = " (other body)" if intent.name.endswith("/v2") else ""
         lost = f" (lost key of {intent.name})" if intent.fresh else ""
         distinct = " distinct" if intent.distinct else ""
-        return f"start {label}{variant}{lost}{distinct}{' via receipt' if via_receipt else ''}"
+        other = f" to {request.path}" if not request.path.endswith("/v1/issues") else ""
+        again = f" (re-serialised: {how})" if how else ""
+        receipt = " via receipt" if via_receipt else ""
+        return f"start {label}{other}{variant}{lost}{distinct}{again}{receipt}"
 
     def _pick_key(self) -> tuple[str, str]:
         known = list(self.db.by_key)
@@ -473,7 +569,7 @@ class Simulation:
     def _act_sweeper(self) -> str:
         replica = self._pick(self._live())
         label = self._label(replica, "sweeper")
-        sweeper = Sweeper(replica.store, replica.engine, _Metrics(), interval=60.0)  # type: ignore[arg-type]
+        sweeper = Sweeper(replica.store, replica.engine, _Metrics(), interval=60.0)
         self._background(replica, label, sweeper.run_once)
         return f"start {label}"
 
@@ -525,11 +621,58 @@ class Simulation:
         replica.clock.set_skew(skew)
         return f"skew {replica.name} clock to {skew:+.2f}s"
 
+    def _wakeable(self) -> list[Replica]:
+        """Paused replicas that may be resumed now (a frozen one once its time is up)."""
+        now = self.world.now
+        return [r for r in self._live() if r.clock.paused and now >= self._frozen.get(r.name, now)]
+
     def _act_resume(self) -> str:
-        replica = self._pick([r for r in self._live() if r.clock.paused])
+        replica = self._pick(self._wakeable())
         paused_for = self.world.now - (replica.clock.paused_at or self.world.now)
         replica.clock.resume()
-        return f"resume {replica.name} after {paused_for:.2f}s"
+        frozen = " (frozen past its lease)" if self._frozen.pop(replica.name, None) else ""
+        return f"resume {replica.name} after {paused_for:.2f}s{frozen}"
+
+    def _freezable(self) -> list[Replica]:
+        """Running replicas with a call on the wire (sent, its answer not yet delivered)."""
+        on_wire = {s.replica for s in self.upstream.sends if s.departed and not s.future.done()}
+        return [r for r in self._live() if not r.clock.paused and r.name in on_wire]
+
+    def _act_freeze(self) -> str:
+        """A process pause longer than a lease (a VM paused, SIGSTOP) while its call is on
+        the wire: its lease lapses, others may find the record expired and probe it, and
+        when it wakes it reads the answer late. It must settle the operation (or stay
+        evidence), never make a second effect."""
+        replica = self._pick(self._freezable())
+        lasting = self.scenario.lease * self.rng.uniform(1.2, 4.0)
+        replica.clock.pause()
+        self._frozen[replica.name] = self.world.now + lasting
+        return f"freeze {replica.name} with a call on the wire, for at least {lasting:.2f}s"
+
+    def _clock_steady(self) -> bool:
+        """Whether the store's clock may step again: each step short and on its own, as
+        `gateway.engine.graces` assumes of them (its periodic witness is what sees a
+        step's end): a witness interval since the last one ended, and a periodic witness
+        of every live replica since then. (Steps that last a while, several readings,
+        `Scenario.clock_step_window`, are not held to it.)"""
+        clock = self.store_clock
+        if clock.steady_for() < WITNESS_INTERVAL:
+            return False
+        return self.scenario.clock_step_window or all(
+            r.witnessed_at > clock.ended_at for r in self._live()
+        )
+
+    def _act_store_clock(self) -> str:
+        """The store's clock steps back an hour for less than a periodic witness interval,
+        then comes back: only the readings taken meanwhile see it. During the next claim
+        (whichever replica makes it), or for a stretch of world time
+        (`Scenario.clock_step_window`)."""
+        if not self.scenario.clock_step_window:
+            self.store_clock.step_during("claim", STORE_STEP)
+            return f"store clock steps {STORE_STEP:+.0f}s during the next claim"
+        lasting = self.rng.uniform(0.05, 0.95 * WITNESS_INTERVAL)
+        self.store_clock.step(STORE_STEP, lasting=lasting)
+        return f"store clock steps {STORE_STEP:+.0f}s for {lasting:.2f}s"
 
     # -- store faults and latency ----------------------------------------------------------
 
@@ -645,6 +788,8 @@ class Simulation:
         """
         self._note("drain: heal everything, answer everything")
         self._latency = 0.0
+        self._frozen.clear()
+        self.store_clock.heal()
         for replica in self._live():
             replica.clock.resume()
             replica.store.down = False
@@ -657,12 +802,13 @@ class Simulation:
             self._check()
             if not progressed:
                 break
-        bound = self.scenario.lease + self.scenario.not_applied_after + 1.0
+        s = self.scenario
+        bound = s.lease + s.timeout + s.not_applied_after + 1.0
         for seconds in (bound, 1.0, 310.0, 310.0, 310.0):
             self._advance(seconds)
             for replica in self._live():
                 label = self._label(replica, "drain sweeper")
-                sweeper = Sweeper(replica.store, replica.engine, _Metrics(), interval=60.0)  # type: ignore[arg-type]
+                sweeper = Sweeper(replica.store, replica.engine, _Metrics(), interval=60.0)
                 self._background(replica, label, sweeper.run_once)
                 break
             for _ in range(60):
@@ -672,6 +818,7 @@ class Simulation:
                     break
         await self._settle()
         self._check()
+        await self._settle_by_hand()
         stuck = [op for op in self.db.rows.values() if op.state in (State.IN_FLIGHT, State.UNKNOWN)]
         if stuck:
             problems = [
@@ -683,6 +830,49 @@ class Simulation:
                 for op in stuck
             ]
             raise self._violation(problems)
+
+    async def _settle_by_hand(self) -> None:
+        """What the probe may not release, a person settles, as its evidence says to: an
+        operator checks the upstream (the truth, blind paths included) and resolves each
+        `unknown` operation whose last probe verdict left it to a person. Nothing else
+        is settled here, so an operation a probe should have settled still shows."""
+        left = [
+            op
+            for op in self.db.rows.values()
+            if op.state is State.UNKNOWN and self._last_probe_verdict(op.id) in REFUSED_BY_PROBE
+        ]
+        if not left:
+            return
+        replica = self._live()[0]
+        for operation in left:
+            label = self._label(replica, f"operator(admin) {operation.scope}/{operation.key}")
+            self._note(f"start {label} (by hand: {self._last_probe_verdict(operation.id)})")
+            replica.start(
+                label,
+                partial(
+                    self.calls.operator,
+                    replica,
+                    label,
+                    operation.scope,
+                    operation.key,
+                    "admin",
+                    with_version=True,
+                    with_response=True,
+                    insist=False,
+                ),
+            )
+        for _ in range(60):
+            await self._settle()
+            self._check()
+            if not self._drain_round():
+                break
+
+    def _last_probe_verdict(self, operation_id: str) -> str | None:
+        for row in reversed(self.db.events.get(operation_id, [])):
+            if row.type == "probe":
+                verdict = json.loads(row.data).get("verdict")
+                return verdict if isinstance(verdict, str) else None
+        return None
 
     def _drain_round(self) -> bool:
         progressed = False
@@ -701,7 +891,7 @@ class Simulation:
             self.upstream.answer_probe(probe)
             progressed = True
         for replica in self._live():
-            if replica.keeper.debts or any(True for _ in replica.tasks):
+            if replica.keeper.debts or len(replica.tasks) > self._loops:
                 label = self._label(replica, "drain upkeep")
                 self._background(replica, label, replica.keeper.upkeep)
         if progressed:

@@ -13,12 +13,19 @@ lets it in. Once in, its effect is applied now, later, or never, and its
 answer is given now or later, or the connection drops or times out. The
 upstream is honest: it answers a 2xx only for an applied effect, a refusal
 (429) or an error (500) only when it did not and will not apply, and it
-never applies a request later than `not_applied_after` after the attempt's
-last lease expiry on the store's clock (the bound the gateway's probe grace
-relies on); a request that reaches it later than that is not applied.
+never applies a request later than `not_applied_after` after the later of
+(the attempt's first lease expiry plus the route's whole-call limit, its
+`timeout`: the latest send may take that long) and (the attempt's last lease
+expiry): the bound the gateway's release window relies on, in world time
+(a lease the store wrote while its clock was stepped is taken at the world
+time it meant). A request that reaches it later than that is not applied.
 
 Probes are answered truthfully at the moment they are answered: 200 with a
-body naming the effect when one exists for the operation, 404 otherwise.
+body naming the effect when one exists for the operation, 404 otherwise;
+but a probe blind to some requests (`blind`: their paths) never finds their
+effects and answers 404 about them, as a tickets lookup says nothing about
+emails. A probe about an operation the store never held (calibration's
+"a forwarded key never used") finds nothing, as a real one would.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gateway.engine.errors import UpstreamConnectionLost, UpstreamTimeout, UpstreamUnreachable
 from gateway.engine.fairness import Hold, RouteSlots
+from gateway.engine.fingerprint import canonical_path
 from gateway.engine.headers import IDEMPOTENCY_KEY, without
 from tests.simulation.context import CALL
 
@@ -56,6 +64,8 @@ class Effect:
     attempt: int
     send: int
     at: float
+    path: str = ""
+    """The request's path (canonical, as `SendCall.path`): what a blind probe cannot see."""
 
 
 @dataclass(slots=True)
@@ -72,6 +82,12 @@ class SendCall:
     """The record's fingerprint when the send was attributed (None: no record)."""
     called_at: float
     future: asyncio.Future[SimAnswer] = field(repr=False)
+    path: str = ""
+    """The URL's path, canonical (escapes of unreserved characters decoded)."""
+    raw_path: str = ""
+    """The URL's path as sent (what the request's fingerprint was computed from)."""
+    query: str = ""
+    content_type: str | None = None
     departed: bool = False
     """False while the sending replica is paused before the first byte left."""
     phase: Literal["door", "in", "refused"] = "door"
@@ -104,9 +120,14 @@ class ProbeCall:
     effects_seen: int | None = None
     outcome: Literal["pending", "answered", "failed", "orphaned"] = "pending"
 
+    known: bool = True
+    """False for an operation the store never held (a calibration's unused key, whose id
+    is random: never in a trace line)."""
+
     @property
     def label(self) -> str:
-        return f"P{self.number}({self.replica} {self.operation_id[-4:]})"
+        about = self.operation_id[-4:] if self.known else "unused key"
+        return f"P{self.number}({self.replica} {about})"
 
 
 class SimAnswer:
@@ -152,11 +173,18 @@ class ScriptedUpstream:
         db: MemoryDatabase,
         *,
         not_applied_after: float,
+        whole_call: float,
         large_body: int,
+        blind: frozenset[str] = frozenset(),
     ) -> None:
         self._world = world
         self._db = db
         self.not_applied_after = not_applied_after
+        self.whole_call = whole_call
+        """The route's whole-call limit (`timeout`): how long after its send a request
+        may still be working upstream."""
+        self.blind = blind
+        """Request paths (canonical) whose effects the probe cannot see."""
         self._large_body = large_body
         self.sends: list[SendCall] = []
         self.probes: list[ProbeCall] = []
@@ -164,6 +192,10 @@ class ScriptedUpstream:
         self.answers: dict[str, list[Answer]] = {}
         self.probe_answers: dict[str, list[Answer]] = {}
         self.lease_expiry: dict[tuple[str, int], float] = {}
+        """(operation id, attempt) -> its latest lease expiry, world time."""
+        self.first_lease: dict[tuple[str, int], float] = {}
+        """(operation id, attempt) -> the lease its claim granted, world time: the latest
+        moment its holder may hand the request over."""
         self._history_seen = 0
         self._effect_count = 0
         self.received: dict[tuple[str, int], SendCall] = {}
@@ -177,26 +209,44 @@ class ScriptedUpstream:
         return len(self.effects.get(operation_id, ()))
 
     def bound(self, operation_id: str, attempt: int) -> float:
-        """The latest world time this attempt may take effect (its last lease expiry + grace)."""
+        """The latest world time this attempt may take effect: `not_applied_after` past the
+        later of (its first lease expiry + the whole-call limit) and its last lease expiry."""
         self.follow_leases()
-        return self.lease_expiry.get((operation_id, attempt), 0.0) + self.not_applied_after
+        key = (operation_id, attempt)
+        last = self.lease_expiry.get(key, 0.0)
+        first = self.first_lease.get(key, last)
+        return max(first + self.whole_call, last) + self.not_applied_after
 
     def follow_leases(self) -> None:
-        """Track every attempt's latest lease expiry from the database's history."""
+        """Track every attempt's first and latest lease expiry (world time) from the
+        database's history: each from the write that set it, taken off the store clock's
+        offset at that write (a lease written during a step meant world time + lease)."""
         history = self._db.history
         for transition in history[self._history_seen :]:
-            after = transition.after
-            if after is not None and after.lease_expires_at is not None:
-                key = (after.id, after.attempts)
-                if after.lease_expires_at > self.lease_expiry.get(key, 0.0):
-                    self.lease_expiry[key] = after.lease_expires_at
+            before, after = transition.before, transition.after
+            if after is None or after.lease_expires_at is None:
+                continue
+            new_attempt = before is None or before.attempts != after.attempts
+            kept = before is not None and before.lease_expires_at == after.lease_expires_at
+            if kept and not new_attempt:
+                continue  # kept from the write that set it, at that write's offset
+            expiry = after.lease_expires_at - transition.offset
+            key = (after.id, after.attempts)
+            if new_attempt:
+                self.first_lease.setdefault(key, expiry)
+            if expiry > self.lease_expiry.get(key, 0.0):
+                self.lease_expiry[key] = expiry
         self._history_seen = len(history)
 
     # -- requests ------------------------------------------------------------------------
 
-    def arrive(self, replica: str, headers: Sequence[tuple[str, str]], body: bytes) -> SendCall:
+    def arrive(
+        self, replica: str, url: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> SendCall:
         """A replica sends: attributed to the attempt the store says is current right now."""
         op_id = next((v for n, v in headers if n.lower() == IDEMPOTENCY_KEY.lower()), "?")
+        content_type = next((v for n, v in headers if n.lower() == "content-type"), None)
+        parts = urlsplit(url)
         row = self._db.rows.get(op_id)
         call = SendCall(
             number=len(self.sends) + 1,
@@ -208,6 +258,10 @@ class ScriptedUpstream:
             fingerprint=row.fingerprint if row is not None else None,
             called_at=self._world.now,
             future=asyncio.get_running_loop().create_future(),
+            path=canonical_path(parts.path),
+            raw_path=parts.path,
+            query=parts.query,
+            content_type=content_type,
         )
         self.sends.append(call)
         return call
@@ -268,7 +322,12 @@ class ScriptedUpstream:
             return None
         self._effect_count += 1
         effect = Effect(
-            self._effect_count, call.operation_id, call.attempt, call.number, self._world.now
+            self._effect_count,
+            call.operation_id,
+            call.attempt,
+            call.number,
+            self._world.now,
+            call.path,
         )
         self.effects.setdefault(call.operation_id, []).append(effect)
         call.effect = "applied"
@@ -339,6 +398,7 @@ class ScriptedUpstream:
             attempt=row.attempts if row is not None else None,
             requested_at=self._world.now,
             future=asyncio.get_running_loop().create_future(),
+            known=op_id in self._db.seq or op_id in self.effects,
         )
         self.probes.append(call)
         return call
@@ -346,9 +406,14 @@ class ScriptedUpstream:
     def pending_probes(self) -> list[ProbeCall]:
         return [p for p in self.probes if p.outcome == "pending" and not p.future.done()]
 
+    def visible(self, operation_id: str) -> list[Effect]:
+        """The operation's effects the probe can see (not those of a blind request path)."""
+        return [e for e in self.effects.get(operation_id, ()) if e.path not in self.blind]
+
     def answer_probe(self, call: ProbeCall, *, inconclusive: bool = False) -> None:
-        """The truth at this moment: 200 naming the effect if one exists, else 404."""
-        effects = self.effects.get(call.operation_id, [])
+        """The truth at this moment, as far as the probe sees: 200 naming the effect if
+        one it can see exists, else 404 (a blind probe's 404 may hide an effect)."""
+        effects = self.visible(call.operation_id)
         call.answered_at, call.effects_seen = self._world.now, len(effects)
         if inconclusive:
             status, payload = 503, {"error": "try later"}
@@ -410,9 +475,10 @@ class ReplicaUpstream:
             call = CALL.get()
             if call is not None:
                 call.probe = probe
+                call.probes[probe.operation_id] = probe
             return answer
         # Attributed before a pause: the attempt the engine checked its lease for.
-        sent = self._world.arrive(self._replica, headers, body)
+        sent = self._world.arrive(self._replica, url, headers, body)
         await self._clock.resumed()
         self._world.depart(sent)
         try:
