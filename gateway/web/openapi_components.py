@@ -266,7 +266,7 @@ def _history_event_schema() -> dict[str, Any]:
             "note_redacted": {"const": True},
             "reason": {"type": "string"},
             "reason_redacted": {"const": True},
-            "erased": {"type": "array", "items": {"enum": ["request", "receipt"]}},
+            "erased": {"type": "array", "items": {"enum": ["request", "receipt", "probes"]}},
             "reconstructed": {
                 "const": True,
                 "description": "Rebuilt by migration 5 from a record older than histories.",
