@@ -3,8 +3,23 @@ really passed, whatever the store's clock does."""
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.engine.clock import SystemClock
-from gateway.engine.graces import GraceClock
+from gateway.engine.graces import SETTLE, UNWATCHED_GAP, GraceClock, start_witness
+
+
+class StoppedClock:
+    """A monotonic clock that moves only when told (for `unsettled`, which reads it)."""
+
+    def __init__(self, monotonic: float) -> None:
+        self.now = monotonic
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
 
 
 def counted(graces: GraceClock, moment: float, store_now: float, monotonic: float) -> float:
@@ -140,3 +155,175 @@ def test_a_sibling_that_wrote_after_this_process_started_is_a_trail_too() -> Non
     here = started(store_now=1025.0, monotonic=35.0)
     assert here.adopt(sibling.record())
     assert counted(here, 1000.0, 1040.0, 50.0) == 40.0
+
+
+def test_a_backward_step_leaves_the_clock_unsettled_until_it_comes_back() -> None:
+    """After a step back, new records are not dated on the clock (a process that has not
+    read it since would take them for an hour old) until a witness sees it come back."""
+    clock = StoppedClock(10.0)
+    graces = GraceClock(clock)
+    graces.witness(1000.0, before=10.0, after=10.0)
+    assert not graces.unsettled()
+    clock.now = 11.0
+    graces.witness(1001.0 - 3600.0, before=11.0, after=11.0)
+    assert graces.unsettled()
+    clock.now = 12.0
+    graces.witness(1002.0, before=12.0, after=12.0)  # forward again
+    assert not graces.unsettled()
+    assert graces.steps_seen == 2
+
+
+def test_a_backward_step_that_lasts_settles_once_every_process_has_read_it() -> None:
+    """A step back that stays (an operator set the clock right) is unsettled for `SETTLE`
+    seconds only: by then every live process's periodic witness has seen it."""
+    clock = StoppedClock(10.0)
+    graces = GraceClock(clock)
+    graces.witness(1000.0, before=10.0, after=10.0)
+    graces.witness(700.0, before=11.0, after=11.0)  # five minutes back, for good
+    clock.now = 11.0 + SETTLE - 0.01
+    assert graces.unsettled()
+    clock.now = 11.0 + SETTLE
+    assert not graces.unsettled()
+
+
+async def test_settled_returns_when_the_clock_comes_back() -> None:
+    """A claim waiting for a settled clock goes on at the witness that sees it come back,
+    not at the end of `SETTLE`."""
+    clock = StoppedClock(10.0)
+    graces = GraceClock(clock)
+    graces.witness(1000.0, before=10.0, after=10.0)
+    graces.witness(1000.5 - 3600.0, before=10.5, after=10.5)
+    waiting = asyncio.create_task(graces.settled())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    graces.witness(1001.0, before=11.0, after=11.0)
+    await asyncio.wait_for(waiting, timeout=SETTLE)
+    assert not graces.unsettled()
+
+
+def test_a_process_that_starts_while_the_clock_is_back_sees_the_step() -> None:
+    """Its first reading is earlier than one another process already took and wrote: a
+    backward step, though this process saw none of its own; unsettled as any other."""
+    clock = StoppedClock(50.0)
+    other = started(store_now=1000.0, monotonic=10.0)
+    other.witness(1030.0, before=40.0, after=40.0)
+    here = GraceClock(clock)
+    here.witness(1035.0 - 3600.0, before=50.0, after=50.0)  # starts during the step
+    here.compare_with([other.record() or b"", b"garbage"])
+    assert here.steps_seen == 1
+    assert here.unsettled()
+
+
+def test_a_process_that_starts_on_a_steady_clock_sees_no_step() -> None:
+    """Readings others took before (in the past by the store's clock) are no step."""
+    clock = StoppedClock(50.0)
+    other = started(store_now=1000.0, monotonic=10.0)
+    here = GraceClock(clock)
+    here.witness(1040.0, before=50.0, after=50.0)
+    here.compare_with([other.record() or b"", b'{"latest": "x"}'])
+    assert here.steps_seen == 0
+    assert not here.unsettled()
+
+
+def test_readings_far_apart_do_not_vouch_for_the_clock_between_them() -> None:
+    """A process paused across two steps back (the clock came back between them) reads
+    the stepped clock before and after: the two agree, yet its new reading is an hour
+    early. Past `UNWATCHED_GAP` it is unsettled until the others' witnesses vouch for it,
+    and they show it is behind."""
+    clock = StoppedClock(10.0)
+    here = GraceClock(clock)
+    here.witness(1000.0 - 3600.0, before=10.0, after=10.0)  # read during the first step
+    clock.now = 21.0
+    here.witness(1011.0 - 3600.0, before=21.0, after=21.0)  # woke up during the second
+    assert here.steps_seen == 0
+    assert here.rejoining
+    assert here.unsettled()
+    other = started(store_now=1000.0, monotonic=10.0)
+    other.witness(1020.0, before=30.0, after=30.0)  # another process, on the right clock
+    here.compare_with([other.record() or b""])
+    assert not here.rejoining
+    assert here.steps_seen == 1
+    assert here.unsettled()
+
+
+def test_a_gap_that_the_others_vouch_for_settles_at_once() -> None:
+    """After a pause on a steady clock, the check against the others' witnesses ends the
+    wait: claims go on without waiting out `SETTLE`."""
+    clock = StoppedClock(10.0)
+    here = GraceClock(clock)
+    here.witness(1000.0, before=10.0, after=10.0)
+    clock.now = 10.0 + UNWATCHED_GAP + 1.0
+    here.witness(1000.0 + UNWATCHED_GAP + 1.0, before=clock.now, after=clock.now)
+    assert here.unsettled()
+    other = started(store_now=1002.0, monotonic=12.0)
+    here.compare_with([other.record() or b""])
+    assert not here.unsettled()
+    assert here.steps_seen == 0
+
+
+def test_readings_within_the_gap_need_no_check() -> None:
+    """The periodic witnesses, `WITNESS_INTERVAL` apart, never ask for a check."""
+    clock = StoppedClock(10.0)
+    here = GraceClock(clock)
+    for second in range(10, 30, 2):
+        clock.now = float(second)
+        here.witness(990.0 + second, before=clock.now, after=clock.now + 0.1)
+    assert not here.rejoining
+    assert not here.unsettled()
+
+
+class WitnessRows:
+    """The store as `start_witness` sees it: a clock the test sets, and the hosts' rows."""
+
+    def __init__(self, now: float, rows: dict[str, bytes]) -> None:
+        self.store_now = now
+        self.rows = rows
+        self.reads = 0
+        self.read = asyncio.Event()
+
+    async def now(self) -> float:
+        return self.store_now
+
+    async def read_clock_witnesses(self) -> dict[str, bytes]:
+        self.reads += 1
+        self.read.set()
+        return dict(self.rows)
+
+    async def write_clock_witness(self, host: str, witness: bytes) -> None:
+        self.rows[host] = witness
+
+
+async def test_a_gateway_that_starts_while_the_clock_is_back_does_not_trust_it() -> None:
+    """`start_witness` checks the first reading against every host's row before the
+    gateway serves: an hour behind another host's latest reading is a step."""
+    other = started(store_now=1000.0, monotonic=10.0)
+    store = WitnessRows(1001.0 - 3600.0, {"boot-b": other.record() or b""})
+    graces = GraceClock(SystemClock())
+    task = await start_witness(store, graces, host="boot-a", interval=3600.0)
+    task.cancel()
+    assert graces.steps_seen == 1
+    assert graces.unsettled()
+    assert set(store.rows) == {"boot-a", "boot-b"}
+
+
+async def test_a_gateway_back_from_a_pause_checks_the_clock_again() -> None:
+    """A periodic witness that finds more than `UNWATCHED_GAP` since the last reading
+    reads the hosts' rows again: two readings on a stepped clock, before and after the
+    pause, agree, but another host read a later time meanwhile."""
+    clock = StoppedClock(10.0)
+    store = WitnessRows(1000.0 - 3600.0, {})
+    graces = GraceClock(clock)
+    task = await start_witness(store, graces, host=None, interval=0.001)
+    try:
+        assert store.reads == 1
+        assert graces.steps_seen == 0
+        other = started(store_now=1015.0, monotonic=25.0)
+        store.rows["boot-b"] = other.record() or b""
+        store.read.clear()
+        clock.now, store.store_now = 20.0, 1010.0 - 3600.0  # paused 10 s, stepped again
+        await asyncio.wait_for(store.read.wait(), timeout=10)
+        assert store.reads == 2
+        assert graces.steps_seen == 1
+        assert graces.unsettled()
+    finally:
+        task.cancel()

@@ -212,25 +212,21 @@ def test_a_seed_replays_identically(lost_keys: bool, focus: dict[str, Any]) -> N
     assert len(traces[0][0]) > 200
 
 
-STEPS_THAT_LAST = 268
-"""A seed whose store clock steps back for a stretch of world time (several readings:
-`Scenario.clock_step_window`) breaks `sent-released` with the production engine: a claim
-sees the step, releases its attempt and claims again, but the second claim is taken in
-the same step and is not itself a witness (`IdempotencyEngine._claim`), so the attempt
-is sent with times an hour early, and a replica that never saw the step releases it on
-a probe's "not found" while its send may still land. Not drawn until that is fixed;
-`python -m tests.simulation --seed 268 --clock-step-window` shows it."""
+STEPS_THAT_LAST = (268, 81, 266, 130, 369, 714, 2841, 2401)
+"""Seeds whose store clock steps back for a stretch of world time (several readings:
+`Scenario.clock_step_window`) each broke an invariant of an earlier engine: a second
+claim taken in the same step and not itself a witness (268: `sent-released`), a
+renewal read on the stepped clock that shortened a lease, a process started during a
+step that saw none (2841), a process paused across two steps whose readings agreed
+(2401). `python -m tests.simulation --seed 2401 --clock-step-window` replays one."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: a claim taken again after a store-clock step is not witnessed",
-)
-def test_store_clock_steps_that_last_keep_every_invariant() -> None:
+@pytest.mark.parametrize("seed", STEPS_THAT_LAST)
+def test_store_clock_steps_that_last_keep_every_invariant(seed: int) -> None:
     """Short backward steps of the store's clock that last a while, not one claim, keep
-    every invariant (strict: passes once the engine witnesses the claim it takes again,
-    and then `clock_step_window` can be drawn)."""
-    run_seed(STEPS_THAT_LAST, clock_step_window=True, tolerate=KNOWN_ENGINE_BUGS)
+    every invariant: the clock is unsettled after a backward step and after a stretch
+    nobody watched, and nothing is claimed on it until it is settled."""
+    run_seed(seed, clock_step_window=True, tolerate=KNOWN_ENGINE_BUGS)
 
 
 def test_a_violation_names_the_seed_the_step_and_the_trace() -> None:
@@ -433,6 +429,15 @@ class ClaimBlindGraces(GraceClock):
         super().witness(store_now, before=before, after=after)
 
 
+class UnsettledBlindGraces(GraceClock):
+    """A clock never unsettled: a claim made right after a backward step (or after a
+    stretch nobody watched) is sent on the stepped clock, its times an hour off, as long
+    as its own reading agrees with the one before it."""
+
+    def unsettled(self) -> bool:
+        return False
+
+
 def byte_fingerprints(seed: int, *, steps: int | None = None) -> Scenario:
     """Agents that lose their keys and re-serialise their requests, in front of a gateway
     whose fingerprints compare bytes (version 1, the proxy's `testing.canonical_json` off)."""
@@ -461,6 +466,9 @@ once every replica's periodic witness has read the clock again: no pauses, no pa
 calls to hold those up); an upstream slow to apply, and a long whole-call limit, so a
 claim sent with times an hour off is still within its window, and often without its
 effect, when another replica probes it."""
+LASTING_STEPS = {**CLOCK_STEPS, "clock_step_window": True}
+"""The store's clock steps back an hour for a stretch of world time, often, whatever
+reads it meanwhile."""
 
 
 @pytest.mark.parametrize(
@@ -485,6 +493,11 @@ effect, when another replica probes it."""
             {"graces": ClaimBlindGraces, **CLOCK_STEPS},
             {"sent-released", "duplicate-effect", "answer-state"},
             id="claims-not-witnessed",
+        ),
+        pytest.param(
+            {"graces": UnsettledBlindGraces, **LASTING_STEPS},
+            {"sent-released", "duplicate-effect", "answer-state"},
+            id="claims-on-an-unsettled-clock",
         ),
         pytest.param(
             {"draw": byte_fingerprints},

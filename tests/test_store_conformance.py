@@ -621,6 +621,18 @@ async def test_expired_leases_turn_unknown_and_live_ones_renew(store: Store) -> 
     assert await store.expire_orphans(owner=None) == 0
 
 
+async def test_a_renewal_never_shortens_a_lease(store: Store) -> None:
+    """A renewal asks for `lease_seconds` from the store's now; a record whose lease ends
+    later keeps its end (a renewal read on a clock stepped back for a moment must not
+    bring forward the window a release waits for)."""
+    held = await new_attempt(store, "held", lease_seconds=600)
+    renewal = await store.renew({held.id: held.token}, owner="o1", lease_seconds=60)
+    assert renewal.renewed == {held.id}
+    current = await store.get_by_id(held.id)
+    assert current is not None
+    assert current.lease_expires_at == pytest.approx(held.lease_expires_at, abs=1e-3)
+
+
 async def test_a_lapsed_lease_is_never_renewed_silently(store: Store) -> None:
     """A renewal that finds its own lease run out while the record is still in flight
     records `lease-expired` (the record turns unknown, the token kept) instead of renewing
@@ -1088,16 +1100,16 @@ async def test_scope_secret_is_long_and_survives_a_restart(store: Store, reopen:
 async def test_clock_witnesses_are_kept_per_host_across_a_restart(
     store: Store, reopen: Reopen
 ) -> None:
-    """A host's clock witness reads back as last written, after a reopen too; hosts apart."""
-    assert await store.read_clock_witness("boot-a") is None
+    """A host's clock witness reads back as last written, after a reopen too; hosts apart,
+    and nothing else of the store's own rows among them."""
+    assert await store.read_clock_witnesses() == {}
     await store.write_clock_witness("boot-a", b'{"n": 1}')
     await store.write_clock_witness("boot-a", b'{"n": 2}')
     await store.write_clock_witness("boot-b", b'{"n": 3}')
 
     reopened = await reopen()
 
-    assert await reopened.read_clock_witness("boot-a") == b'{"n": 2}'
-    assert await reopened.read_clock_witness("boot-b") == b'{"n": 3}'
+    assert await reopened.read_clock_witnesses() == {"boot-a": b'{"n": 2}', "boot-b": b'{"n": 3}'}
 
 
 async def test_ping_and_clock(store: Store) -> None:

@@ -80,6 +80,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.lifecycle")
 
+_CLAIMS_ON_A_STEPPING_CLOCK = 3
+"""Claims a request tries while the store's clock steps under each before it gives up
+(503 store-unavailable, nothing sent, safe to retry)."""
+
 LEASE_SAFETY_MARGIN = 0.2
 """Fraction of the lease kept in reserve: a holder past 80% of it does not send."""
 
@@ -181,10 +185,10 @@ class IdempotencyEngine:
             operation: Operation | None = None
             for _ in range(3):
                 with self._forwarder.gate(request.route, request.scope) as slot:
-                    claimed_at = self._clock.monotonic()
+                    asked_at = self._clock.monotonic()
                     with self._tracer.claim(request) as span:
                         try:
-                            claim = await self._claim(request, claimed_at)
+                            claim, claimed_at = await self._claim(request, asked_at)
                         except StoreUnavailable:
                             self._keeper.claim_failed(request.scope, request.key)
                             raise
@@ -257,36 +261,55 @@ class IdempotencyEngine:
                 lambda: self._store.count_for_scope(request.scope),
             )
 
-    async def _claim(self, request: ProxyRequest, claimed_at: float) -> ClaimResult:
-        """Claim the key; claim it again if the store's clock stepped during the claim.
+    async def _claim(self, request: ProxyRequest, asked_at: float) -> tuple[ClaimResult, float]:
+        """Claim the key (first asked at monotonic `asked_at`); claim it again if the store's
+        clock stepped during the claim. Returns the claim and when it was asked.
 
-        The claim's reading of the store's clock is a witness (`GraceClock`):
-        a step shorter than the periodic witnesses' interval is still seen by
-        the claim it happened in. Such a claim wrote its lease and its attempt's
+        The claim's reading of the store's clock is a witness (`GraceClock`): a
+        step shorter than the periodic witnesses' interval is still seen by the
+        claim it happened in. Such a claim wrote its lease and its attempt's
         start on a clock that was off, and judged `similar_window` on it (as far
         as this process vouched for it, `SimilarGuard.vouched`). Nothing was
-        sent yet, so the attempt is released and the key claimed again, with
-        the window not vouched for.
+        sent yet, so the attempt is released and the key claimed again, with the
+        window not vouched for. After a backward step the new claim waits until
+        the clock is settled (`GraceClock.unsettled`): a record dated while the
+        clock is back for a moment would look an hour old to a process that never
+        saw the step, which would count its release window as long over.
         """
         claim_request = self._claim_of(request)
-        claim = await self._timed("claim", self._store.claim(claim_request))
-        steps = self.graces.steps_seen
-        observed = (
-            claim.twin.observed_at if isinstance(claim, Similar) else claim.operation.observed_at
+        for attempt in range(_CLAIMS_ON_A_STEPPING_CLOCK):
+            if attempt:
+                asked_at = self._clock.monotonic()
+            claim = await self._timed("claim", self._store.claim(claim_request))
+            steps = self.graces.steps_seen
+            observed = (
+                claim.twin.observed_at
+                if isinstance(claim, Similar)
+                else claim.operation.observed_at
+            )
+            self.graces.witness(observed, before=asked_at, after=self._clock.monotonic())
+            if not isinstance(claim, NewAttempt):
+                return claim, asked_at
+            stepped = self.graces.steps_seen != steps
+            if not stepped and not self.graces.unsettled():
+                return claim, asked_at
+            await self._outcomes.release(
+                request,
+                claim.operation,
+                "the store's clock stepped during the claim; claimed again"
+                if stepped
+                else "the store's clock was not settled (a recent step, or this process "
+                "went unwatched for a while); claimed again once it was",
+            )
+            await self.graces.settled()
+            guard = claim_request.similar
+            if guard is not None:
+                claim_request = claim_request._replace(similar=guard._replace(vouched=False))
+        raise StoreUnavailable(
+            "the store's clock kept stepping during the claim; nothing was sent: send the "
+            "same request again",
+            internal="clock steps at every claim",
         )
-        self.graces.witness(observed, before=claimed_at, after=self._clock.monotonic())
-        if not isinstance(claim, NewAttempt) or self.graces.steps_seen == steps:
-            return claim
-        await self._outcomes.release(
-            request, claim.operation, "the store's clock stepped during the claim; claimed again"
-        )
-        guard = claim_request.similar
-        again = (
-            claim_request
-            if guard is None
-            else claim_request._replace(similar=guard._replace(vouched=False))
-        )
-        return await self._timed("claim", self._store.claim(again))
 
     def _claim_of(self, request: ProxyRequest) -> ClaimRequest:
         return ClaimRequest(

@@ -37,6 +37,18 @@ boot share one monotonic clock, so a process that starts within
 `TRAIL_GAP` of a witness that kept pace with its own first reading carries
 on from that witness's trusted stretch instead of starting its own.
 
+A clock that is back for a moment would date a new attempt an hour early,
+and another process that did not read it meanwhile would count that
+attempt's window as long over. So after a backward step the clock is
+*unsettled* (`GraceClock.unsettled`): no claim is sent on it and no
+renewal vouches for a lease, until a witness sees it come back or every
+live process has read it. Two readings vouch for the clock between them
+only when they are less than `UNWATCHED_GAP` apart (it is assumed not to
+step twice within that); a process that starts, or that went longer
+without a reading (paused, stalled), checks its reading against the
+latest reading of every host's witness (`GraceClock.compare_with`): a
+clock earlier than a time it already showed someone has stepped back.
+
 >>> class Fake:
 ...     def __init__(self): self.t = 100.0
 ...     def time(self): return self.t
@@ -52,15 +64,25 @@ on from that witness's trusted stretch instead of starting its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from gateway.engine.clock import Clock
 
-__all__ = ["HOST_BOOT", "WITNESS_INTERVAL", "GraceClock", "WitnessStore", "start_witness"]
+__all__ = [
+    "HOST_BOOT",
+    "SETTLE",
+    "UNWATCHED_GAP",
+    "WITNESS_INTERVAL",
+    "GraceClock",
+    "WitnessStore",
+    "start_witness",
+]
 
 log = logging.getLogger("gateway.clock")
 
@@ -80,6 +102,15 @@ WITNESS_INTERVAL = 2.0
 steps in a row (back, then forward) are seen as steps, not as no change."""
 TRAIL_GAP = 60.0
 """The longest time without a witness across which a new process still trusts the trail."""
+UNWATCHED_GAP = 2 * WITNESS_INTERVAL
+"""The longest time between two readings across which they vouch for the clock between
+them: the clock is assumed not to step twice within it. Readings farther apart (a paused
+process, a stalled loop) may both be on a stepped clock and agree; the process then checks
+its reading against the other processes' witnesses (`GraceClock.compare_with`)."""
+SETTLE = 2 * WITNESS_INTERVAL + STEP_TOLERANCE
+"""How long after a backward step the store's clock is not trusted to date a new record
+(unless it came back first): by then every live process's periodic witness has read the
+stepped clock, so each judges times written on it knowing of the step."""
 
 
 def _host_boot() -> str | None:
@@ -109,6 +140,14 @@ class GraceClock:
         self._first: _Witness | None = None
         self._latest: _Witness | None = None
         self._trusted_from: _Witness | None = None
+        self._back_at: float | None = None
+        """Monotonic time since which the clock is unsettled (`unsettled`): the last backward
+        step not yet undone by a forward one, or the end of a stretch nobody watched."""
+        self._came_back = asyncio.Event()
+        """Set when the clock is settled again (`settled` waits for it)."""
+        self._unwatched = False
+        """A stretch longer than `UNWATCHED_GAP` went without a reading: `rejoining` until a
+        check against the other processes' witnesses (`compare_with`) vouches for it."""
         self.steps_seen = 0
 
     def witness(self, store_now: float, *, before: float, after: float) -> None:
@@ -120,16 +159,69 @@ class GraceClock:
         if previous is None or self._trusted_from is None:
             self._first = self._trusted_from = sample
             return
-        if _kept_pace(previous, sample):
-            return
+        if not _kept_pace(previous, sample):
+            backward = sample.store - previous.store < sample.before - previous.after
+            self._stepped(
+                sample,
+                by=(sample.store - previous.store) - (sample.before - previous.after),
+                store_seconds=sample.store - previous.store,
+            )
+            if backward:
+                self._unsettle(sample.after)
+            elif self._back_at is not None:
+                self._settle()
+        if sample.after - previous.before > UNWATCHED_GAP:
+            # Paused, stalled, or the store was slow: the clock may have stepped back and
+            # come back, then stepped back again, and two readings on a stepped clock agree.
+            self._unwatched = True
+            self._unsettle(sample.after)
+
+    def _unsettle(self, since: float) -> None:
+        self._back_at = since
+        if self._came_back.is_set():
+            self._came_back = asyncio.Event()
+
+    def _settle(self) -> None:
+        self._back_at = None
+        self._came_back.set()
+
+    @property
+    def rejoining(self) -> bool:
+        """True after a stretch nobody watched, until `compare_with` checks this process's
+        latest reading against every host's latest witness (as when it started)."""
+        return self._unwatched
+
+    def _stepped(self, sample: _Witness, *, by: float, store_seconds: float) -> None:
         self.steps_seen += 1
         log.warning(
             "the store's clock stepped by about %+.1f s; graces that release a key count "
             "from now on this process's own clock",
-            (sample.store - previous.store) - (sample.before - previous.after),
-            extra={"event": "clock_step", "store_seconds": sample.store - previous.store},
+            by,
+            extra={"event": "clock_step", "store_seconds": store_seconds},
         )
         self._trusted_from = sample
+
+    def unsettled(self) -> bool:
+        """True while a backward step of the store's clock may not have been seen by every
+        process: less than `SETTLE` ago, and the clock has not come back since.
+
+        A record dated on a clock that is back for a moment (an hour back, for less than
+        the witnesses' interval) looks an hour old to a process that never saw the step,
+        and that process would count its release window as long over. So nothing is
+        claimed to be sent while the clock is unsettled (`IdempotencyEngine._claim`), and
+        no lease renewal read on it counts as surely held (`LeaseKeeper`).
+        """
+        return self._back_at is not None and self._clock.monotonic() - self._back_at < SETTLE
+
+    async def settled(self) -> None:
+        """Wait (at most `SETTLE`) until the clock is not `unsettled`: a witness sees it come
+        back, or the step has lasted long enough for every process to have seen it."""
+        if self._back_at is None or not self.unsettled():
+            return
+        left = SETTLE - (self._clock.monotonic() - self._back_at)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(left):
+                await self._came_back.wait()
 
     def record(self) -> bytes | None:
         """This process's latest witness and trusted stretch, for the next process of its boot."""
@@ -156,6 +248,25 @@ class GraceClock:
         if trusted.after < here.after:
             self._trusted_from = trusted
         return True
+
+    def compare_with(self, witnesses: Iterable[bytes]) -> None:
+        """Check this process's latest reading against the latest reading of every host's
+        last process (`record`): a store clock that reads earlier than a time it already
+        showed someone has stepped back, though this new process saw no step itself.
+
+        A process that starts while the clock is back for a moment would otherwise take
+        the stepped time for the true one, and write leases that every other process
+        reads as long expired. So this is a backward step like any other: unsettled
+        until the clock comes back or every process has seen it (`unsettled`).
+        """
+        latest, rejoining, self._unwatched = self._latest, self._unwatched, False
+        shown = [reading for witness in witnesses if (reading := _latest_of(witness)) is not None]
+        if latest is None or not shown or latest.store >= max(shown) - BACKWARD_TOLERANCE:
+            if rejoining and self._back_at is not None:
+                self._settle()  # nothing behind what the others read: watched again
+            return
+        self._stepped(latest, by=latest.store - max(shown), store_seconds=0.0)
+        self._unsettle(latest.after)
 
     def elapsed_since(
         self, moment: float, *, store_now: float, before: float, after: float
@@ -188,7 +299,7 @@ class WitnessStore(Protocol):
 
     async def now(self) -> float: ...
 
-    async def read_clock_witness(self, host: str) -> bytes | None: ...
+    async def read_clock_witnesses(self) -> dict[str, bytes]: ...
 
     async def write_clock_witness(self, host: str, witness: bytes) -> None: ...
 
@@ -220,15 +331,24 @@ async def _witness(
         before = graces.monotonic()
         store_now = await store.now()
         graces.witness(store_now, before=before, after=graces.monotonic())
-        if host is None:
-            return
-        if join and graces.adopt(await store.read_clock_witness(host)):
-            log.info("the store's clock is trusted from before this process started")
+        if join or graces.rejoining:
+            witnesses = await store.read_clock_witnesses()
+            if join and host is not None and graces.adopt(witnesses.get(host)):
+                log.info("the store's clock is trusted from before this process started")
+            graces.compare_with(witnesses.values())
         record = graces.record()
-        if record is not None:
+        if host is not None and record is not None:
             await store.write_clock_witness(host, record)
     except Exception as exc:  # a store outage is reported by the requests that meet it
         log.debug("clock witness skipped: %s", exc)
+
+
+def _latest_of(witness: bytes) -> float | None:
+    """The store time of a `GraceClock.record`'s latest reading (None if unreadable)."""
+    try:
+        return float(json.loads(witness)["latest"][0])
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
 
 
 def _kept_pace(earlier: _Witness, later: _Witness) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -159,12 +160,19 @@ class LeaseKeeper:
                 renewal = await self._store.renew(
                     live, owner=self._owner, lease_seconds=self._lease
                 )
+                trusted = True
                 if self._graces is not None:
+                    steps = self._graces.steps_seen
                     self._graces.witness(renewal.at, before=asked_at, after=self._clock.monotonic())
+                    # Renewed on a clock that stepped (or is back for a moment), the expiry
+                    # the store wrote may already be past for everyone else: not surely
+                    # held any more, until a renewal on a steady clock.
+                    trusted = self._graces.steps_seen == steps and not self._graces.unsettled()
+                granted = asked_at if trusted else -math.inf
                 for operation_id in renewal.renewed:
                     hold = self._held.get(operation_id)
                     if hold is not None:
-                        self._held[operation_id] = hold._replace(granted_at=asked_at)
+                        self._held[operation_id] = hold._replace(granted_at=granted)
                 for operation_id in renewal.lapsed:
                     hold = self._held.get(operation_id)
                     if hold is not None:

@@ -200,10 +200,14 @@ class OutcomeWriter:
         it expired: `unknown`, the answer that never invites a blind retry.
         """
 
+        refused = False
+
         async def settle() -> Operation | None:
+            nonlocal refused
             written = await self._timed(name, write())
             if written is not None:
                 return written
+            refused = True
             self._observer.stale_write(request.route.name)
             log.warning("stale %s refused for %s (token %d)", name, operation.id, operation.token)
             current = await self._store.get_by_id(operation.id)
@@ -222,7 +226,9 @@ class OutcomeWriter:
                     "%s for %s not recorded yet: %s", name, operation.id, exc.internal or exc.detail
                 )
                 self._keeper.owe(operation.id, operation.token, settle)
-                state = self.own_state(operation)
+                # A write refused as stale says someone else holds the record now: its state
+                # is unknown to this process until it can read again.
+                state = State.UNKNOWN if refused else self.own_state(operation)
             else:
                 if recorded is None:  # forgotten meanwhile: the key may be bound anew
                     recorded = await self._store.get(request.scope, request.key)

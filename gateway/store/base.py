@@ -161,8 +161,10 @@ class Store(Protocol):
     async def scope_secret(self) -> bytes:
         """The HMAC key for header-derived scopes, created once and shared by replicas."""
 
-    async def read_clock_witness(self, host: str) -> bytes | None:
-        """The latest clock witness a process on `host` (a boot of one machine) wrote."""
+    async def read_clock_witnesses(self) -> dict[str, bytes]:
+        """The latest clock witness of every host (a boot of one machine), by host: a new
+        process carries on from its own host's, and checks the store's clock is not behind
+        what any of them read."""
 
     async def write_clock_witness(self, host: str, witness: bytes) -> None:
         """Replace `host`'s clock witness (`gateway.engine.graces`); one small row a host."""
@@ -233,7 +235,9 @@ class Store(Protocol):
         recorded request is dropped `retention_seconds` from now."""
 
     async def renew(self, leases: dict[str, int], *, owner: str, lease_seconds: float) -> Renewal:
-        """Extend the leases (operation id to token) this owner still holds.
+        """Extend the leases (operation id to token) this owner still holds; never to an
+        earlier expiry than the record has (a clock stepped back for a moment must not
+        shorten the window a release waits for).
 
         A lease that ran out is never renewed silently: someone may already have
         seen it expire and acted on that. If its record is still `in_flight`, it

@@ -237,11 +237,14 @@ class PostgresStore(PostgresConnection):
             raise StoreUnavailable("the PostgreSQL store is not open")
         return self._secret
 
-    async def read_clock_witness(self, host: str) -> bytes | None:
-        value = await self._fetchval(
-            "witness", "SELECT value FROM gateway_meta WHERE name = $1", WITNESS_PREFIX + host
+    async def read_clock_witnesses(self) -> dict[str, bytes]:
+        rows = await self._fetch(
+            "witness",
+            "SELECT name, value FROM gateway_meta WHERE left(name, $1) = $2",
+            len(WITNESS_PREFIX),
+            WITNESS_PREFIX,
         )
-        return None if value is None else bytes(value)
+        return {row["name"].removeprefix(WITNESS_PREFIX): bytes(row["value"]) for row in rows}
 
     async def write_clock_witness(self, host: str, witness: bytes) -> None:
         await self._fetchval(
@@ -545,7 +548,10 @@ class PostgresStore(PostgresConnection):
         ):
             at = await connection.fetchval(f"SELECT extract(epoch from {NOW})::float8")
             rows = await connection.fetch(
-                f"UPDATE operations o SET lease_expires_at = {NOW} + {SECONDS.format('$4')} "
+                # Never earlier than it was: a renewal read on a clock stepped back for a
+                # moment must not shorten the window a release waits for.
+                "UPDATE operations o SET lease_expires_at = greatest(o.lease_expires_at, "
+                f"{NOW} + {SECONDS.format('$4')}) "
                 "FROM unnest($1::text[], $2::bigint[]) AS held(id, token) "
                 "WHERE o.id = held.id AND o.token = held.token AND o.lease_owner = $3 "
                 f"AND o.state = 'in_flight' AND o.lease_expires_at > {NOW} RETURNING o.id",

@@ -211,13 +211,14 @@ class SqliteStore(SqliteConnection):
             raise StoreUnavailable("the SQLite store is not open")
         return self._secret
 
-    async def read_clock_witness(self, host: str) -> bytes | None:
-        row = await self._writer.run(
+    async def read_clock_witnesses(self) -> dict[str, bytes]:
+        rows = await self._writer.run(
             lambda c: c.execute(
-                "SELECT value FROM gateway_meta WHERE name = ?", (WITNESS_PREFIX + host,)
-            ).fetchone()
+                "SELECT name, value FROM gateway_meta WHERE substr(name, 1, ?) = ?",
+                (len(WITNESS_PREFIX), WITNESS_PREFIX),
+            ).fetchall()
         )
-        return None if row is None else bytes(row[0])
+        return {name.removeprefix(WITNESS_PREFIX): bytes(value) for name, value in rows}
 
     async def write_clock_witness(self, host: str, witness: bytes) -> None:
         await self._writer.run(
@@ -419,7 +420,10 @@ class SqliteStore(SqliteConnection):
             evidence = json.dumps(Evidence(at=now, source="lease", detail=LEASE_LAPSED).as_json())
             for op_id, token in items:
                 cursor = c.execute(
-                    "UPDATE operations SET lease_expires_at = ? WHERE id = ? AND token = ? "
+                    # Never earlier than it was: a renewal read on a clock stepped back
+                    # for a moment must not shorten the window a release waits for.
+                    "UPDATE operations SET lease_expires_at = max(lease_expires_at, ?) "
+                    "WHERE id = ? AND token = ? "
                     "AND lease_owner = ? AND state = 'in_flight' AND lease_expires_at > ?",
                     (now + lease_seconds, op_id, token, owner, now),
                 )

@@ -182,8 +182,8 @@ class FaultyStore:
     async def scope_secret(self) -> bytes:
         return await self._call("scope_secret", self._inner.scope_secret)
 
-    async def read_clock_witness(self, host: str) -> bytes | None:
-        return await self._call("witness", lambda: self._inner.read_clock_witness(host))
+    async def read_clock_witnesses(self) -> dict[str, bytes]:
+        return await self._call("witness", self._inner.read_clock_witnesses)
 
     async def write_clock_witness(self, host: str, witness: bytes) -> None:
         await self._call("witness", lambda: self._inner.write_clock_witness(host, witness))

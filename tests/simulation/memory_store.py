@@ -335,9 +335,9 @@ class MemoryStore:
         self._check_open()
         return self.db.secret
 
-    async def read_clock_witness(self, host: str) -> bytes | None:
+    async def read_clock_witnesses(self) -> dict[str, bytes]:
         self._check_open()
-        return self.db.witnesses.get(host)
+        return dict(self.db.witnesses)
 
     async def write_clock_witness(self, host: str, witness: bytes) -> None:
         self._check_open()
@@ -646,7 +646,9 @@ class MemoryStore:
                 lapsed.add(op_id)
                 continue
             longer = current._replace(
-                lease_expires_at=now + lease_seconds, version=current.version + 1
+                # Never earlier than it was (as the production stores): see `Store.renew`.
+                lease_expires_at=max(current.lease_expires_at, now + lease_seconds),
+                version=current.version + 1,
             )
             self.db.put("renew", current, longer, token=token)
             renewed.add(op_id)

@@ -93,27 +93,34 @@ class Replica:
             graces=self.graces,
         )
         # As a gateway does when it starts (`start_witness`): its first reading of the store's
-        # clock, from which its graces may count.
+        # clock, from which its graces may count, checked against what the others read.
         started = self.clock.monotonic()
         self.engine.graces.witness(store.db.clock(), before=started, after=started)
+        self.engine.graces.compare_with(store.db.witnesses.values())
         self.alive = True
         self.tasks: list[asyncio.Task[Any]] = []
 
     async def keep_witnessing(self) -> None:
-        """The store-clock witness loop every gateway runs (`start_witness`'s, without the
-        host trail): a reading every `WITNESS_INTERVAL` seconds of simulated time (the
-        event loop's clock is world time), besides the readings its decisions take. A
-        paused process takes none; a crash cancels it with the replica's other tasks.
-        `witnessed_at` says when the last one was taken (world time)."""
+        """The store-clock witness loop every gateway runs (`start_witness`'s): a reading
+        every `WITNESS_INTERVAL` seconds of simulated time (the event loop's clock is
+        world time), besides the readings its decisions take, written for the processes
+        that start later; each process is its own host (no trail is adopted: their
+        monotonic clocks differ). A paused process takes none; a crash cancels it with
+        the replica's other tasks. `witnessed_at` says when the last one was taken."""
         while True:
             await asyncio.sleep(WITNESS_INTERVAL)
             before = self.graces.monotonic()
             try:
                 store_now = await self.store.now()
+                self.graces.witness(store_now, before=before, after=self.graces.monotonic())
+                self.witnessed_at = self._world.now
+                if self.graces.rejoining:
+                    self.graces.compare_with((await self.store.read_clock_witnesses()).values())
+                record = self.graces.record()
+                if record is not None:
+                    await self.store.write_clock_witness(self.owner, record)
             except StoreUnavailable:
                 continue  # reported by the requests that meet the outage
-            self.graces.witness(store_now, before=before, after=self.graces.monotonic())
-            self.witnessed_at = self._world.now
 
     async def keep_leases(self) -> None:
         """The lease keeper's own loop, as `LeaseKeeper.start` runs it: a round every third

@@ -123,8 +123,9 @@ class Scenario:
     replica's periodic witness has read the clock since (`Simulation._clock_steady`)."""
     clock_step_window: bool = False
     """The steps last a stretch of world time under `WITNESS_INTERVAL` instead, whatever
-    reads the clock meanwhile (a second claim, a renewal). Not drawn: the engine does not
-    survive it yet (`tests/test_simulation.py`, `STEPS_THAT_LAST`)."""
+    reads the clock meanwhile (a second claim, a renewal, a replica that starts or wakes
+    up during one), each at least `UNWATCHED_GAP` after the last one ended. Drawn for half
+    the seeds that draw steps."""
     reserialise: float = 0.0
     """Fraction of requests the agent sends re-serialised: the same JSON request in other
     bytes (member order, whitespace, `1.0` for `1`, an escaped character, `; charset=`,
@@ -180,15 +181,20 @@ class Scenario:
         timeout = rng.choice((2.0, 5.0, 10.0, 30.0))
         other_roll, other_path, declared_roll = rng.random(), rng.choice(OTHER_PATHS), rng.random()
         other = other_path if other_roll < 0.45 else None
+        long_pauses = rng.random() < 0.35
+        clock_steps = rng.choice((0.0, 0.0, 0.0, 1.5, 4.0))
+        reserialise = rng.choice((0.0, 0.0, 0.3, 0.7))
+        keeper_loop = rng.random() < 0.5
         return replace(
             world,
             timeout=timeout,
             other_path=other,
             other_declared=other == EMAILS_PATH and declared_roll < 0.5,
-            long_pauses=rng.random() < 0.35,
-            clock_steps=rng.choice((0.0, 0.0, 0.0, 1.5, 4.0)),
-            reserialise=rng.choice((0.0, 0.0, 0.3, 0.7)),
-            keeper_loop=rng.random() < 0.5,
+            long_pauses=long_pauses,
+            clock_steps=clock_steps,
+            clock_step_window=clock_steps > 0 and rng.random() < 0.5,
+            reserialise=reserialise,
+            keeper_loop=keeper_loop,
         )
 
     @classmethod

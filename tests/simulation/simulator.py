@@ -36,7 +36,7 @@ from typing import Any
 from gateway.config import RouteSettings
 from gateway.engine.exchange import ProxyRequest
 from gateway.engine.fingerprint import canonical_path, fingerprints
-from gateway.engine.graces import WITNESS_INTERVAL, GraceClock
+from gateway.engine.graces import UNWATCHED_GAP, WITNESS_INTERVAL, GraceClock
 from gateway.engine.models import State, StoredResponse
 from gateway.engine.sweeper import Sweeper
 from tests.simulation.calls import EngineCalls, Intent
@@ -653,14 +653,17 @@ class Simulation:
         """Whether the store's clock may step again: each step short and on its own, as
         `gateway.engine.graces` assumes of them (its periodic witness is what sees a
         step's end): a witness interval since the last one ended, and a periodic witness
-        of every live replica since then. (Steps that last a while, several readings,
-        `Scenario.clock_step_window`, are not held to it.)"""
+        of every live replica since then. Steps that last a while, several readings
+        (`Scenario.clock_step_window`), are held only to what the engine assumes of any
+        step: none within `UNWATCHED_GAP` of the last one's end, so two readings closer
+        than that cannot both be on stepped clocks; a replica paused for longer checks
+        its reading against the others' witnesses when it wakes."""
         clock = self.store_clock
+        if self.scenario.clock_step_window:
+            return clock.steady_for() >= UNWATCHED_GAP
         if clock.steady_for() < WITNESS_INTERVAL:
             return False
-        return self.scenario.clock_step_window or all(
-            r.witnessed_at > clock.ended_at for r in self._live()
-        )
+        return all(r.witnessed_at > clock.ended_at for r in self._live())
 
     def _act_store_clock(self) -> str:
         """The store's clock steps back an hour for less than a periodic witness interval,
