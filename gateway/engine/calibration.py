@@ -30,6 +30,7 @@ latest `MAX_EVENTS`.
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any, Literal, NamedTuple
 
 __all__ = [
@@ -81,6 +82,22 @@ class Calibration(NamedTuple):
     note: str | None = None
     events: tuple[dict[str, Any], ...] = ()
     """Its transitions, oldest first: `{at, state, actor, detail, note?, sample?}`."""
+
+    def row(self) -> tuple[object, ...]:
+        """The stored columns, in this order: route, kind, state, at, sample, detail,
+        until, actor, note and the events as JSON (both stores write them so)."""
+        return (
+            self.route,
+            self.kind,
+            self.state.value,
+            self.at,
+            self.sample,
+            self.detail,
+            self.until,
+            self.actor,
+            self.note,
+            json.dumps(self.events),
+        )
 
 
 Decision = Literal["release", "blind", "calibrate"]

@@ -113,16 +113,7 @@ async def save(
         "at = excluded.at, sample = excluded.sample, detail = excluded.detail, "
         "until = excluded.until, actor = excluded.actor, note = excluded.note, "
         "events = excluded.events",
-        after.route,
-        after.kind,
-        after.state.value,
-        after.at,
-        after.sample,
-        after.detail,
-        after.until,
-        after.actor,
-        after.note,
-        json.dumps(after.events),
+        *after.row(),
     )
     return after
 

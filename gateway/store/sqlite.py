@@ -82,6 +82,7 @@ from gateway.store.sqlite_statements import (
     _LATE_WRITABLE,
     _OUTCOME_RETURNING,
     _OUTCOME_WRITABLE,
+    _RECEIPT_COLUMNS,
     _RETURNING,
     _SELECT,
     ERASE_REQUEST,
@@ -283,27 +284,19 @@ class SqliteStore(SqliteConnection):
         resolution: Resolution,
         events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        receipt = seal_receipt(
-            response, response.body if body_retained else None, operation_id, self._cipher
+        receipt_values = self._receipt_values(
+            operation_id, response, body_retained, retention_seconds, tombstone_seconds
         )
 
         def job(c: sqlite3.Connection) -> Operation | None:
             now = self._clock.time()
             row = c.execute(
-                "UPDATE operations SET state = 'completed', response_status = ?, "
-                "response_headers = ?, response_body = ?, storage = ?, body_retained = ?, "
-                "expires_at = ?, forgotten_at = ?, resolution_by = ?, resolution_at = ?, "
-                "resolution_note = ?, lease_owner = NULL, "
+                f"UPDATE operations SET {_RECEIPT_COLUMNS}, resolution_by = ?, "
+                "resolution_at = ?, resolution_note = ?, lease_owner = NULL, "
                 "updated_at = ?, version = version + 1 "
                 f"WHERE id = ? AND token = ? AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
                 (
-                    response.status,
-                    receipt.headers,
-                    receipt.body,
-                    receipt.storage,
-                    int(body_retained),
-                    now + retention_seconds,
-                    now + max(tombstone_seconds, retention_seconds),
+                    *receipt_values(now),
                     resolution.by,
                     now,
                     resolution.note,
@@ -317,6 +310,33 @@ class SqliteStore(SqliteConnection):
         stored = as_stored(response, body_retained=body_retained)
         return await self._writer.run(job)
 
+    def _receipt_values(
+        self,
+        operation_id: str,
+        response: StoredResponse,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+    ) -> Callable[[float], tuple[object, ...]]:
+        """The values of `_RECEIPT_COLUMNS` for a receipt written at store time `now`
+        (sealed once, outside the writer's transaction)."""
+        receipt = seal_receipt(
+            response, response.body if body_retained else None, operation_id, self._cipher
+        )
+
+        def values(now: float) -> tuple[object, ...]:
+            return (
+                response.status,
+                receipt.headers,
+                receipt.body,
+                receipt.storage,
+                int(body_retained),
+                now + retention_seconds,
+                now + max(tombstone_seconds, retention_seconds),
+            )
+
+        return values
+
     async def complete_late(
         self,
         operation_id: str,
@@ -328,34 +348,20 @@ class SqliteStore(SqliteConnection):
         tombstone_seconds: float,
         events: Sequence[NewEvent] = (),
     ) -> Operation | None:
-        receipt = seal_receipt(
-            response, response.body if body_retained else None, operation_id, self._cipher
+        receipt_values = self._receipt_values(
+            operation_id, response, body_retained, retention_seconds, tombstone_seconds
         )
 
         def job(c: sqlite3.Connection) -> Operation | None:
             now = self._clock.time()
             row = c.execute(
-                "UPDATE operations SET state = 'completed', response_status = ?, "
-                "response_headers = ?, response_body = ?, storage = ?, body_retained = ?, "
-                "expires_at = ?, forgotten_at = ?, "
+                f"UPDATE operations SET {_RECEIPT_COLUMNS}, "
                 f"resolution_by = {_LATE_RESOLUTION.format('by', _UPSTREAM)}, "
                 f"resolution_at = {_LATE_RESOLUTION.format('at', '?')}, "
                 f"resolution_note = {_LATE_RESOLUTION.format('note', 'NULL')}, "
                 "lease_owner = NULL, token = token + 1, updated_at = ?, version = version + 1 "
                 f"WHERE id = ? AND attempts = ? AND {_LATE_WRITABLE} {_OUTCOME_RETURNING}",
-                (
-                    response.status,
-                    receipt.headers,
-                    receipt.body,
-                    receipt.storage,
-                    int(body_retained),
-                    now + retention_seconds,
-                    now + max(tombstone_seconds, retention_seconds),
-                    now,
-                    now,
-                    operation_id,
-                    attempt,
-                ),
+                (*receipt_values(now), now, now, operation_id, attempt),
             ).fetchone()
             return self._append_row(c, row, events, stored=stored)
 

@@ -96,18 +96,7 @@ def save(c: sqlite3.Connection, change: CalibrationChange, now: float) -> Calibr
         "state = excluded.state, at = excluded.at, sample = excluded.sample, "
         "detail = excluded.detail, until = excluded.until, actor = excluded.actor, "
         "note = excluded.note, events = excluded.events",
-        (
-            after.route,
-            after.kind,
-            after.state.value,
-            after.at,
-            after.sample,
-            after.detail,
-            after.until,
-            after.actor,
-            after.note,
-            json.dumps(after.events),
-        ),
+        after.row(),
     )
     return after
 

@@ -83,6 +83,12 @@ _OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
 token: a holder whose lease lapsed (its record turned `unknown`, token unchanged)
 still records what it learned; a resolution or a new attempt bumps the token."""
 
+_RECEIPT_COLUMNS = (
+    "state = 'completed', response_status = ?, response_headers = ?, response_body = ?, "
+    "storage = ?, body_retained = ?, expires_at = ?, forgotten_at = ?"
+)
+"""What a receipt writes (`complete`, `complete_late`): its status, its sealed headers and
+body, and when the receipt and the tombstone expire."""
 _LATE_WRITABLE = (
     "(state = 'released' OR (state = 'completed' AND response_status IS NULL "
     "AND resolution_by IN ('owner', 'admin')))"
