@@ -228,6 +228,30 @@ async def unknown(store: Store, key: str) -> Operation:
     return done
 
 
+async def resolved(
+    store: Store,
+    operation: Operation,
+    state: State,
+    *,
+    note: str | None = None,
+    by: str = "admin",
+    calibrated: tuple[str, str] | None = None,
+) -> Operation | None:
+    """A resolution of the operation's current attempt with no response (an admin's,
+    unless `by` says whose; a probe's release names the calibration it obeyed)."""
+    return await store.resolve(
+        operation.id,
+        token=operation.token,
+        expected_version=None,
+        state=state,
+        response=None,
+        resolution=Resolution(by=by, at=time.time(), note=note),
+        retention_seconds=60,
+        tombstone_seconds=60,
+        calibrated=calibrated,
+    )
+
+
 async def state_of(store: Store, operation_id: str) -> State:
     operation = await store.get_by_id(operation_id)
     assert operation is not None
@@ -1282,16 +1306,8 @@ async def calibrate(store: Store, state: CalibrationState, kind: str = "POST /*/
 
 
 async def resolve_by_probe(store: Store, operation: Operation) -> Operation | None:
-    return await store.resolve(
-        operation.id,
-        token=operation.token,
-        expected_version=None,
-        state=State.RELEASED,
-        response=None,
-        resolution=Resolution(by="probe", at=time.time()),
-        retention_seconds=60,
-        tombstone_seconds=60,
-        calibrated=("r", "POST /*/x"),
+    return await resolved(
+        store, operation, State.RELEASED, by="probe", calibrated=("r", "POST /*/x")
     )
 
 
@@ -1402,16 +1418,7 @@ async def test_a_late_answer_completes_a_release_it_proves_wrong(store: Store) -
     """`complete_late`: an attempt's answer after its operation was released (no newer
     attempt) completes it, by the upstream; after a newer attempt it changes nothing."""
     operation = await unknown(store, "k")
-    released = await store.resolve(
-        operation.id,
-        token=operation.token,
-        expected_version=None,
-        state=State.RELEASED,
-        response=None,
-        resolution=Resolution(by="admin", at=time.time(), note="forced"),
-        retention_seconds=60,
-        tombstone_seconds=60,
-    )
+    released = await resolved(store, operation, State.RELEASED, note="forced")
     assert released is not None
     late = await store.complete_late(
         operation.id,
@@ -1429,16 +1436,7 @@ async def test_a_late_answer_completes_a_release_it_proves_wrong(store: Store) -
     assert late.response.body == RESPONSE.body
 
     again = await unknown(store, "k2")
-    gone = await store.resolve(
-        again.id,
-        token=again.token,
-        expected_version=None,
-        state=State.RELEASED,
-        response=None,
-        resolution=Resolution(by="admin", at=time.time()),
-        retention_seconds=60,
-        tombstone_seconds=60,
-    )
+    gone = await resolved(store, again, State.RELEASED)
     assert gone is not None
     retried = await store.claim(claim_request("k2"))
     assert isinstance(retried, NewAttempt)  # attempt 2 began: attempt 1's answer is evidence
@@ -1454,16 +1452,7 @@ async def test_a_late_answer_fills_an_applied_resolution_without_a_receipt(store
     """An operator's `applied` without a response gets the late answer as its receipt; the
     resolution stays the operator's. One with a receipt is never changed."""
     operation = await unknown(store, "k")
-    applied = await store.resolve(
-        operation.id,
-        token=operation.token,
-        expected_version=None,
-        state=State.COMPLETED,
-        response=None,
-        resolution=Resolution(by="admin", at=time.time(), note="seen in the CRM"),
-        retention_seconds=60,
-        tombstone_seconds=60,
-    )
+    applied = await resolved(store, operation, State.COMPLETED, note="seen in the CRM")
     assert applied is not None
     filled = await store.complete_late(
         operation.id, 1, RESPONSE, body_retained=True, retention_seconds=60, tombstone_seconds=60
