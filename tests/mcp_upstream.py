@@ -28,7 +28,11 @@ Tools (each records an effect unless said otherwise):
   ``isError: true`` (the tool's own failure: a normal, final answer);
 - ``lookup_ticket(id)``: read-only (``readOnlyHint: true``), no effect; an
   unknown id is a tool error (``isError: true``);
-- ``send_email(to, subject)``: a second kind of effect, ``{"id": "E-<n>", ...}``.
+- ``send_email(to, subject)``: a second kind of effect, ``{"id": "E-<n>", ...}``;
+- ``chatty_ticket(title, notes, note_size)``: creates a ticket, then sends ``notes``
+  progress notifications of ``note_size`` characters each before answering;
+- ``large_ticket(title, size)``: creates a ticket whose title is padded to ``size``
+  characters (a large answer).
 
 Transport modes, as the SDK's ``streamable_http_app`` offers them:
 
@@ -342,6 +346,8 @@ class CountingMcpServer:
             ("notify_then_ticket", self._notify_then_ticket),
             ("lose_connection", self._lose_connection),
             ("send_email", self._send_email),
+            ("chatty_ticket", self._chatty_ticket),
+            ("large_ticket", self._large_ticket),
         ]
         for name, tool in effects:
             mcp.add_tool(tool, name=name, structured_output=True)
@@ -373,6 +379,20 @@ class CountingMcpServer:
         await ctx.report_progress(0, 1, "working")
         await asyncio.sleep(seconds)
         return self._new_ticket(title, ctx)
+
+    async def _chatty_ticket(self, title: str, notes: int, note_size: int, ctx: Context) -> Ticket:
+        """Create a ticket, then report progress `notes` times, each with a message of
+        `note_size` characters (when the caller asked for progress), then answer."""
+        self._seen(ctx)
+        ticket = self._new_ticket(title, ctx)
+        for done in range(notes):
+            await ctx.report_progress(done, notes, "n" * note_size)
+        return ticket
+
+    async def _large_ticket(self, title: str, size: int, ctx: Context) -> Ticket:
+        """Create a ticket whose title is padded to `size` characters: a large answer."""
+        self._seen(ctx)
+        return self._new_ticket(title.ljust(size, "x"), ctx)
 
     async def _lose_connection(self, title: str, ctx: Context) -> Ticket:
         """Create a ticket; the connection is then cut before the answer is written."""

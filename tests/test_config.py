@@ -432,8 +432,8 @@ def test_gateway_paths_constant() -> None:
         (
             "[server]\nprot = 1",
             "server.prot: unknown key "
-            "(known keys: client_timeout, host, loop, max_header_size, max_headers, port, "
-            "trusted_proxies, workers)",
+            "(known keys: client_timeout, host, loop, max_header_size, max_headers, max_relay, "
+            "max_spool_total, port, spool_dir, trusted_proxies, workers, write_timeout)",
         ),
         ("[srever]\nport = 1", "srever: unknown key"),
         (ROUTE + "timout = '1s'", "routes[0].timout: unknown key"),

@@ -68,6 +68,8 @@ async def test_initialize_and_list_tools(server: CountingMcpServer) -> None:
         "failing_tool",
         "lookup_ticket",
         "send_email",
+        "chatty_ticket",
+        "large_ticket",
     }
     annotations = listed["lookup_ticket"].annotations
     assert annotations is not None

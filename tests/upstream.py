@@ -359,7 +359,7 @@ class CountingUpstream:
             headers["X-Custom"] = "yes"
 
         if "size" in controls:
-            payload = _pattern(int(controls["size"]))
+            payload = pattern(int(controls["size"]))
             headers["Content-Type"] = "application/octet-stream"
         else:
             payload = _describe(effect).encode()
@@ -424,7 +424,8 @@ def _describe(effect: Effect) -> str:
     )
 
 
-def _pattern(size: int) -> bytes:
+def pattern(size: int) -> bytes:
+    """`size` bytes of the deterministic pattern a `size=N` answer carries."""
     repeats = size // len(_PATTERN) + 1
     return (_PATTERN * repeats)[:size]
 
@@ -439,7 +440,7 @@ async def _send_truncated(
 ) -> web.StreamResponse:
     """Announce the whole body, send less than half of it, then hang up."""
     # Pad a small body so there is always something to send and something missing.
-    full = payload if len(payload) >= 2 else payload + _pattern(64)
+    full = payload if len(payload) >= 2 else payload + pattern(64)
     response = web.StreamResponse(status=status, headers=headers)
     response.content_length = len(full)
     await response.prepare(request)

@@ -296,6 +296,10 @@ class RouteSettings(BaseModel):
     keepalive: Duration = 4.0
     max_body: Size = 1 << 20
     max_stored_response: Size = 1 << 20
+    max_spool: Size = 64 << 20
+    """An answer larger than `max_stored_response` is spooled to disk up to this size and
+    relayed from there, so the caller's reading speed never decides its outcome; past it
+    the outcome is recorded (completed, body not kept) and the rest relayed as read."""
     max_concurrency: int = Field(default=256, ge=1)
     forward_key: Annotated[ForwardKey, BeforeValidator(_forward_key)] = "operation_id"
     clients: tuple[Name, ...] | None = None

@@ -73,6 +73,17 @@ class ServerSettings(BaseModel):
     workers: Annotated[int, BeforeValidator(_worker_count)] = Field(default=1, ge=1, le=256)
     """Serving processes on the one port: 1 (the default) serves in this process;
     more run under a supervisor (`gateway.workers`); "auto" is one per core."""
+    write_timeout: Duration = Field(default=30.0, gt=0)
+    """How long one write to a caller may wait for the caller to read: a caller that
+    stops reading is cut after it (its operation's outcome is already decided)."""
+    max_relay: Duration = Field(default=600.0, gt=0)
+    """The most an answer's relay to its caller may last; then the caller is cut."""
+    max_spool_total: Size = Field(default=1 << 30, ge=0)
+    """Bytes all answers being spooled may hold on disk at once (per process); when
+    it is reached, protected calls are refused `503 route-saturated` before their claim."""
+    spool_dir: Path | None = None
+    """Where spool files are made (unlinked at once, mode 0600, encrypted); None: the
+    system's temporary directory."""
     trusted_proxies: tuple[IPvAnyNetwork, ...] = ()
     """Addresses (or networks) of proxies in front of the gateway whose `X-Forwarded-For`,
     `Forwarded`, `X-Forwarded-Host` and `X-Forwarded-Proto` are passed on (with this

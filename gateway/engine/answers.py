@@ -177,7 +177,11 @@ def answer_existing(operation: Operation, request: ProxyRequest) -> Reply:
             if any(item.source == "redaction" for item in operation.evidence):
                 detail = "the stored response was erased by an operator; the key stays used"
             elif resolution is None or resolution.by == "upstream":
-                detail = "the first response was too large to keep; it was delivered once"
+                detail = (
+                    "the first response was too large to keep (over max_stored_response): "
+                    "the upstream's answer arrived whole and was relayed once, to the first "
+                    "caller"
+                )
             else:
                 detail = (
                     f"the operation was settled as applied by {resolution.by} without a response"

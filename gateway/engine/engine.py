@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from gateway.engine.answers import KeyRecords, answer_existing, key_mismatch
@@ -32,7 +31,9 @@ from gateway.engine.clock import SYSTEM_CLOCK, Clock
 from gateway.engine.errors import (
     InProgress,
     LeaseLost,
+    RouteSaturated,
     StoreUnavailable,
+    UpstreamConnectionLost,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -67,6 +68,7 @@ from gateway.engine.outcomes import OutcomeWriter
 from gateway.engine.settle import Outcome, ReleaseWindow, Settler
 from gateway.engine.twins import guard_for, similar_refusal
 from gateway.telemetry.tracer import NO_TRACER, Span, Tracer
+from gateway.upstream.spool import Spooler
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
@@ -83,6 +85,9 @@ log = logging.getLogger("gateway.lifecycle")
 _CLAIMS_ON_A_STEPPING_CLOCK = 3
 """Claims a request tries while the store's clock steps under each before it gives up
 (503 store-unavailable, nothing sent, safe to retry)."""
+
+READER_GRACE = 10.0
+"""Seconds a stopping gateway lets answers still being read (spooled) end and be recorded."""
 
 LEASE_SAFETY_MARGIN = 0.2
 """Fraction of the lease kept in reserve: a holder past 80% of it does not send."""
@@ -114,8 +119,11 @@ class IdempotencyEngine:
         graces: GraceClock | None = None,
         sight_observer: SightObserver | None = None,
         digests: Digests | None = None,
+        spooler: Spooler | None = None,
     ) -> None:
         self._store = store
+        self._spooler = spooler if spooler is not None else Spooler(total=1 << 30)
+        self._readers: set[asyncio.Task[None]] = set()
         self._tracer = tracer
         self._clock = clock
         self._forwarder = forwarder
@@ -176,6 +184,12 @@ class IdempotencyEngine:
         attempt, not while a retry waits (`Prefer: wait`) or a probe runs: a
         waiting duplicate does not take an upstream slot.
         """
+        if request.dialect is None and self._spooler.full:
+            raise RouteSaturated(
+                "the gateway's answer spools are full (max_spool_total): nothing was sent; "
+                "retry with the same key",
+                retry_after=1,
+            )
         with self._quotas.in_flight(request.scope) as request_hold:
             if self._quotas.limits_new_keys:
                 await self._admit_if_new(request)
@@ -197,10 +211,12 @@ class IdempotencyEngine:
                         span.operation(claim.operation)
                     if not isinstance(claim, Existing):
                         reply = await self._attempt(request, claim.operation, claimed_at)
-                        if reply.stream is not None:
-                            # Relayed past this block: its connection, so its slot and
-                            # its count, are held until the caller's stream closes.
-                            reply = reply.holding(slot.keep(), request_hold.keep())
+                        if reply.spool is not None:
+                            # The upstream is read past this block, by the spool's reader:
+                            # the route's slot is held until its last byte, and the
+                            # scope's count until the relay to the caller ends.
+                            reply.spool.when_ended(slot.keep())
+                            reply = reply.holding(request_hold.keep())
                         if claim.twin is None:
                             return reply
                         return dataclasses.replace(reply, similar=operation_url(claim.twin.key))
@@ -399,8 +415,8 @@ class IdempotencyEngine:
                 body = await _read_or_close(reply, route.max_stored_response)
         except UpstreamError as exc:
             raise await self._send_failed(request, operation, started, exc) from exc
-        if body is None and reply.status not in route.release_statuses:
-            return self._relay(request, operation, reply, started), True
+        if body is None:
+            return await self._spooled(request, operation, reply, started), True
         self._upstream_done(request, started)
         self._inject_fault("after_response")
         return await self._record(request, operation, reply, body), False
@@ -501,43 +517,94 @@ class IdempotencyEngine:
         self._inject_fault("after_receipt")
         return Reply.from_upstream(reply, body, state=state, key=request.key)
 
-    def _relay(
+    async def _spooled(
         self, request: ProxyRequest, operation: Operation, reply: UpstreamAnswer, started: float
     ) -> Reply:
-        """An answer too large to keep: streamed to the caller, recorded once it ends.
+        """An answer too large to keep: read to its end by a task of its own, whatever the
+        caller does, and relayed to the caller from a spool (`gateway.upstream.spool`).
 
-        Only an answer that arrived whole is a receipt (`completed`, body not
-        kept); one cut off mid-body is `unknown`. A release status is decided
-        from the status line alone, as for a kept answer. The caller must read
-        the stream to its end (`gateway.proxy.view.write_reply` does, even
-        after its client left): the attempt, and its lease, end with it. Its
-        upstream span has ended with the first bytes; its record span comes at the end.
+        The outcome never waits for the caller: a release status releases at the
+        status line (as a kept answer would); an answer that arrives whole is
+        `completed` (its body not kept) before the relay can end; one cut off
+        mid-body is `unknown`. An answer longer than the route's `max_spool`
+        (by its `Content-Length`, or once the spool is full) is `completed` at
+        that moment and the rest handed to the caller as it is read: only a
+        caller that stops reading loses its copy, never the receipt.
         """
         route = request.route
+        spool = self._spooler.open(route.max_spool)
+        if reply.status in route.release_statuses:
+            state: State | None = await self._outcomes.release(
+                request,
+                operation,
+                f"the upstream refused the request with status {reply.status}",
+                status=reply.status,
+            )
+            self._end_attempt(operation)
+            decided = True
+        else:
+            state = self._outcomes.own_state(operation)
+            decided = False
 
-        async def body() -> AsyncIterator[bytes]:
+        async def complete() -> None:
+            nonlocal decided, state
+            decided = True
+            stored = receipt_of(route, reply, b"")
+            state = await self._outcomes.complete(request, operation, stored, retained=False)
+            self._end_attempt(operation)
+
+        async def read_to_end() -> None:
+            nonlocal decided
             try:
-                try:
-                    async for chunk in reply.rest():
-                        yield chunk
-                except UpstreamError as exc:
-                    self._upstream_done(request, started)
-                    await self._outcomes.mark_unknown(request, operation, exc)
-                    raise
+                if not decided and _content_length(reply) > route.max_spool:
+                    await complete()
+                async for chunk in reply.rest():
+                    if spool.closed:  # the caller left: read on only while the outcome waits
+                        if decided:
+                            break
+                        continue
+                    if await spool.append(chunk):
+                        continue
+                    if not decided:
+                        await complete()
+                    if not await spool.hand_over(chunk):
+                        break  # past the spool, with nobody left to read: nothing to keep
+            except UpstreamError as exc:
                 self._upstream_done(request, started)
-                stored = receipt_of(route, reply, b"")
-                await self._outcomes.complete(request, operation, stored, retained=False)
+                if not decided:
+                    decided = True
+                    await self._outcomes.mark_unknown(request, operation, exc)
+                    self._end_attempt(operation)
+                spool.end(exc)
+                return
+            except BaseException as exc:
+                if not decided:
+                    self._end_attempt(operation)  # its lease lapses: unknown, by the sweep
+                spool.end(UpstreamConnectionLost("the gateway stopped reading the answer"))
+                if not isinstance(exc, Exception):
+                    raise
+                log.error("reading a spooled answer failed", exc_info=exc)
+                return
             finally:
                 reply.close()
-                self._end_attempt(operation)
+            self._upstream_done(request, started)
+            if not decided:
+                await complete()
+            spool.end()
+
+        reader = asyncio.ensure_future(read_to_end())
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
 
         return Reply(
             status=reply.status,
             headers=reply.headers,
             body=b"",
-            state=self._outcomes.own_state(operation),
+            state=state,
             key=request.key,
-            stream=body(),
+            stream=spool.chunks(),
+            close=spool.close,
+            spool=spool,
         )
 
     # -- keys met by a lookup, and settling unknown outcomes ------------------------
@@ -613,7 +680,12 @@ class IdempotencyEngine:
         return await self._settler.reconcile_unknown(batch=batch)
 
     async def close(self) -> None:
-        """Cancel what runs in the background (probes scheduled at a window's end)."""
+        """Cancel what runs in the background (probes scheduled at a window's end), after
+        the answers still being read have had `READER_GRACE` to end and be recorded."""
+        if self._readers:
+            await asyncio.wait(set(self._readers), timeout=READER_GRACE)
+            for reader in set(self._readers):
+                reader.cancel()
         await self._settler.close()
 
     async def refresh_probe_metrics(self) -> None:
@@ -629,6 +701,14 @@ class IdempotencyEngine:
             os.kill(os.getpid(), signal.SIGKILL)
         elif self._fault == "pause_" + window:
             os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _content_length(answer: UpstreamAnswer) -> int:
+    """The answer's declared length, or 0 when it declares none (or nonsense)."""
+    for name, value in answer.headers:
+        if name.lower() == "content-length":
+            return int(value) if value.strip().isdigit() else 0
+    return 0
 
 
 async def _read_or_close(reply: UpstreamAnswer, limit: int) -> bytes | None:

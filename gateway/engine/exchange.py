@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gateway.engine.fairness import Hold
     from gateway.engine.headers import Pairs
     from gateway.engine.models import Operation
+    from gateway.upstream.spool import Spool
 
 T = TypeVar("T")
 
@@ -202,6 +203,9 @@ class Reply:
     similar: str | None = None
     """The lookup URL of a completed operation with the same request under another key
     (`Idempotency-Similar`), on a live answer."""
+    spool: Spool | None = None
+    """Where `stream` comes from when the answer is spooled: the upstream is read by a
+    task of its own, which ends (`Spool.when_ended`) with its last byte."""
 
     @classmethod
     def replay(cls, response: StoredResponse, key: str) -> Reply:

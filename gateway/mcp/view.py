@@ -44,6 +44,7 @@ from gateway.mcp.jsonrpc import (
     error_message,
 )
 from gateway.mcp.known_calls import call_name
+from gateway.mcp.live_answer import LiveAnswer
 from gateway.mcp.passthrough import (
     JSON,
     forward_unanswered,
@@ -77,6 +78,7 @@ from gateway.web.appkeys import (
     SETTINGS,
     TRACE,
 )
+from gateway.web.caller_writes import respond
 from gateway.web.problems import log_internal, problem_document
 
 if TYPE_CHECKING:
@@ -163,70 +165,78 @@ async def _tool_call(
                 "send params._meta.idempotencyKey"
             )
     trace.key = key
-    live = LiveAnswer(request) if _accepts(request, EVENT_STREAM) else None
-    proxy_request = ProxyRequest(
-        route=route,
-        upstream_url=match.upstream_url,
-        method="tools/call",
-        path=call.name,
-        headers=(),
-        body=body,
-        scope=caller.scope,
-        key=key,
-        fingerprint=fingerprint_call(route.name, call),
-        # A duplicate in flight waits for the outcome rather than being refused at once.
-        wait_seconds=route.timeout,
-        trace=trace,
-        dialect=McpCall(
-            route,
-            call,
-            reading.forward_body,
-            on_event=live.send if live else None,
-            resume=_resumer(request, match, caller),
-        ),
-        retention=retention,
-        forward_operation_id=retention is not None,
-        distinct=call.distinct,
-        derived=retention is not None,
-        record=functools.partial(
-            mcp_record,
-            tool=call.name,
-            arguments=call.arguments,
-            size=len(body),
-            limit=route.record_request_max,
-            redact=route.redact_request,
-        ),
+    live = (
+        LiveAnswer(request, write_timeout=app[SETTINGS].server.write_timeout)
+        if _accepts(request, EVENT_STREAM)
+        else None
     )
-    engine, metrics = app[ENGINE], app[METRICS]
     try:
-        # Known as protected before it is sent (and while a replay or a refusal is
-        # answered): its cancellation, on whichever worker, is never forwarded.
-        with known.handling(name, protected=True):
-            reply = engine.answer_from_receipt(proxy_request)
-            if reply is None:
-                headers = upstream_headers(request, caller)
-                reply = await execute_detached(app, proxy_request._replace(headers=headers))
-    except GatewayError as error:
-        trace.outcome, trace.state = outcome_of(error), error.state
+        proxy_request = ProxyRequest(
+            route=route,
+            upstream_url=match.upstream_url,
+            method="tools/call",
+            path=call.name,
+            headers=(),
+            body=body,
+            scope=caller.scope,
+            key=key,
+            fingerprint=fingerprint_call(route.name, call),
+            # A duplicate in flight waits for the outcome rather than being refused at once.
+            wait_seconds=route.timeout,
+            trace=trace,
+            dialect=McpCall(
+                route,
+                call,
+                reading.forward_body,
+                on_event=live.send if live else None,
+                resume=_resumer(request, match, caller),
+            ),
+            retention=retention,
+            forward_operation_id=retention is not None,
+            distinct=call.distinct,
+            derived=retention is not None,
+            record=functools.partial(
+                mcp_record,
+                tool=call.name,
+                arguments=call.arguments,
+                size=len(body),
+                limit=route.record_request_max,
+                redact=route.redact_request,
+            ),
+        )
+        engine, metrics = app[ENGINE], app[METRICS]
+        try:
+            # Known as protected before it is sent (and while a replay or a refusal is
+            # answered): its cancellation, on whichever worker, is never forwarded.
+            with known.handling(name, protected=True):
+                reply = engine.answer_from_receipt(proxy_request)
+                if reply is None:
+                    headers = upstream_headers(request, caller)
+                    reply = await execute_detached(app, proxy_request._replace(headers=headers))
+        except GatewayError as error:
+            trace.outcome, trace.state = outcome_of(error), error.state
+            metrics.request(route.name, trace.outcome)
+            request_id = log_internal(request, error)
+            problem = problem_document(
+                error.concerning(key), instance=request.path, request_id=request_id
+            )
+            refused = _key_headers(key, error.state, replayed=False)
+            if error.retry_after is not None:
+                # The hint goes both ways: in the result for the model's code, and as the
+                # header an HTTP-level client honours.
+                problem["retry_after"] = max(1, math.ceil(error.retry_after))
+                refused["Retry-After"] = str(problem["retry_after"])
+            refusal = refusal_result(
+                call.id, problem, protocol_version(request.headers), status_tool=route.status_tool
+            )
+            return await _answer(request, live, refusal, refused)
+        trace.outcome = outcome_of_reply(reply)
+        trace.state = reply.state.value if reply.state is not None else None
         metrics.request(route.name, trace.outcome)
-        request_id = log_internal(request, error)
-        problem = problem_document(
-            error.concerning(key), instance=request.path, request_id=request_id
-        )
-        refused = _key_headers(key, error.state, replayed=False)
-        if error.retry_after is not None:
-            # The hint goes both ways: in the result for the model's code, and as the
-            # header an HTTP-level client honours.
-            problem["retry_after"] = max(1, math.ceil(error.retry_after))
-            refused["Retry-After"] = str(problem["retry_after"])
-        refusal = refusal_result(
-            call.id, problem, protocol_version(request.headers), status_tool=route.status_tool
-        )
-        return await _answer(request, live, refusal, refused)
-    trace.outcome = outcome_of_reply(reply)
-    trace.state = reply.state.value if reply.state is not None else None
-    metrics.request(route.name, trace.outcome)
-    return await _answer_reply(request, live, call, key, reply)
+        return await _answer_reply(request, live, call, key, reply)
+    finally:
+        if live is not None:
+            live.close()  # a writer still waiting for events it will never get
 
 
 def _read_spec(request: web.Request, route: RouteSettings) -> ReadSpec:
@@ -329,56 +339,7 @@ async def _answer(
     body = message if isinstance(message, bytes) else dumps(message)
     if live is not None and (live.started or not _accepts(request, JSON)):
         return await live.finish(encode_event(body.decode(), event="message"), headers)
-    return web.Response(status=200, body=body, content_type=JSON, headers=headers)
-
-
-class LiveAnswer:
-    """A protected call's answer as an event stream, started by its first event.
-
-    A caller that leaves cancels nothing: writes to it stop, the call runs on
-    and its outcome is recorded for the retry.
-    """
-
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self._response: web.StreamResponse | None = None
-        self._gone = False
-
-    @property
-    def started(self) -> bool:
-        return self._response is not None
-
-    async def send(self, event: bytes) -> None:
-        if self._gone:
-            return
-        try:
-            if self._response is None:
-                self._response = web.StreamResponse(
-                    status=200,
-                    headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache"},
-                )
-                await self._response.prepare(self._request)
-            await self._response.write(event)
-        except ConnectionError:
-            self._gone = True
-
-    async def finish(self, event: bytes, headers: dict[str, str]) -> web.StreamResponse:
-        if self._response is None:
-            response = web.StreamResponse(
-                status=200,
-                headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", **headers},
-            )
-            self._response = response
-            try:
-                await response.prepare(self._request)
-            except ConnectionError:
-                return response
-        try:
-            await self._response.write(event)
-            await self._response.write_eof()
-        except ConnectionError:
-            pass
-        return self._response
+    return await respond(request, 200, CIMultiDict({**headers, "Content-Type": JSON}), body)
 
 
 def _accepts(request: web.Request, media_type: str) -> bool:

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_address
 from typing import Any
 
@@ -70,6 +70,7 @@ from gateway.web.appkeys import (
     SETTINGS,
     TRACE,
 )
+from gateway.web.caller_writes import abort, respond, write_all
 
 log = logging.getLogger("gateway.proxy")
 
@@ -225,7 +226,11 @@ async def execute_detached(app: web.Application, proxy_request: ProxyRequest) ->
 
 
 async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
-    """Send a reply as received or as stored, plus the key headers."""
+    """Send a reply as received or as stored, plus the key headers.
+
+    A caller that stops reading is cut after `write_timeout` (`gateway.web.caller_writes`):
+    the reply's outcome is recorded already, or (a spooled answer) is being read
+    and recorded by a task of its own, whatever happens here."""
     headers: CIMultiDict[str] = CIMultiDict(reply.headers)
     if reply.key is not None:
         headers[IDEMPOTENCY_KEY] = format_key_header(reply.key)
@@ -236,32 +241,27 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
     if reply.similar is not None:
         headers[IDEMPOTENCY_SIMILAR] = reply.similar
     if reply.stream is None:
-        return web.Response(status=reply.status, headers=headers, body=reply.body)
+        return await respond(request, reply.status, headers, reply.body)
+    server = request.app[SETTINGS].server
     response = web.StreamResponse(status=reply.status, headers=headers)
     try:
-        await response.prepare(request)
-        async for chunk in reply.stream:
-            await response.write(chunk)
-        await response.write_eof()
-    except ConnectionError:
-        # The caller left (before or during the body). The upstream answer still
-        # runs to its end, from where it stopped, so the outcome is recorded (an
-        # answer too large to keep is recorded with its last byte) for the retry.
-        await _drain(reply.stream)
+        async with asyncio.timeout(server.write_timeout):
+            await response.prepare(request)
+        await write_all(
+            request,
+            response,
+            reply.stream,
+            write_timeout=server.write_timeout,
+            max_relay=server.max_relay,
+        )
+    except (ConnectionError, TimeoutError):
+        abort(request)  # the caller left or was cut; the outcome never waited for it
     except UpstreamError:
         cut_short(request)
     finally:
         if reply.close is not None:
             reply.close()
     return response
-
-
-async def _drain(stream: AsyncIterator[bytes]) -> None:
-    try:
-        async for _ in stream:
-            pass
-    except UpstreamError:
-        pass  # recorded by the engine; nobody is listening any more
 
 
 def cut_short(request: web.Request) -> None:

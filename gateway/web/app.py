@@ -48,6 +48,7 @@ from gateway.store.factory import make_store
 from gateway.store.sqlite_connection import SharedDatabase
 from gateway.telemetry.web import TRACER, open_tracer, tracing_middlewares
 from gateway.upstream.forwarder import Forwarder
+from gateway.upstream.spool import Spooler
 from gateway.web.access_log import AccessLog, access_log_for
 from gateway.web.admin_view import (
     list_operations,
@@ -226,6 +227,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         graces=graces,
         sight_observer=metrics,
         digests=Digests(scope_secret),
+        spooler=Spooler(total=settings.server.max_spool_total, directory=settings.server.spool_dir),
     )
     engine.cross_process_signals = await store.subscribe(engine.notify_settled)
     witness = await start_witness(store, engine.graces)
