@@ -435,7 +435,8 @@ def _forge(db_path: Path, operation_id: str) -> None:
         ).fetchall()
         head = ""
         for seq, type_, at_us, actor, version, data, _ in rows:
-            data = data.replace("201", "500")
+            if type_ == "answered":  # the status only: a salted commitment may hold "201" too
+                data = canonical({**json.loads(data), "status": 500}).decode()
             digest = event_hash(
                 prev=head, seq=seq, at_us=at_us, version=version, type=type_, actor=actor,
                 data=data,
@@ -500,3 +501,40 @@ async def test_probe_verdicts_are_chained_with_the_history_key_on_postgres(
     assert [(p["verdict"], p.get("count")) for p in probes] == [("not_applied_too_soon", 2)]
     _, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
     assert report["ok"], report
+
+
+async def test_the_forger_changes_the_status_only_whatever_the_salted_commitments_hold(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`_forge` edits the answered status and nothing else: a salted commitment (random hex,
+    ~1.5% of them contain "201") must come through the forge intact, or the no-key case of
+    the test above fails on "an erasable field does not match its commitment"."""
+    import gateway.engine.lifecycle_events as lifecycle_events
+    from gateway.engine.history import COMMITMENT
+
+    def with_201(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(20_000):  # real salts; P(no "201" in 20,000 draws) ~ 1e-132
+            event = new_event(*args, **kwargs)
+            commitments = [v for k, v in event.data.items() if k.endswith(COMMITMENT)]
+            if not commitments or any("201" in v for v in commitments):
+                return event
+        raise AssertionError("no commitment with 201 drawn")
+
+    monkeypatch.setattr(lifecycle_events, "new_event", with_201)
+    gateway = await _guarded(gateway_factory, upstream)
+    assert (await gateway.post("/tickets/v1/t", key="c-1", json_body={})).status == 201
+    operation = await _by_key(gateway, "c-1")
+    with sqlite3.connect(tmp_path / "gateway.db") as db:
+        (claimed,) = db.execute(
+            "SELECT data FROM operation_events WHERE operation_id = ? AND seq = 1",
+            (operation["id"],),
+        ).fetchone()
+    assert "201" in json.loads(claimed)["request_commitment"]  # what the forge must not touch
+    _forge(tmp_path / "gateway.db", operation["id"])
+    _, report, _ = await _admin(gateway, "GET", f"/admin/operations/{operation['id']}/verify")
+    assert report["ok"], report["broken"]
+    after = await _by_key(gateway, "c-1")
+    assert [e.get("status") for e in after["history"] if e["type"] == "answered"] == [500]
