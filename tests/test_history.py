@@ -87,13 +87,34 @@ def test_an_intact_chain_verifies_and_an_edit_is_named() -> None:
     assert "head" in str(report.reason)
 
 
-def test_an_erased_note_is_redacted_not_broken_and_a_changed_one_is_broken() -> None:
+def test_a_missing_payload_is_a_redaction_only_where_a_later_event_erased_it() -> None:
+    """A recorded request dropped with a later `redacted` event naming it is a redaction;
+    the same drop without one, or an operator's note gone (nothing ever erases notes), is
+    an edit; a changed value is an edit too."""
+    claimed = new_event("claimed", "gateway", erasable={"request": {"body": "x"}})
+    redaction = new_event("redacted", "admin:ana", {"erased": ["request", "probes"]})
+    rows, head, seq = chain(
+        "op_1", head="", seq=0, version=2, at_us=1_700_000_000_000_000,
+        events=[claimed, redaction], attempt=1,
+    )  # fmt: skip
+    erased = [rows[0]._replace(payload=None), rows[1]]
+    report = verify_chain(erased, head=head, head_seq=seq)
+    assert (report.ok, report.redacted) == (True, (1,))
+
+    rows, head, seq = chain(
+        "op_1", head="", seq=0, version=2, at_us=1_700_000_000_000_000, events=[claimed],
+        attempt=1,
+    )  # fmt: skip
+    report = verify_chain([rows[0]._replace(payload=None)], head=head, head_seq=seq)
+    assert (report.ok, report.broken_seq) == (False, 1)
+    assert "request is gone" in str(report.reason)
+
     rows, head, seq = _chained()
     erased = list(rows)
     erased[1] = erased[1]._replace(payload=None)
     report = verify_chain(erased, head=head, head_seq=seq)
-    assert report.ok
-    assert report.redacted == (2,)
+    assert (report.ok, report.broken_seq) == (False, 2)
+    assert "note is gone" in str(report.reason)
 
     changed = list(rows)
     assert changed[1].payload is not None
@@ -402,6 +423,8 @@ async def test_an_operation_from_before_the_history_gets_a_reconstructed_one(
         db.execute("DROP TABLE similar_refusals")
         db.execute("DROP INDEX operations_by_kind")  # and version 7's
         db.execute("DROP TABLE probe_calibrations")
+        for table in ("history_keyed_since", "history_checkpoints", "history_checkpoint_log"):
+            db.execute(f"DROP TABLE {table}")  # and version 8's
         db.execute("DELETE FROM gateway_meta WHERE name = 'fingerprint_v2_since'")
         for column in ("history_seq", "history_head", "request_kept", "request_kind"):
             db.execute(f"ALTER TABLE operations DROP COLUMN {column}")

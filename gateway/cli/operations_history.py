@@ -319,21 +319,31 @@ async def _verify_all(client: AdminClient, args: argparse.Namespace, out: TextIO
     broken: list[Mapping[str, Any]] = report["broken"]
     if broken:
         raise CommandFailed(broken_message(broken[0]), exit_code=EXIT_BROKEN_CHAIN)
+    checkpoints = _mapping(report.get("checkpoints"))
+    if checkpoints.get("ok") is False:
+        reason = cell(_mapping(checkpoints.get("broken")).get("reason"))
+        raise CommandFailed(f"checkpoint chain broken: {reason}", exit_code=EXIT_BROKEN_CHAIN)
 
 
 async def _verify_pages(client: AdminClient) -> dict[str, Any]:
-    """Every page of `GET /admin/verify`, added up."""
+    """Every page of `GET /admin/verify`, added up; the checkpoints come with the first."""
     checked, redacted, broken = 0, 0, []
     cursor: str | None = None
     seen: set[str] = set()
+    checkpoints: Any = None
     while True:
         page = await client.get("/admin/verify", cursor_param(cursor))
+        if checkpoints is None and isinstance(page, dict):
+            checkpoints = page.get("checkpoints")
         page_checked, page_broken, cursor = _verify_page(page)
         checked += page_checked
         redacted += _count(page.get("redacted_events"))
         broken += page_broken
         if cursor is None:
-            return {"checked": checked, "redacted_events": redacted, "broken": broken}
+            report = {"checked": checked, "redacted_events": redacted, "broken": broken}
+            if isinstance(checkpoints, dict):
+                report["checkpoints"] = checkpoints
+            return report
         check_new_cursor(cursor, seen)
 
 
@@ -352,7 +362,17 @@ def verify_all_summary(report: Mapping[str, Any]) -> str:
     line = f"checked {report['checked']} operations: {verdict}"
     if count := report["redacted_events"]:
         line += f" ({count} event{'' if count == 1 else 's'} redacted on purpose, not broken)"
-    return line + "\n" + "".join(f"  {_broken_fields(item)}\n" for item in broken)
+    lines = [line, *(f"  {_broken_fields(item)}" for item in broken)]
+    checkpoints = _mapping(report.get("checkpoints"))
+    if checkpoints.get("ok") is True and checkpoints.get("count"):
+        lines.append(
+            f"checkpoints: {checkpoints.get('count')} in an intact chain, the latest at "
+            f"{cell(checkpoints.get('latest_at'))} (compare it with the gateway's log)"
+        )
+    elif checkpoints.get("ok") is False:
+        reason = cell(_mapping(checkpoints.get("broken")).get("reason"))
+        lines.append(f"checkpoints: chain broken: {reason}")
+    return "".join(item + "\n" for item in lines)
 
 
 def _count(value: Any) -> int:

@@ -43,8 +43,11 @@ from typing import Any, Final, NamedTuple
 
 __all__ = [
     "ChainReport",
+    "Checkpoint",
     "EventRow",
+    "KeyedFrom",
     "NewEvent",
+    "RowFacts",
     "chain",
     "event_json",
     "new_event",
@@ -245,18 +248,22 @@ def chain(
     events: Iterable[NewEvent],
     attempt: int,
     key: bytes | None = None,
+    state: str | None = None,
 ) -> tuple[list[EventRow], str, int]:
     """Place `events` after (`head`, `seq`): the rows to insert, the new head and seq.
 
     Every event written in one transaction shares its time and the version
-    the operation has after it; each names the attempt it concerns unless it
-    already does.
+    the operation has after it; each names the attempt it concerns and the
+    state the operation is in after it (`state`), unless it already does, so
+    that `verify_chain` can hold the row to its head event.
     """
     rows: list[EventRow] = []
     for event in events:
         seq += 1
         data = dict(event.data)
         data.setdefault("attempt", attempt)
+        if state is not None:
+            data.setdefault("state", state)
         text = canonical(data).decode()
         digest = event_hash(
             prev=head, seq=seq, at_us=at_us, version=version, type=event.type,
@@ -297,6 +304,60 @@ class ChainReport:
         }
 
 
+class RowFacts(NamedTuple):
+    """What the operation's row says of where its history ends: its head event must agree."""
+
+    version: int
+    attempts: int
+    state: str
+
+
+class KeyedFrom(NamedTuple):
+    """An operation's keyed-since record: the first `seq` that must carry a keyed hash
+    (operations that had plain events when the history key came; others have none: every
+    event must be keyed), signed with the key."""
+
+    seq: int
+    mac: str
+
+
+class Checkpoint(NamedTuple):
+    """The operation's head as the last checkpoint saw it (`CHECKPOINT_SECONDS`), signed
+    with the key, outside the row: a tail cut after it is found even if the row was
+    set back too."""
+
+    seq: int
+    head: str
+    number: int
+    at_us: int
+    mac: str
+
+
+ERASED_BY: Final = {"request": "request", "probe": "probes", "calibration": "probes"}
+"""The name a `redacted` or `expired` event gives (`erased`) when it drops an erasable
+field's value; a field not listed here (an operator's note, a redaction's reason) is
+never erased, so its value missing is an edit."""
+
+CHECKPOINT_SECONDS: Final = 60.0
+"""How often the heads that changed are checkpointed (at most this long apart)."""
+
+
+def keyed_from_mac(key: bytes, operation_id: str, seq: int) -> str:
+    return _mac(key, f"keyed-from:{operation_id}:{seq}")
+
+
+def checkpoint_mac(key: bytes, operation_id: str, seq: int, head: str, number: int) -> str:
+    return _mac(key, f"checkpoint:{operation_id}:{seq}:{head}:{number}")
+
+
+def checkpoint_log_mac(key: bytes, number: int, at_us: int, count: int, prev: str) -> str:
+    return _mac(key, f"checkpoint-log:{number}:{at_us}:{count}:{prev}")
+
+
+def _mac(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
 def verify_chain(
     rows: Sequence[EventRow],
     *,
@@ -304,46 +365,73 @@ def verify_chain(
     head_seq: int,
     payloads: Sequence[bytes | None] = (),
     key: bytes | None = None,
-    keyed_since_us: int | None = None,
+    keyed_from: KeyedFrom | None = None,
+    row: RowFacts | None = None,
+    checkpoint: Checkpoint | None = None,
+    operation_id: str = "",
 ) -> ChainReport:
-    """Check every link, every hash and every commitment whose value is still kept.
+    """Check every link, every hash and every commitment whose value is still kept, and
+    the chain against what the operation's row (`head`, `head_seq`, `row`) says of it.
 
-    `payloads` are the events' opened payloads (decrypted), when the caller
-    opened them; otherwise the rows' own are used. With a history `key`, every
-    event written since `keyed_since_us` (when the key was first used) must
-    carry a keyed hash: a plain one there was rewritten by someone without it.
+    `payloads` are the events' opened payloads (decrypted), when the caller opened
+    them; otherwise the rows' own are used. A value that is gone is a redaction only
+    if a later `redacted` or `expired` event names it (`ERASED_BY`). With a history
+    `key`, every event from the operation's `keyed_from` record on (from the first,
+    without one) must carry a keyed hash, whatever time it claims, and a
+    `checkpoint` must still be in the chain.
     """
-    prev, redacted = "", []
-    for index, row in enumerate(rows):
-        expected = index + 1
-        if row.seq != expected:
-            return _broken(index, expected, f"event {expected} is missing (found {row.seq})")
-        if row.prev != prev:
-            return _broken(index, row.seq, "it does not link to the event before it")
-        try:
-            data = json.loads(row.data)
-        except ValueError:
-            return _broken(index, row.seq, "its data is not JSON")
-        keyed = row.hash.startswith(KEYED)
-        if keyed and key is None:
-            return _broken(index, row.seq, "it was hashed with a history key this gateway lacks")
-        if not keyed and key is not None and row.at_us >= (keyed_since_us or 0):
+    start = 1
+    if key is not None and keyed_from is not None:
+        if not hmac.compare_digest(
+            keyed_from.mac, keyed_from_mac(key, operation_id, keyed_from.seq)
+        ):
             return _broken(
-                index, row.seq, "its hash is not keyed, though the history key was set before it"
+                0, 1, "its keyed-since record was edited (not signed by the history key)"
+            )
+        start = keyed_from.seq
+    prev, redacted, erased_later = "", [], _erased_names(rows)
+    for index, event in enumerate(rows):
+        expected = index + 1
+        if event.seq != expected:
+            return _broken(index, expected, f"event {expected} is missing (found {event.seq})")
+        if event.prev != prev:
+            return _broken(index, event.seq, "it does not link to the event before it")
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            return _broken(index, event.seq, "its data is not JSON")
+        keyed = event.hash.startswith(KEYED)
+        if keyed and key is None:
+            return _broken(index, event.seq, "it was hashed with a history key this gateway lacks")
+        if not keyed and key is not None and event.seq >= start:
+            return _broken(
+                index,
+                event.seq,
+                f"its hash is not keyed, though every event from {start} on must be "
+                "(rewritten without the history key)",
             )
         digest = event_hash(
-            prev=row.prev, seq=row.seq, at_us=row.at_us, version=row.version, type=row.type,
-            actor=row.actor, data=row.data, key=key if keyed else None,
+            prev=event.prev, seq=event.seq, at_us=event.at_us, version=event.version,
+            type=event.type, actor=event.actor, data=event.data, key=key if keyed else None,
         )  # fmt: skip
-        if not hmac.compare_digest(digest, row.hash):
-            return _broken(index, row.seq, "its content does not match its hash (edited)")
-        payload = payloads[index] if index < len(payloads) else row.payload
-        erased = _check_commitments(data, payload)
+        if not hmac.compare_digest(digest, event.hash):
+            return _broken(index, event.seq, "its content does not match its hash (edited)")
+        payload = payloads[index] if index < len(payloads) else event.payload
+        if payload is None and event.payload is not None:
+            erased: bool | str | None = True  # kept, but not readable with these keys
+        else:
+            erased = _check_commitments(data, payload, erased_later.get(event.seq, set()))
         if erased is None:
-            return _broken(index, row.seq, "an erasable field does not match its commitment")
+            return _broken(index, event.seq, "an erasable field does not match its commitment")
+        if isinstance(erased, str):
+            return _broken(
+                index,
+                event.seq,
+                f"its {erased} is gone, and no later redacted or expired event erased it",
+            )
         if erased:
-            redacted.append(row.seq)
-        prev = row.hash
+            redacted.append(event.seq)
+        prev = event.hash
     if len(rows) != head_seq or prev != head:
         return ChainReport(
             len(rows),
@@ -352,16 +440,106 @@ def verify_chain(
             reason=f"the operation's head says {head_seq} events, and the chain ends elsewhere "
             "(events dropped, added or replaced)",
         )
+    if row is not None and rows:
+        mismatch = _row_mismatch(rows[-1], row)
+        if mismatch is not None:
+            return ChainReport(
+                len(rows),
+                tuple(redacted),
+                broken_seq=len(rows),
+                reason=f"event {len(rows)} is the head, but {mismatch} (events dropped "
+                "and the row's head set back)",
+            )
+    if checkpoint is not None and key is not None:
+        reason = _checkpoint_mismatch(rows, checkpoint, key, operation_id)
+        if reason is not None:
+            return ChainReport(len(rows), tuple(redacted), broken_seq=checkpoint.seq, reason=reason)
     return ChainReport(len(rows), tuple(redacted))
+
+
+def verify_checkpoints(entries: Sequence[Any], key: bytes) -> dict[str, Any]:
+    """The chain of checkpoint entries (number, at_us, heads, prev, mac), oldest first:
+    numbered without a gap, each signed and naming the one before; what `verify` says
+    of it (`latest_at` is worth keeping outside the store: the newest checkpoints,
+    deleted together with what they saw, are the one cut a chain cannot show)."""
+    prev = ""
+    for index, (number, at_us, heads, before, mac) in enumerate(entries):
+        reason = None
+        if number != index + 1:
+            reason = f"checkpoint {index + 1} is missing (found {number})"
+        elif before != prev:
+            reason = "it does not name the checkpoint before it"
+        elif not hmac.compare_digest(mac, checkpoint_log_mac(key, number, at_us, heads, before)):
+            reason = "it is not signed by the history key (edited)"
+        if reason is not None:
+            return {
+                "ok": False,
+                "count": len(entries),
+                "latest_at": None,
+                "broken": {"checkpoint": index + 1, "reason": f"checkpoint {index + 1}: {reason}"},
+            }
+        prev = mac
+    latest = iso(entries[-1][1]) if entries else None
+    return {"ok": True, "count": len(entries), "latest_at": latest, "broken": None}
+
+
+def _row_mismatch(last: EventRow, row: RowFacts) -> str | None:
+    """How the head event disagrees with the row (version, attempt, state), or None."""
+    data = json.loads(last.data)
+    if last.version != row.version:
+        return f"it was written at version {last.version} and the row is at {row.version}"
+    if data.get("attempt", row.attempts) != row.attempts:
+        return f"it concerns attempt {data.get('attempt')} and the row has {row.attempts}"
+    if data.get("state", row.state) != row.state:
+        return f"it left the operation {data.get('state')} and the row says {row.state}"
+    return None
+
+
+def _checkpoint_mismatch(
+    rows: Sequence[EventRow], checkpoint: Checkpoint, key: bytes, operation_id: str
+) -> str | None:
+    expected = checkpoint_mac(key, operation_id, checkpoint.seq, checkpoint.head, checkpoint.number)
+    when = iso(checkpoint.at_us)
+    if not hmac.compare_digest(checkpoint.mac, expected):
+        return "its checkpoint was edited (not signed by the history key)"
+    if len(rows) < checkpoint.seq:
+        return (
+            f"checkpoint {checkpoint.number} ({when}) saw event {checkpoint.seq}; the chain "
+            f"ends at {len(rows)} (its tail was cut)"
+        )
+    if rows[checkpoint.seq - 1].hash != checkpoint.head:
+        return (
+            f"checkpoint {checkpoint.number} ({when}) saw another event {checkpoint.seq} "
+            "(the chain was rewritten)"
+        )
+    return None
+
+
+def _erased_names(rows: Sequence[EventRow]) -> dict[int, set[str]]:
+    """For each `seq`, what the `redacted` and `expired` events after it erased."""
+    after: dict[int, set[str]] = {}
+    names: set[str] = set()
+    for event in reversed(rows):
+        after[event.seq] = set(names)
+        if event.type in ("redacted", "expired"):
+            try:
+                erased = json.loads(event.data).get("erased", [])
+            except ValueError:
+                erased = []
+            names |= {name for name in erased if isinstance(name, str)}
+    return after
 
 
 def _broken(index: int, seq: int, reason: str) -> ChainReport:
     return ChainReport(index, broken_seq=seq, reason=f"event {seq}: {reason}")
 
 
-def _check_commitments(data: Mapping[str, Any], payload: bytes | None) -> bool | None:
-    """True when a committed field was erased, False when all are kept and match,
-    None when one does not match its commitment."""
+def _check_commitments(
+    data: Mapping[str, Any], payload: bytes | None, erased_later: set[str]
+) -> bool | str | None:
+    """True when a committed field was erased (by a later event naming it), False when
+    all are kept and match, None when one does not match its commitment, and the field's
+    name when its value is gone with nothing that erased it."""
     names = [name[: -len(COMMITMENT)] for name in data if name.endswith(COMMITMENT)]
     if not names:
         return False
@@ -370,6 +548,8 @@ def _check_commitments(data: Mapping[str, Any], payload: bytes | None) -> bool |
     for name in names:
         entry = kept.get(name)
         if not isinstance(entry, dict):
+            if ERASED_BY.get(name) not in erased_later:
+                return name
             erased = True
             continue
         if (

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gateway.engine.calibration import Calibration, CalibrationChange
-    from gateway.engine.history import EventRow, NewEvent
+    from gateway.engine.history import Checkpoint, EventRow, KeyedFrom, NewEvent
     from gateway.engine.models import (
         ClaimRequest,
         ClaimResult,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         State,
         StoredResponse,
     )
-    from gateway.store.history_rows import HistorySeal
+    from gateway.store.history_rows import CheckpointEntry, HistorySeal
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,17 @@ class HistoryPage:
 
     events: tuple[EventRow, ...]
     payloads: tuple[bytes | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChainEvidence:
+    """An operation, its history and what guards the history, read in one snapshot (so a
+    write between two reads is never taken for an edit)."""
+
+    operation: Operation
+    page: HistoryPage
+    keyed_from: KeyedFrom | None = None
+    checkpoint: Checkpoint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,8 +268,20 @@ class Store(Protocol):
         """The operation's events after `seq` `after`, oldest first."""
 
     def history_seal(self) -> HistorySeal | None:
-        """The history key this store chains with and since when, once open (None: no key;
-        the chains are plain SHA-256)."""
+        """The history key this store chains with, once open (None: no key; the chains
+        are plain SHA-256)."""
+
+    async def chain_evidence(self, operation_id: str) -> ChainEvidence | None:
+        """The operation, all its events, its keyed-since record and its checkpoint, read
+        in one snapshot; None when there is no such operation."""
+
+    async def write_checkpoint(self) -> int:
+        """With a history key: write, signed and chained to the one before, the heads of
+        the chains this store extended since its last checkpoint (a head never goes back
+        in it); the number written. Without a key: nothing, 0."""
+
+    async def checkpoint_log(self) -> list[CheckpointEntry]:
+        """Every checkpoint written, oldest first (`verify` checks their chain)."""
 
     async def get(self, scope: str, key: str) -> Operation | None:
         """The operation for the key in the scope, `None` when never used or forgotten."""

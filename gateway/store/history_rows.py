@@ -14,7 +14,18 @@ import hmac
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from gateway.engine.history import EventRow, NewEvent, chain, coalesced, micros
+from gateway.engine.history import (
+    Checkpoint,
+    EventRow,
+    KeyedFrom,
+    NewEvent,
+    chain,
+    checkpoint_log_mac,
+    checkpoint_mac,
+    coalesced,
+    keyed_from_mac,
+    micros,
+)
 from gateway.engine.models import Operation
 from gateway.store.crypto import BodyCipher, CipherError
 from gateway.store.rows import PLAIN, SEALED
@@ -25,35 +36,66 @@ EVENT_COLUMNS = "operation_id, seq, type, at_us, actor, version, data, payload, 
 READ_COLUMNS = "operation_id, seq, type, at_us, actor, version, data, payload, prev, hash, storage"
 
 
-class HistorySeal(NamedTuple):
-    """The history key a store chains with, and since when (store clock, microseconds)
-    every event must carry a keyed hash."""
+class HistorySeal:
+    """The history key a store chains with, and the operations whose chains it extended
+    since its last checkpoint (`touched`, taken by `take_touched`)."""
 
-    key: bytes
-    since_us: int
+    __slots__ = ("key", "touched")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.touched: set[str] = set()
+
+    def take_touched(self) -> set[str]:
+        touched, self.touched = self.touched, set()
+        return touched
 
 
 KEY_SINCE = "history_key_since"
-"""The `gateway_meta` row that says when the history key was first used, signed by it."""
+"""The `gateway_meta` row that says when the history key was first used, signed by it.
+Written in its second form (`v2:`) once every operation that had plain events then has
+its keyed-since record (`baseline_rows`)."""
 
 
 def key_since_record(key: bytes, since_us: int) -> bytes:
-    return f"{since_us}:{_sign(key, since_us)}".encode()
+    return f"v2:{since_us}:{_sign(key, since_us)}".encode()
 
 
-def key_since(key: bytes, record: bytes) -> int:
-    """When the key was first used, from its signed record; 0 (every event must be keyed)
-    when the record was not signed by this key: edited, or written with another key."""
-    since, _, signature = record.decode(errors="replace").partition(":")
-    try:
-        moment = int(since)
-    except ValueError:
-        return 0
-    return moment if hmac.compare_digest(signature, _sign(key, moment)) else 0
+def baseline_done(key: bytes, record: bytes | None) -> bool:
+    """Whether `record` says, signed by `key`, that the keyed-since records were written.
+    Not so when absent (the key is new), in the first form (an upgrade), or not signed
+    by this key (edited, or another key's): then they are written (or completed) now."""
+    if record is None:
+        return False
+    version, _, rest = record.decode(errors="replace").partition(":")
+    since, _, signature = rest.partition(":")
+    if version != "v2" or not since.isdigit():
+        return False
+    return hmac.compare_digest(signature, _sign(key, int(since)))
 
 
 def _sign(key: bytes, since_us: int) -> str:
-    return hmac.new(key, f"{KEY_SINCE}:{since_us}".encode(), hashlib.sha256).hexdigest()
+    return hmac.new(key, f"{KEY_SINCE}:v2:{since_us}".encode(), hashlib.sha256).hexdigest()
+
+
+BASELINE = (
+    "SELECT o.id, COALESCE((SELECT MIN(e.seq) FROM operation_events e "
+    "WHERE e.operation_id = o.id AND e.hash LIKE 'hmac:%'), o.history_seq + 1) "
+    "FROM operations o WHERE o.history_seq > 0 AND NOT EXISTS "
+    "(SELECT 1 FROM history_keyed_since k WHERE k.operation_id = o.id)"
+)
+"""For each operation without a keyed-since record: the first keyed event, or the one
+after its head when none is keyed (every event it has predates the key)."""
+
+
+def baseline_rows(key: bytes, found: Iterable[Sequence[Any]]) -> list[tuple[str, int, str]]:
+    """Keyed-since records for `BASELINE`'s rows that have plain events (first keyed
+    `seq` above 1): the others need none, every event of theirs must be keyed."""
+    return [
+        (op_id, int(seq), keyed_from_mac(key, op_id, int(seq)))
+        for op_id, seq in found
+        if int(seq) > 1
+    ]
 
 
 def chained_rows(
@@ -76,7 +118,10 @@ def chained_rows(
         events=events,
         attempt=operation.attempts,
         key=None if seal is None else seal.key,
+        state=operation.state.value,
     )
+    if seal is not None and rows:
+        seal.touched.add(operation.id)
     written = [as_written(row, cipher) for row in rows]
     return written, operation._replace(history_head=head, history_seq=seq)
 
@@ -91,6 +136,8 @@ def probe_merge(
     same as the last), or None when they are to be appended."""
     if last is None or len(events) != 1 or last.seq != operation.history_seq:
         return None
+    if seal is not None:
+        seal.touched.add(operation.id)
     return coalesced(
         last,
         events[0],
@@ -147,3 +194,54 @@ def _open(
         return cipher.open(payload, _context(operation_id, seq))
     except CipherError:
         return None
+
+
+class CheckpointEntry(NamedTuple):
+    """One checkpoint: when, how many heads it wrote, the one before it (its `mac`)."""
+
+    number: int
+    at_us: int
+    heads: int
+    prev: str
+    mac: str
+
+
+def checkpoint_rows(
+    key: bytes, number: int, at_us: int, heads: Iterable[Sequence[Any]]
+) -> list[tuple[str, int, str, int, int, str]]:
+    """`history_checkpoints` rows (operation_id, seq, head, checkpoint, at_us, mac) for
+    the (id, history_seq, history_head) of the operations a checkpoint covers."""
+    return [
+        (op_id, int(seq), head, number, at_us, checkpoint_mac(key, op_id, int(seq), head, number))
+        for op_id, seq, head in heads
+    ]
+
+
+def next_checkpoint(
+    key: bytes, last: Sequence[Any] | None, at_us: int, count: int
+) -> CheckpointEntry:
+    """The log entry after `last` (checkpoint, mac), or the first."""
+    number, prev = (1, "") if last is None else (int(last[0]) + 1, str(last[1]))
+    mac = checkpoint_log_mac(key, number, at_us, count, prev)
+    return CheckpointEntry(number, at_us, count, prev, mac)
+
+
+def keyed_from_of(row: Sequence[Any] | None) -> KeyedFrom | None:
+    return None if row is None else KeyedFrom(int(row[0]), str(row[1]))
+
+
+def checkpoint_of(row: Sequence[Any] | None) -> Checkpoint | None:
+    if row is None:
+        return None
+    seq, head, number, at_us, mac = row
+    return Checkpoint(int(seq), str(head), int(number), int(at_us), str(mac))
+
+
+UPSERT_CHECKPOINT = (
+    "INSERT INTO history_checkpoints (operation_id, seq, head, checkpoint, at_us, mac) "
+    "VALUES ({}) ON CONFLICT (operation_id) DO UPDATE SET seq = excluded.seq, "
+    "head = excluded.head, checkpoint = excluded.checkpoint, at_us = excluded.at_us, "
+    "mac = excluded.mac WHERE excluded.seq >= history_checkpoints.seq"
+)
+"""A head is checkpointed over an older one, never over a longer one: a row whose head
+was set back stays caught by the checkpoint that saw more."""

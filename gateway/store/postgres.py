@@ -62,6 +62,7 @@ from gateway.engine.models import (
 from gateway.engine.twins import BINDING_SWEEP_SLACK
 from gateway.store import postgres_calibration as calibration_rows
 from gateway.store.base import (
+    ChainEvidence,
     HistoryPage,
     OperationFilter,
     Page,
@@ -71,11 +72,19 @@ from gateway.store.base import (
 )
 from gateway.store.crypto import BodyCipher
 from gateway.store.history_rows import (
+    BASELINE,
     KEY_SINCE,
     READ_COLUMNS,
+    UPSERT_CHECKPOINT,
+    CheckpointEntry,
     HistorySeal,
-    key_since,
+    baseline_done,
+    baseline_rows,
+    checkpoint_of,
+    checkpoint_rows,
     key_since_record,
+    keyed_from_of,
+    next_checkpoint,
     probe_merge,
     read_rows,
 )
@@ -182,19 +191,110 @@ class PostgresStore(PostgresConnection):
         return self._seal
 
     async def _history_seal(self, key: bytes) -> HistorySeal:
-        """The key, and since when it signs every event: recorded once (insert-if-absent,
-        read back, so replicas agree), signed by the key."""
+        """The key, once every operation that had plain events when it came has its
+        keyed-since record (`BASELINE`; one replica at a time, under a lock)."""
         now_us = micros(await self.now())
-        await self._fetchval(
-            "history_key",
-            "INSERT INTO gateway_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-            KEY_SINCE,
-            key_since_record(key, now_us),
+        async with (
+            _translated("history_key"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", KEY_SINCE)
+            record = await connection.fetchval(
+                "SELECT value FROM gateway_meta WHERE name = $1", KEY_SINCE
+            )
+            if not baseline_done(key, None if record is None else bytes(record)):
+                found = await connection.fetch(BASELINE)
+                await connection.executemany(
+                    "INSERT INTO history_keyed_since (operation_id, seq, mac) "
+                    "VALUES ($1, $2, $3) ON CONFLICT (operation_id) DO NOTHING",
+                    baseline_rows(key, (tuple(row) for row in found)),
+                )
+                await connection.execute(
+                    "INSERT INTO gateway_meta (name, value) VALUES ($1, $2) "
+                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    KEY_SINCE,
+                    key_since_record(key, now_us),
+                )
+        return HistorySeal(key)
+
+    async def chain_evidence(self, operation_id: str) -> ChainEvidence | None:
+        async with (
+            _translated("history"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await connection.fetchrow(
+                f"SELECT {COLUMNS} FROM operations WHERE id = $1", operation_id
+            )
+            if row is None:
+                return None
+            raw = await connection.fetch(
+                f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = $1 ORDER BY seq",
+                operation_id,
+            )
+            keyed = await connection.fetchrow(
+                "SELECT seq, mac FROM history_keyed_since WHERE operation_id = $1", operation_id
+            )
+            checkpoint = await connection.fetchrow(
+                "SELECT seq, head, checkpoint, at_us, mac FROM history_checkpoints "
+                "WHERE operation_id = $1",
+                operation_id,
+            )
+        events, payloads = read_rows([tuple(event) for event in raw], self._cipher)
+        return ChainEvidence(
+            self._decode(row),
+            HistoryPage(tuple(events), tuple(payloads)),
+            keyed_from_of(None if keyed is None else tuple(keyed)),
+            checkpoint_of(None if checkpoint is None else tuple(checkpoint)),
         )
-        record = await self._fetchval(
-            "history_key", "SELECT value FROM gateway_meta WHERE name = $1", KEY_SINCE
+
+    async def write_checkpoint(self) -> int:
+        seal = self._seal
+        if seal is None or not seal.touched:
+            return 0
+        touched = seal.take_touched()
+        try:
+            async with (
+                _translated("checkpoint"),
+                self._require_pool().acquire() as connection,
+                connection.transaction(),
+            ):
+                # Replicas number their checkpoints in one chain: one at a time.
+                await connection.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext('history_checkpoint'))"
+                )
+                at_us = micros(await connection.fetchval(f"SELECT extract(epoch from {NOW})"))
+                heads = await connection.fetch(
+                    "SELECT id, history_seq, history_head FROM operations WHERE id = ANY($1)",
+                    sorted(touched),
+                )
+                last = await connection.fetchrow(
+                    "SELECT checkpoint, mac FROM history_checkpoint_log "
+                    "ORDER BY checkpoint DESC LIMIT 1"
+                )
+                entry = next_checkpoint(
+                    seal.key, None if last is None else tuple(last), at_us, len(heads)
+                )
+                await connection.executemany(
+                    UPSERT_CHECKPOINT.format("$1, $2, $3, $4, $5, $6"),
+                    checkpoint_rows(seal.key, entry.number, at_us, (tuple(h) for h in heads)),
+                )
+                await connection.execute(
+                    "INSERT INTO history_checkpoint_log VALUES ($1, $2, $3, $4, $5)", *entry
+                )
+        except BaseException:
+            seal.touched |= touched  # the next checkpoint covers them
+            raise
+        return len(heads)
+
+    async def checkpoint_log(self) -> list[CheckpointEntry]:
+        rows = await self._fetch(
+            "history",
+            "SELECT checkpoint, at_us, count, prev, mac FROM history_checkpoint_log "
+            "ORDER BY checkpoint",
         )
-        return HistorySeal(key, key_since(key, bytes(record)))
+        return [CheckpointEntry(*row) for row in rows]
 
     async def _load_or_create_secret(self) -> bytes:
         """The scope secret; made on first start only (see `scope_secret_lost`).
@@ -311,6 +411,8 @@ class PostgresStore(PostgresConnection):
             for operation_id, request in zip(ids, requests, strict=True)
         ]
         inner, outer = hmac_pads(self._seal)
+        if self._seal is not None:
+            self._seal.touched.update(ids)
         guards = [_guard_kind(request.similar) for request in requests]
         rows = await self._require_pool().fetch(
             _CLAIMS,
@@ -454,6 +556,8 @@ class PostgresStore(PostgresConnection):
         self, receipts: Sequence[_Receipt], chained: Sequence[tuple[str, str, str] | None]
     ) -> list[Operation | None]:
         inner, outer = hmac_pads(self._seal)
+        if self._seal is not None:
+            self._seal.touched.update(receipt.operation_id for receipt in receipts)
         rows = await self._require_pool().fetch(
             _COMPLETES_CHAINED,
             *_receipt_columns(receipts),
@@ -855,6 +959,10 @@ class PostgresStore(PostgresConnection):
                 f"'released') AND forgotten_at <= {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED), "
                 "events AS (DELETE FROM operation_events e USING due "
                 "WHERE e.operation_id = due.id), "
+                "checkpoints AS (DELETE FROM history_checkpoints c USING due "
+                "WHERE c.operation_id = due.id), "
+                "keyed AS (DELETE FROM history_keyed_since k USING due "
+                "WHERE k.operation_id = due.id), "
                 "gone AS (DELETE FROM operations o USING due WHERE o.seq = due.seq "
                 "RETURNING 1) SELECT count(*) FROM gone",
                 batch,

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -375,6 +375,37 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             ) AS found;
         END
         $$
+        """,
+    ),
+    # History that cannot be quietly cut (gateway.engine.history): with a history key,
+    # which operations had plain events when the key came (from which `seq` theirs must
+    # be keyed), and the heads a checkpoint saw, signed, outside the operations' rows.
+    9: (
+        """
+        CREATE TABLE history_keyed_since (
+            operation_id text PRIMARY KEY,
+            seq integer NOT NULL,
+            mac text NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE history_checkpoints (
+            operation_id text PRIMARY KEY,
+            seq integer NOT NULL,
+            head text NOT NULL,
+            checkpoint bigint NOT NULL,
+            at_us bigint NOT NULL,
+            mac text NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE history_checkpoint_log (
+            checkpoint bigint PRIMARY KEY,
+            at_us bigint NOT NULL,
+            count integer NOT NULL,
+            prev text NOT NULL,
+            mac text NOT NULL
+        )
         """,
     ),
 }

@@ -215,7 +215,12 @@ def chained_receipt_events(events: Sequence[NewEvent]) -> tuple[str, str, str] |
         return None
     if "attempt" not in sent.data or "attempt" not in answered.data:
         return None
-    return sent.actor, canonical(dict(sent.data)).decode(), canonical(dict(answered.data)).decode()
+    done = {"state": "completed"}  # what the operation is after them (`chain`)
+    return (
+        sent.actor,
+        canonical(done | dict(sent.data)).decode(),
+        canonical(done | dict(answered.data)).decode(),
+    )
 
 
 def claimed_row(
@@ -223,7 +228,8 @@ def claimed_row(
 ) -> tuple[str, str, bytes | None, str]:
     """(actor, data, payload, storage) of a new key's `claimed` event (attempt 1, token 1),
     as `_CLAIMS` writes it; the payload sealed like any event's (`history_rows`)."""
-    data = canonical({**event.data, "attempt": 1}).decode()  # the claimed event names token 1
+    # The claimed event names attempt 1 and the state it leaves (`chain`).
+    data = canonical({**event.data, "attempt": 1, "state": "in_flight"}).decode()
     row = EventRow(operation_id, 1, event.type, 0, event.actor, 1, data, event.payload, "", "")
     _, _, _, _, _, _, _, payload, storage, _, _ = as_written(row, cipher)
     return event.actor, data, payload, storage
@@ -379,7 +385,8 @@ async def _claim_existing(
         raise StoreUnavailable("the key changed under three concurrent claims; retry")
     current = decode(row)
     if is_forgotten(current):
-        await connection.execute("DELETE FROM operation_events WHERE operation_id = $1", current.id)
+        for table in ("operation_events", "history_checkpoints", "history_keyed_since"):
+            await connection.execute(f"DELETE FROM {table} WHERE operation_id = $1", current.id)
         await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
         refused, twin = await _twins(connection, request, decode, legacy)
         if refused is not None:

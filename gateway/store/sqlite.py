@@ -53,13 +53,25 @@ from gateway.engine.models import (
 )
 from gateway.engine.twins import BINDING_SWEEP_SLACK
 from gateway.store import sqlite_calibration as calibration
-from gateway.store.base import HistoryPage, OperationFilter, Page, Renewal, SweepReport
+from gateway.store.base import (
+    ChainEvidence,
+    HistoryPage,
+    OperationFilter,
+    Page,
+    Renewal,
+    SweepReport,
+)
 from gateway.store.crypto import BodyCipher, CipherError
 from gateway.store.history_rows import (
     READ_COLUMNS,
+    UPSERT_CHECKPOINT,
+    CheckpointEntry,
     HistorySeal,
     chained_rows,
-    key_since,
+    checkpoint_of,
+    checkpoint_rows,
+    keyed_from_of,
+    next_checkpoint,
     probe_merge,
     read_rows,
 )
@@ -88,9 +100,9 @@ from gateway.store.sqlite_statements import (
     ERASE_REQUEST,
     KEY_IN_ANY_SCOPE,
     _claim,
-    load_key_since,
     load_legacy_fingerprints,
     load_or_create_secret,
+    seal_histories,
 )
 
 T = TypeVar("T")
@@ -159,8 +171,8 @@ class SqliteStore(SqliteConnection):
             self._legacy = await self._writer.run(load_legacy_fingerprints)
             if history_key := self._history_key:
                 now_us = micros(self._clock.time())
-                record = await self._writer.run(lambda c: load_key_since(c, history_key, now_us))
-                self._seal = HistorySeal(history_key, key_since(history_key, record))
+                await self._writer.run(lambda c: seal_histories(c, history_key, now_us))
+                self._seal = HistorySeal(history_key)
             if self._shared is None or self._shared.first:
                 # This gateway holds the file: whatever is in flight, nobody sends.
                 self.orphans_at_start = await self.expire_orphans(owner=None, everything=True)
@@ -503,6 +515,78 @@ class SqliteStore(SqliteConnection):
         events, payloads = read_rows(rows, self._cipher)
         return HistoryPage(tuple(events), tuple(payloads))
 
+    async def chain_evidence(self, operation_id: str) -> ChainEvidence | None:
+        def job(c: sqlite3.Connection) -> ChainEvidence | None:
+            # On the writer: its transaction is one snapshot, and no write comes between.
+            row = c.execute(f"{_SELECT} WHERE id = ?", (operation_id,)).fetchone()
+            if row is None:
+                return None
+            raw = c.execute(
+                f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = ? ORDER BY seq",
+                (operation_id,),
+            ).fetchall()
+            keyed = c.execute(
+                "SELECT seq, mac FROM history_keyed_since WHERE operation_id = ?",
+                (operation_id,),
+            ).fetchone()
+            checkpoint = c.execute(
+                "SELECT seq, head, checkpoint, at_us, mac FROM history_checkpoints "
+                "WHERE operation_id = ?",
+                (operation_id,),
+            ).fetchone()
+            events, payloads = read_rows(raw, self._cipher)
+            return ChainEvidence(
+                self._decode(row),
+                HistoryPage(tuple(events), tuple(payloads)),
+                keyed_from_of(keyed),
+                checkpoint_of(checkpoint),
+            )
+
+        return await self._writer.run(job)
+
+    async def write_checkpoint(self) -> int:
+        seal = self._seal
+        if seal is None or not seal.touched:
+            return 0
+        touched = seal.take_touched()
+        at_us = micros(self._clock.time())
+
+        def job(c: sqlite3.Connection) -> int:
+            heads: list[Any] = []
+            ids = sorted(touched)
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                heads += c.execute(
+                    "SELECT id, history_seq, history_head FROM operations "
+                    f"WHERE id IN ({', '.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+            last = c.execute(
+                "SELECT checkpoint, mac FROM history_checkpoint_log "
+                "ORDER BY checkpoint DESC LIMIT 1"
+            ).fetchone()
+            entry = next_checkpoint(seal.key, last, at_us, len(heads))
+            c.executemany(
+                UPSERT_CHECKPOINT.format("?, ?, ?, ?, ?, ?"),
+                checkpoint_rows(seal.key, entry.number, at_us, heads),
+            )
+            c.execute("INSERT INTO history_checkpoint_log VALUES (?, ?, ?, ?, ?)", entry)
+            return len(heads)
+
+        try:
+            return await self._writer.run(job)
+        except BaseException:
+            seal.touched |= touched  # the next checkpoint covers them
+            raise
+
+    async def checkpoint_log(self) -> list[CheckpointEntry]:
+        rows = await self._read(
+            "SELECT checkpoint, at_us, count, prev, mac FROM history_checkpoint_log "
+            "ORDER BY checkpoint",
+            (),
+        )
+        return [CheckpointEntry(*row) for row in rows]
+
     async def get(self, scope: str, key: str) -> Operation | None:
         rows = await self._read(f"{_SELECT} WHERE scope = ? AND key = ?", (scope, key))
         return self._unless_forgotten(rows)
@@ -732,9 +816,8 @@ class SqliteStore(SqliteConnection):
                 "AND state IN ('completed', 'released') LIMIT ?"
             )
             ids = [row[0] for row in c.execute(doomed, (now, batch))]
-            c.executemany(
-                "DELETE FROM operation_events WHERE operation_id = ?", [(i,) for i in ids]
-            )
+            for table in ("operation_events", "history_checkpoints", "history_keyed_since"):
+                c.executemany(f"DELETE FROM {table} WHERE operation_id = ?", [(i,) for i in ids])
             forgotten = c.executemany(
                 "DELETE FROM operations WHERE id = ?", [(i,) for i in ids]
             ).rowcount

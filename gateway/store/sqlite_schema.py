@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 SETTLED_FUNCTION = "gateway_settled"
 """An SQL function the writer connection registers: `gateway_settled(id)` notes that a
@@ -164,6 +164,37 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CAST(CAST((julianday('now') - 2440587.5) * 86400.0 AS TEXT) AS BLOB) "
         "WHERE EXISTS (SELECT 1 "
         "FROM operations WHERE method != 'tools/call' AND fingerprint LIKE 'sha256:%')",
+    ),
+    # History that cannot be quietly cut (gateway.engine.history): with a history key,
+    # which operations had plain events when the key came (from which `seq` theirs must
+    # be keyed), and the heads a checkpoint saw, signed, outside the operations' rows.
+    8: (
+        """
+        CREATE TABLE history_keyed_since (
+            operation_id TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            mac TEXT NOT NULL
+        ) WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE history_checkpoints (
+            operation_id TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            head TEXT NOT NULL,
+            checkpoint INTEGER NOT NULL,
+            at_us INTEGER NOT NULL,
+            mac TEXT NOT NULL
+        ) WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE history_checkpoint_log (
+            checkpoint INTEGER PRIMARY KEY,
+            at_us INTEGER NOT NULL,
+            count INTEGER NOT NULL,
+            prev TEXT NOT NULL,
+            mac TEXT NOT NULL
+        )
+        """,
     ),
 }
 

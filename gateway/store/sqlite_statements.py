@@ -37,9 +37,12 @@ from gateway.engine.models import (
 from gateway.engine.twins import distinct_of, is_twin, noted_twin, refusing_twin
 from gateway.store.crypto import BodyCipher
 from gateway.store.history_rows import (
+    BASELINE,
     EVENT_COLUMNS,
     KEY_SINCE,
     HistorySeal,
+    baseline_done,
+    baseline_rows,
     chained_rows,
     key_since_record,
 )
@@ -144,7 +147,8 @@ def _claim(
     if not claim_changes(current, request):
         return Existing(current)
     if is_forgotten(current):
-        c.execute("DELETE FROM operation_events WHERE operation_id = ?", (current.id,))
+        for table in ("operation_events", "history_checkpoints", "history_keyed_since"):
+            c.execute(f"DELETE FROM {table} WHERE operation_id = ?", (current.id,))
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
         return _claim_new(c, request, now, decode, append, cipher, seal, legacy)
     if current.state is State.RELEASED and request.same_request(current.fingerprint):
@@ -338,14 +342,21 @@ def _insert_claim(
     return operation
 
 
-def load_key_since(c: sqlite3.Connection, key: bytes, now_us: int) -> bytes:
-    """The signed record of when the history key was first used, made now if absent."""
+def seal_histories(c: sqlite3.Connection, key: bytes, now_us: int) -> None:
+    """With a history key: unless done with this key, give every operation that has
+    plain events its keyed-since record (`BASELINE`), then sign that it was done."""
+    row = c.execute("SELECT value FROM gateway_meta WHERE name = ?", (KEY_SINCE,)).fetchone()
+    if baseline_done(key, None if row is None else bytes(row[0])):
+        return
+    c.executemany(
+        "INSERT OR IGNORE INTO history_keyed_since (operation_id, seq, mac) VALUES (?, ?, ?)",
+        baseline_rows(key, c.execute(BASELINE)),
+    )
     c.execute(
-        "INSERT INTO gateway_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+        "INSERT INTO gateway_meta (name, value) VALUES (?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
         (KEY_SINCE, key_since_record(key, now_us)),
     )
-    row = c.execute("SELECT value FROM gateway_meta WHERE name = ?", (KEY_SINCE,)).fetchone()
-    return bytes(row[0])
 
 
 def load_legacy_fingerprints(c: sqlite3.Connection) -> LegacyFingerprints:

@@ -24,7 +24,13 @@ from gateway.engine.errors import (
     PreconditionFailed,
     Unauthorized,
 )
-from gateway.engine.history import event_json, verify_chain
+from gateway.engine.history import (
+    ChainReport,
+    RowFacts,
+    event_json,
+    verify_chain,
+    verify_checkpoints,
+)
 from gateway.engine.keys import operation_url
 from gateway.engine.lifecycle_events import redacted_event
 from gateway.engine.models import Evidence, Operation, State
@@ -303,12 +309,14 @@ async def verify_operation(request: web.Request) -> web.Response:
 
 
 async def verify_all(request: web.Request) -> web.Response:
-    """Check the chains of every operation, a page at a time (`?cursor=&limit=`)."""
+    """Check the chains of every operation, a page at a time (`?cursor=&limit=`); the
+    first page also checks the chain of checkpoints (`checkpoints`)."""
     require_admin(request)
     limit = _int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
+    cursor = request.rel_url.query.get("cursor") or None
     try:
         page = await request.app[STORE].list_operations(
-            OperationFilter(), limit=limit, cursor=request.rel_url.query.get("cursor") or None
+            OperationFilter(), limit=limit, cursor=cursor
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
@@ -318,28 +326,48 @@ async def verify_all(request: web.Request) -> web.Response:
         redacted += len(report["redacted"])
         if not report["ok"]:
             broken.append({key: report[key] for key in ("id", "key", "scope")} | report["broken"])
-    document = {
+    document: dict[str, Any] = {
         "checked": len(page.items),
         "redacted_events": redacted,
         "broken": broken,
         "next_cursor": page.next_cursor,
     }
+    if cursor is None:
+        document["checkpoints"] = await _checkpoints_verified(request)
     return web.json_response(document, headers=NO_STORE)
 
 
 async def _verified(request: web.Request, operation: Operation) -> dict[str, Any]:
     store = request.app[STORE]
-    page = await store.history(operation.id)
-    seal = store.history_seal()
-    report = verify_chain(
-        page.events,
-        head=operation.history_head,
-        head_seq=operation.history_seq,
-        payloads=page.payloads,
-        key=None if seal is None else seal.key,
-        keyed_since_us=None if seal is None else seal.since_us,
-    )
+    evidence = await store.chain_evidence(operation.id)
+    if evidence is None:  # forgotten since it was listed: nothing left to check
+        report = ChainReport(0)
+    else:
+        seal = store.history_seal()
+        current = evidence.operation
+        report = verify_chain(
+            evidence.page.events,
+            head=current.history_head,
+            head_seq=current.history_seq,
+            payloads=evidence.page.payloads,
+            key=None if seal is None else seal.key,
+            keyed_from=evidence.keyed_from,
+            row=RowFacts(current.version, current.attempts, current.state.value),
+            checkpoint=evidence.checkpoint,
+            operation_id=current.id,
+        )
     return {"id": operation.id, "key": operation.key, "scope": operation.scope} | report.as_json()
+
+
+async def _checkpoints_verified(request: web.Request) -> dict[str, Any]:
+    """The chain of checkpoints: each signed, each linking to the one before."""
+    store = request.app[STORE]
+    seal = store.history_seal()
+    if seal is None:
+        return {"ok": True, "count": 0, "latest_at": None, "broken": None}
+    entries = await store.checkpoint_log()
+    report = verify_checkpoints(entries, seal.key)
+    return report
 
 
 def _int_param(

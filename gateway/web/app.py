@@ -24,6 +24,7 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.config import Settings
+from gateway.engine.checkpointer import Checkpointer
 from gateway.engine.clock import SYSTEM_CLOCK
 from gateway.engine.digests import Digests
 from gateway.engine.engine import IdempotencyEngine
@@ -233,6 +234,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     witness = await start_witness(store, engine.graces)
     sweeper = Sweeper(store, engine, metrics, interval=settings.idempotency.sweep_interval)
     await sweeper.start()
+    checkpointer = Checkpointer(store)
+    await checkpointer.start()
     app[STORE] = store
     app[FORWARDER] = forwarder
     app[ENGINE] = engine
@@ -262,6 +265,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(witness, return_exceptions=True)
         await keeper.stop()
         await forwarder.close()
+        await checkpointer.stop()  # last before the store: the heads of everything above
         await store.close()
         await tracer.close()  # last: the drained calls' spans are flushed too
 
