@@ -241,7 +241,10 @@ class Sampler:
 
     def _run(self) -> None:
         while len(self.samples) < self.limit:
-            self.samples.append(self.sample())
+            try:
+                self.samples.append(self.sample())
+            except (FileNotFoundError, ProcessLookupError):
+                return  # the server is gone: the phase fails on its callers
             if self._stop.wait(self.interval):
                 return
 
@@ -385,7 +388,8 @@ class Phase:
     callers: list[Caller] = field(default_factory=list)
     operations: list[dict[str, object]] = field(default_factory=list)
     drained_at: float = math.nan
-    """When the spool was back to no file and no byte, seconds after the load started."""
+    """When, after the last caller, the spool was found back to no file and no byte
+    (seconds after the load started; NaN: not within `_DRAIN_SECONDS`)."""
 
     @property
     def gateway(self) -> bool:
@@ -398,6 +402,17 @@ class Phase:
     @property
     def peak_spool(self) -> Sample | None:
         return max(self.samples, key=lambda s: s.spool_bytes, default=None)
+
+    @property
+    def emptied(self) -> float:
+        """The first sample after the last one that saw a spool file (0: none seen)."""
+        seen = [
+            i for i, sample in enumerate(self.samples) if sample.spool_files or sample.spool_bytes
+        ]
+        if not seen:
+            return 0.0
+        after = seen[-1] + 1
+        return self.samples[after].seconds if after < len(self.samples) else self.drained_at
 
     @property
     def finished(self) -> float:
@@ -500,8 +515,7 @@ def measure(
     plain_proxy: bool = True,
 ) -> list[Phase]:
     """Every phase, one after another, against one upstream."""
-    bound = 3 * read_seconds + 60
-    """Seconds a phase's load may take: the slow readers' time thrice, plus a minute."""
+    bound = 3 * read_seconds + 60  # seconds a phase's load may take (a hung one fails)
     phases = [Phase("gateway, slow readers", "gateway", readers, size, read_seconds)]
     if smaller_size:
         name = "gateway, slow readers, smaller answers"
@@ -531,22 +545,28 @@ def _seconds(value: float) -> str:
 
 
 def summary_table(phases: Sequence[Phase]) -> Table:
+    """A row per phase: memory (VmRSS), the spool (files in `spool_dir`), time, checks."""
     rows = []
     for phase in phases:
-        peak = phase.peak_spool
-        spooled = phase.gateway and peak is not None
+        peak = phase.peak_spool if phase.gateway else None
+        spool = ("-", "-", "-", "-")
+        if peak is not None:
+            spool = (
+                f"{_mib(peak.spool_bytes)} / {_mib(peak.spool_disk)}",
+                str(max(s.spool_files for s in phase.samples)),
+                _seconds(peak.seconds),
+                _seconds(phase.emptied),
+            )
+        end = phase.samples[-1].rss if phase.samples else 0
         rows.append(
             (
                 phase.name,
                 f"{phase.readers} x {phase.size:,}",
                 _mib(phase.idle_rss),
-                _mib(phase.peak_rss),
-                _mib(phase.peak_rss - phase.idle_rss),
-                _mib(peak.spool_bytes) if spooled else "-",
-                _mib(peak.spool_disk) if spooled else "-",
-                str(max(s.spool_files for s in phase.samples)) if spooled else "-",
+                f"{_mib(phase.peak_rss)} (+{_mib(phase.peak_rss - phase.idle_rss)})",
+                _mib(end),
+                *spool,
                 _seconds(phase.finished),
-                _seconds(phase.drained_at) if phase.gateway else "-",
                 f"{phase.intact}/{phase.readers}",
                 f"{phase.recorded}/{phase.readers}" if phase.gateway else "-",
             )
@@ -556,13 +576,13 @@ def summary_table(phases: Sequence[Phase]) -> Table:
             "phase",
             "callers x bytes",
             "idle RSS MiB",
-            "peak RSS MiB",
-            "RSS over idle MiB",
-            "spool peak MiB (st_size)",
-            "spool peak MiB on disk (st_blocks)",
+            "peak RSS MiB (over idle)",
+            "RSS at the end MiB",
+            "spool peak MiB: st_size / st_blocks",
             "spool files, peak",
+            "spool peak at, s",
+            "spool back to 0, s",
             "all callers done, s",
-            "spool empty again, s",
             "answers intact",
             "completed, body_retained false",
         ),
@@ -615,7 +635,9 @@ def section(
         "server process (the gateway: config/gateway.toml's settings, SQLite, `spool_dir` "
         f"in the run's temporary directory); samples every {interval:g} s of its VmRSS and "
         "of its open files in `spool_dir`. Idle RSS: the median of "
-        f"{_IDLE_SAMPLES} samples before the load.",
+        f"{_IDLE_SAMPLES} samples before the load; RSS at the end: the last sample, once "
+        "every caller was done and the spool empty; spool back to 0: the first sample "
+        "after the last one that saw a spool file.",
         "",
         summary_table(phases).render(),
     ]
@@ -688,7 +710,7 @@ def _parser() -> argparse.ArgumentParser:
         "--smaller-size",
         type=int,
         default=None,
-        help="answer size of the smaller-answers phase (default a quarter of --size; 0: skip)",
+        help="answer size of the smaller-answers phase (default half of --size; 0: skip)",
     )
     parser.add_argument(
         "--read-seconds", type=float, default=10.0, help="a slow reader's time per answer"
@@ -717,7 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.readers, args.size, args.read_seconds = QUICK_READERS, QUICK_SIZE, 1.5
         args.smaller_size = QUICK_SIZE // 2 if args.smaller_size is None else args.smaller_size
     if args.smaller_size is None:
-        args.smaller_size = args.size // 4
+        args.smaller_size = args.size // 2
     if args.readers < 1 or args.size < HEAD or args.read_seconds < 0 or args.chunk < 1:
         parser.error(f"--readers and --chunk >= 1, --size >= {HEAD}, --read-seconds >= 0")
     if args.interval <= 0 or (args.smaller_size and args.smaller_size < HEAD):

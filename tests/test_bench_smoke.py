@@ -304,3 +304,41 @@ def test_mcp_profile_runs_its_variants(tmp_path: Path) -> None:
     assert rows["miss"][-1] == "0", f"failed calls: {rows['miss']}"
     (profile,) = json.loads(out.read_text())
     assert [run["calls"] for run in profile["runs"]["miss"]] == [20]
+
+
+def test_spool_quick_run() -> None:
+    """`python -m bench.spool --quick` (spooled answers: the gateway's memory and disk while
+    callers read large answers slowly) prints a row per phase and the series over time;
+    every answer arrived intact, every gateway operation is `completed` with its body not
+    kept, the slow readers' answers were seen in spool files, and the spool was back to
+    no file and no byte at the end (else the run exits 1). Its docstring examples run."""
+    import doctest
+
+    import bench.spool
+
+    result = doctest.testmod(bench.spool, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
+    completed = _quick_run("bench.spool")
+    output = completed.stdout
+    assert completed.returncode == 0, output[-3000:] + completed.stderr[-3000:]
+    rows = _table_rows(output, "## Spooled answers: memory and disk")
+    gateways = (
+        "gateway, slow readers",
+        "gateway, slow readers, smaller answers",
+        "gateway, full-speed readers",
+    )
+    phases = (*gateways, "plain proxy, slow readers")
+    assert set(phases) <= set(rows), output
+    for name in phases:
+        assert rows[name][9] == "4/4", f"{name}: answers intact {rows[name][9]}"
+    for name in gateways:
+        assert rows[name][10] == "4/4", f"{name}: completed, body not kept {rows[name][10]}"
+    slow = rows["gateway, slow readers"]
+    assert int(slow[5]) >= 1, f"no spool file seen: {slow}"
+    size, disk = (float(value) for value in slow[4].split(" / "))
+    assert size > 0, f"spool peak, st_size: {slow}"
+    assert disk > 0, f"spool peak, st_blocks: {slow}"
+    series = _table_rows(output, "### gateway, slow readers: over time")
+    *_, last = series.values()
+    assert last[1:4] == ["0.0", "0.0", "0"], f"the spool at the end: {last}"
+    assert last[4] == "4/4", f"callers done at the end: {last}"

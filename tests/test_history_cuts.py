@@ -19,6 +19,7 @@ so where it applies.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -33,7 +34,9 @@ from pg import PG_HOST, PG_PORT
 from test_cli import admin, cli
 from upstream import CountingUpstream
 
+from gateway.engine.checkpointer import Checkpointer
 from gateway.engine.history import event_hash
+from gateway.web.appkeys import STORE
 
 KEY = base64.b64encode(bytes(range(32))).decode()
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -309,3 +312,26 @@ async def verify_all(gateway: RunningGateway) -> Any:
     answer = await gateway.session.get(f"{gateway.admin_url}/admin/verify", headers=ADMIN)
     assert answer.status == 200, await answer.text()
     return await answer.json()
+
+
+async def test_checkpoints_are_written_while_the_gateway_runs(
+    tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """The checkpointer writes the heads that changed every interval, not only at a stop
+    (here an interval of 50 ms on the running gateway's own store, instead of a minute);
+    nothing is written while nothing changes."""
+    setup = Setup(None, Database(sqlite=tmp_path / "gateway.db"))
+    gateway = await started(setup, tmp_path, upstream, keyed=True)
+    store = gateway.app[STORE]
+    checkpointer = Checkpointer(store, interval=0.05)
+    await checkpointer.start()
+    try:
+        assert (await gateway.post("/tickets/v1/t", key="c-1", json_body={})).status == 201
+        async with asyncio.timeout(30):
+            while not (log := await store.checkpoint_log()):  # noqa: ASYNC110 (a table)
+                await asyncio.sleep(0.05)
+        assert [entry.heads for entry in log] == [1]
+        assert await checkpointer.write_once() == 0
+    finally:
+        await checkpointer.stop()
+        await stop_gateway(gateway)

@@ -44,8 +44,11 @@ _T = TypeVar("_T")
 class Spooler:
     """Opens spools and keeps the bytes all of them hold within `total`."""
 
-    def __init__(self, *, total: int, directory: Path | None = None) -> None:
+    def __init__(self, *, total: int, directory: Path | None = None, threads: bool = True) -> None:
+        """`threads=False` reads and writes on the event loop (a simulation, whose world
+        must not depend on when a thread is scheduled)."""
         self.total = total
+        self.threads = threads
         self.used = 0
         self._directory = directory
         self.open_spools = 0
@@ -192,6 +195,8 @@ class Spool:
         # read or write is in a thread (`close`), so a descriptor is never reused under one.
         if self._closed and self._io == 0 and self._file.closed:
             raise ConnectionResetError("the spool was closed")
+        if not self._spooler.threads:
+            return function(*args)
         self._io += 1
         try:
             return await asyncio.to_thread(function, *args)

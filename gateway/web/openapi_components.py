@@ -359,6 +359,27 @@ def _admin_schemas() -> dict[str, Any]:
                     },
                 },
                 "next_cursor": nullable({"type": "string"}),
+                "checkpoints": {
+                    "type": "object",
+                    "description": "On the first page (no cursor): the chain of signed "
+                    "checkpoints of history heads (with a history key; `count` 0 without).",
+                    "required": ["ok", "count", "latest_at", "broken"],
+                    "properties": {
+                        "ok": {"type": "boolean"},
+                        "count": {"type": "integer", "minimum": 0},
+                        "latest_at": nullable({"type": "string", "format": "date-time"}),
+                        "broken": nullable(
+                            {
+                                "type": "object",
+                                "required": ["checkpoint", "reason"],
+                                "properties": {
+                                    "checkpoint": {"type": "integer"},
+                                    "reason": {"type": "string"},
+                                },
+                            }
+                        ),
+                    },
+                },
             },
         },
         "ProbeJob": {

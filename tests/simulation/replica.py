@@ -24,6 +24,7 @@ from gateway.engine.graces import WITNESS_INTERVAL, GraceClock
 from gateway.engine.leases import LeaseKeeper
 from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
+from gateway.upstream.spool import Spooler
 from tests.simulation.clock import ReplicaClock, StoreClock
 from tests.simulation.context import CALL, CallContext
 from tests.simulation.faults import FaultyStore
@@ -91,6 +92,8 @@ class Replica:
             routes=(route,),
             clock=self.clock,
             graces=self.graces,
+            # Answers too large to keep are spooled on the loop: no thread decides an order.
+            spooler=Spooler(total=1 << 30, threads=False),
         )
         # As a gateway does when it starts (`start_witness`): its first reading of the store's
         # clock, from which its graces may count, checked against what the others read.
