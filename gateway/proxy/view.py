@@ -70,7 +70,7 @@ from gateway.web.appkeys import (
     SETTINGS,
     TRACE,
 )
-from gateway.web.caller_writes import abort, respond, write_all
+from gateway.web.caller_writes import respond, stream_to_caller
 
 log = logging.getLogger("gateway.proxy")
 
@@ -242,20 +242,11 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
         headers[IDEMPOTENCY_SIMILAR] = reply.similar
     if reply.stream is None:
         return await respond(request, reply.status, headers, reply.body)
-    server = request.app[SETTINGS].server
     response = web.StreamResponse(status=reply.status, headers=headers)
     try:
-        async with asyncio.timeout(server.write_timeout):
-            await response.prepare(request)
-        await write_all(
-            request,
-            response,
-            reply.stream,
-            write_timeout=server.write_timeout,
-            max_relay=server.max_relay,
-        )
-    except (ConnectionError, TimeoutError):
-        abort(request)  # the caller left or was cut; the outcome never waited for it
+        await stream_to_caller(request, response, reply.stream)
+    except ConnectionError:
+        pass  # the caller left or was cut; the outcome never waited for it
     except UpstreamError:
         cut_short(request)
     finally:

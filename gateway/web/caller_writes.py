@@ -13,6 +13,7 @@ outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -26,6 +27,7 @@ __all__ = [
     "abort",
     "in_pieces",
     "respond",
+    "stream_to_caller",
     "write_all",
     "write_within",
 ]
@@ -97,19 +99,31 @@ async def respond(
     pieces within `write_timeout` each (a caller that stops reading is cut)."""
     if len(body) <= SMALL_BODY:
         return web.Response(status=status, headers=headers, body=body)
-    server = request.app[SETTINGS].server
     response = web.StreamResponse(status=status, headers=headers)
     response.content_length = len(body)
+    # A caller that left or was cut: the outcome never waited for it.
+    with contextlib.suppress(ConnectionError):
+        await stream_to_caller(request, response, in_pieces(body))
+    return response
+
+
+async def stream_to_caller(
+    request: web.Request, response: web.StreamResponse, chunks: AsyncIterator[bytes]
+) -> None:
+    """Send `response`'s head, then `chunks`, within the server's `write_timeout` (each
+    write) and `max_relay` (all of it); raises `ConnectionError` when the caller left or
+    was cut (its connection aborted)."""
+    server = request.app[SETTINGS].server
     try:
         async with asyncio.timeout(server.write_timeout):
             await response.prepare(request)
-        await write_all(
-            request,
-            response,
-            in_pieces(body),
-            write_timeout=server.write_timeout,
-            max_relay=server.max_relay,
-        )
-    except (ConnectionError, TimeoutError):
-        abort(request)  # the caller left or was cut; the outcome never waited for it
-    return response
+    except TimeoutError:
+        abort(request)
+        raise CallerStalled("the caller took nothing of the answer's head") from None
+    await write_all(
+        request,
+        response,
+        chunks,
+        write_timeout=server.write_timeout,
+        max_relay=server.max_relay,
+    )
