@@ -337,7 +337,7 @@ async def test_share_with_owner_shows_the_note_to_the_owner(
         response = await admin_gateway.get(f"/operations/{key}")
         resolved = (await response.json())["history"][-1]
         assert resolved["type"] == "resolved"
-        assert resolved["actor"] == "admin"
+        assert resolved["actor"] == "an operator"
         assert ("note" in resolved and resolved["note"] == f"note of {key}") is shown
 
 

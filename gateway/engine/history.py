@@ -62,6 +62,9 @@ EVIDENCE_CAP: Final = 500
 longer recorded, after one chained `truncated` event: a probe that keeps answering
 "not yet" for weeks cannot grow a history without bound. State changes always are."""
 
+OPERATOR: Final = "an operator"
+"""Who an admin is, as an owner reads it: never an operator's name."""
+
 ADMIN_ONLY_FIELDS: Final = frozenset({"note", "reason"})
 """Erasable text an owner does not see in an admin's event unless it was shared."""
 OPERATOR_ONLY_FIELDS: Final = frozenset({"calibration"})
@@ -600,7 +603,7 @@ def event_json(row: EventRow, payload: bytes | None, *, for_owner: bool) -> dict
     }
     hide_text = False
     if for_owner and row.actor.startswith("admin"):
-        document["actor"] = "admin"
+        document["actor"] = OPERATOR
         hide_text = not data.get("share_with_owner", False)
     for name, value in data.items():
         if name == "last_at_us" and isinstance(value, int):

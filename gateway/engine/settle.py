@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from gateway.config.routes import RouteSettings
 from gateway.engine.errors import NotResolvable, PreconditionFailed, TooEarly
-from gateway.engine.history import NewEvent, iso_seconds
+from gateway.engine.history import OPERATOR, NewEvent, iso_seconds
 from gateway.engine.lifecycle_events import (
     probe_blind_event,
     probe_event,
@@ -186,7 +186,9 @@ class Settler:
             )
         )
         if outcome == "not_applied":
-            events.append(released_event(f"resolved not applied by {actor or by}"))
+            # Owners read this detail: an admin is "an operator" there, never a name.
+            who = OPERATOR if by == "admin" else by
+            events.append(released_event(f"resolved not applied by {who}"))
         resolved = await self._timed(
             "resolve",
             self._store.resolve(

@@ -37,6 +37,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from typing import TYPE_CHECKING, Literal, TextIO
 
 from gateway.engine.scopes import scope_hash
+from gateway.web.logs import escape_controls
 
 if TYPE_CHECKING:
     from gateway.engine.exchange import RequestTrace
@@ -198,7 +199,8 @@ class AccessLog:
     def _text_line(self, now: float, method: str, path: str, status: int, *_: object) -> str:
         """As `logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")` wrote it."""
         stamp, millis = self._local(now)
-        return f"{stamp},{millis:03d} INFO {LOGGER}: {method} {path} {status}\n"
+        line = escape_controls(f"{method} {path} {status}")
+        return f"{stamp},{millis:03d} INFO {LOGGER}: {line}\n"
 
 
 class _SecondStamps:

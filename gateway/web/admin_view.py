@@ -25,6 +25,7 @@ from gateway.engine.errors import (
     Unauthorized,
 )
 from gateway.engine.history import (
+    OPERATOR,
     ChainReport,
     RowFacts,
     event_json,
@@ -223,7 +224,7 @@ async def redact_operation(request: web.Request) -> web.Response:
     if operation.state is State.COMPLETED:
         erased.append("receipt")
     evidence = Evidence(
-        at=time.time(), source="redaction", detail=f"{', '.join(erased)} erased by {actor}"
+        at=time.time(), source="redaction", detail=f"{', '.join(erased)} erased by {OPERATOR}"
     )
     event = redacted_event(actor=actor, reason=body.reason, erased=erased)
     redacted = await store.redact(operation.id, evidence, expected_version=version, events=(event,))
@@ -237,8 +238,9 @@ async def redact_operation(request: web.Request) -> web.Response:
         )
     log.info(
         "redacted",
+        # The reason may name a person (it is an erasable field): its length only.
         extra={"event": "redaction", "operation_id": operation.id, "actor": actor,
-               "reason": body.reason},
+               "reason_length": len(body.reason)},
     )  # fmt: skip
     return await _admin_response(request, redacted)
 

@@ -35,6 +35,35 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(document, default=str)
 
 
+_CONTROLS = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))
+} | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+"""Characters that end or rewrite a line on a terminal, as the escapes that show them."""
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character (and Unicode line separator) escaped: a caller's
+    `%0A` in a path must not start a line of its own in a text log.
+
+    >>> escape_controls("/t\\nINFO gateway.admin: resolved")
+    '/t\\\\x0aINFO gateway.admin: resolved'
+    """
+    return text.translate(_CONTROLS)
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message`, a line each: control characters in the message (and
+    so in every field a message names) are escaped; a traceback follows on lines of its
+    own, as Python writes it."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
 PARSER_LINES_PER_SECOND = 10
 """At most this many malformed-request lines a second: a flood of bad requests must not
 turn into a flood of log lines."""
@@ -104,7 +133,7 @@ def configure_logging(settings: LoggingSettings) -> None:
     if settings.format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.level.upper())

@@ -1,0 +1,92 @@
+"""Secrets stay secret (issue: "Secrets stay secret", a black-box security review).
+
+Each finding of the review is a test here that failed on the main of then, run
+against a gateway started as in production (a subprocess) where the finding was
+black-box.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+from harness import ADMIN_ENV, ADMIN_TOKEN, GatewayProcess, spawn
+from upstream import CountingUpstream
+
+FORGED = "INFO gateway.admin: resolved op_1 by admin:root force=true"
+
+
+async def test_a_path_cannot_write_a_line_of_its_own_in_a_text_log(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Finding 5: `%0A` in a path wrote a forged line into the text-format log. Control
+    characters are now escaped in every text line (the access line included), so the
+    forged text stays inside the request's own line."""
+    gateway = spawn(processes, tmp_path, upstream.url, logging={"level": "info", "format": "text"})
+    forged = FORGED.replace(" ", "%20").replace(":", "%3A")
+    async with aiohttp.ClientSession() as session:
+        for path in (f"/tickets/v1/x%0A{forged}", f"/nowhere%0D%0A{forged}"):
+            async with session.get(gateway.url + path) as answer:
+                await answer.read()
+    assert gateway.log_path is not None
+    async with asyncio.timeout(30):  # the access log is written by a thread, in batches
+        while (text := gateway.log_path.read_text()).count("\\x0a" + FORGED) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    for line in text.splitlines():
+        assert not line.startswith(FORGED), line
+
+
+async def test_owners_never_see_an_operators_name_and_reasons_are_never_logged(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Finding 4: an owner's lookup showed `resolved not applied by admin:Mallory
+    Ops-Lead (ext. 4411)`, and a redaction's reason (an erasable field) was written to
+    the log verbatim. The owner now reads "an operator" wherever an admin acted, and the
+    log keeps the reason's length only."""
+    gateway = spawn(
+        processes,
+        tmp_path,
+        upstream.url,
+        env=ADMIN_ENV,
+        logging={"level": "info", "format": "json"},
+    )
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Admin-Actor": "Mallory Ops-Lead"}
+    reason = "GDPR erasure request #5521 from Jane Roe"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{gateway.url}/tickets/v1/t?drop=after_effect",
+            json={},
+            headers={"Idempotency-Key": "m-1"},
+        ) as lost:
+            assert lost.status == 502
+        async with session.get(f"{gateway.url}/operations/m-1") as found:
+            op_id = (await found.json())["id"]
+        async with session.post(
+            f"{gateway.admin_url}/admin/operations/{op_id}/resolve",
+            json={"outcome": "not_applied", "note": "checked by Mallory", "force": True},
+            headers=admin,
+        ) as resolved:
+            assert resolved.status == 200, await resolved.text()
+        async with session.post(
+            f"{gateway.admin_url}/admin/operations/{op_id}/redact",
+            json={"reason": reason},
+            headers=admin,
+        ) as redacted:
+            assert redacted.status == 200, await redacted.text()
+        async with session.get(f"{gateway.url}/operations/m-1") as owner:
+            seen = await owner.text()
+    assert "Mallory" not in seen
+    history = json.loads(seen)["history"]
+    assert [e["actor"] for e in history if e["type"] in ("resolved", "redacted")] == [
+        "an operator",
+        "an operator",
+    ]
+    assert gateway.log_path is not None
+    async with asyncio.timeout(30):
+        while '"event": "redaction"' not in (log := gateway.log_path.read_text()):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert "Jane Roe" not in log
+    (line,) = [json.loads(text) for text in log.splitlines() if '"event": "redaction"' in text]
+    assert line["reason_length"] == len(reason)
