@@ -90,3 +90,33 @@ async def test_owners_never_see_an_operators_name_and_reasons_are_never_logged(
     assert "Jane Roe" not in log
     (line,) = [json.loads(text) for text in log.splitlines() if '"event": "redaction"' in text]
     assert line["reason_length"] == len(reason)
+
+
+async def test_metrics_can_be_kept_off_the_main_listener(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Finding 7: `/metrics` on the main listener shows every tenant the gateway-wide
+    counts. The default stays there (where Prometheus looks); `[metrics] listener =
+    "admin"` serves it on the admin listener only, the main one answering 404."""
+    default = spawn(processes, tmp_path, upstream.url, env=ADMIN_ENV)
+    (tmp_path / "kept").mkdir()
+    kept = spawn(
+        processes,
+        tmp_path / "kept",
+        upstream.url,
+        env=ADMIN_ENV,
+        admin={"token": ADMIN_TOKEN},  # checked in this process too: the listener must exist
+        metrics={"listener": "admin"},
+    )
+    async with aiohttp.ClientSession() as session:
+        seen = {}
+        for name, gateway in (("default", default), ("admin", kept)):
+            for listener in (gateway.url, gateway.admin_url):
+                async with session.get(f"{listener}/metrics") as answer:
+                    seen[name, listener == gateway.url] = answer.status
+    assert seen == {
+        ("default", True): 200,
+        ("default", False): 404,
+        ("admin", True): 404,
+        ("admin", False): 200,
+    }

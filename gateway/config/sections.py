@@ -367,6 +367,23 @@ class ClientSettings(BaseModel):
         return _not_empty(digests, "a client needs at least one token digest")
 
 
+class MetricsSettings(BaseModel):
+    """Where `/metrics` is served.
+
+    `"main"` (the default, where Prometheus looks) shows every caller of the
+    main listener the gateway-wide counts per route and outcome; `"admin"`
+    serves it on the admin listener only (the main one answers 404), where
+    tenants must not see each other's counts; `"both"` serves it on both.
+
+    >>> MetricsSettings().listener
+    'main'
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    listener: Literal["main", "admin", "both"] = "main"
+
+
 class LoggingSettings(BaseModel):
     """Log verbosity and format (JSON lines for machines, text for people).
 

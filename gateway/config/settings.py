@@ -30,6 +30,7 @@ from gateway.config.sections import (
     ClientSettings,
     IdempotencySettings,
     LoggingSettings,
+    MetricsSettings,
     QuotaSettings,
     ServerSettings,
     StoreSettings,
@@ -69,6 +70,7 @@ class Settings(BaseModel):
     clients: tuple[ClientSettings, ...] = ()
     routes: tuple[RouteSettings, ...] = ()
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     testing: TestingSettings = Field(default_factory=TestingSettings)
 
     @model_validator(mode="after")
@@ -132,6 +134,12 @@ class Settings(BaseModel):
                 ("admin", "port"),
                 f"is the main listener's port {port}; the admin API needs a port of its "
                 "own, so that no path to it runs through the main listener",
+            )
+        if self.metrics.listener != "main" and not self.admin.enabled:
+            yield (
+                ("metrics", "listener"),
+                f"is {self.metrics.listener!r}, but there is no admin listener: set "
+                "[admin] token, or serve /metrics on the main listener (\"main\")",
             )
 
     def _client_problems(self) -> Iterator[tuple[_Loc, str]]:

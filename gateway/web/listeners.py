@@ -3,7 +3,8 @@
 With the admin API enabled (`[admin] token`), its endpoints are served only
 on the admin listener (`[admin] host` and `port`: loopback by default, or an
 operators' network) and the main listener answers 404 for them; the admin
-listener serves nothing but the admin API and the health endpoints. The sites are
+listener serves nothing but the admin API and the health endpoints. `/metrics`
+is served where `[metrics] listener` says (the main listener by default). The sites are
 started by `gateway.web.serve.start_sites`.
 """
 
@@ -14,9 +15,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.engine.errors import NotFound
+from gateway.web.appkeys import SETTINGS
 from gateway.web.problems import Handler
 
-_SHARED = frozenset({"/healthz", "/readyz", "/metrics"})
+_SHARED = frozenset({"/healthz", "/readyz"})
+METRICS_PATH = "/metrics"
 
 
 @dataclass(slots=True)
@@ -57,7 +60,11 @@ async def listener_middleware(request: web.Request, handler: Handler) -> web.Str
             and sockname is not None
             and _is_admin_listener(sockname, admin_address)
         )
-        if _is_admin_path(request.path) != on_admin_listener:
+        if request.path == METRICS_PATH:
+            served = request.app[SETTINGS].metrics.listener
+            if served != "both" and (served == "admin") != on_admin_listener:
+                raise NotFound(f"nothing at {request.path} on this listener")
+        elif _is_admin_path(request.path) != on_admin_listener:
             raise NotFound(f"nothing at {request.path} on this listener")
     return await handler(request)
 
