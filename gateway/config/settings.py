@@ -139,7 +139,7 @@ class Settings(BaseModel):
             yield (
                 ("metrics", "listener"),
                 f"is {self.metrics.listener!r}, but there is no admin listener: set "
-                "[admin] token, or serve /metrics on the main listener (\"main\")",
+                '[admin] token, or serve /metrics on the main listener ("main")',
             )
 
     def _client_problems(self) -> Iterator[tuple[_Loc, str]]:

@@ -35,9 +35,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(document, default=str)
 
 
-_CONTROLS = {
-    code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))
-} | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
 """Characters that end or rewrite a line on a terminal, as the escapes that show them."""
 
 
