@@ -120,3 +120,30 @@ async def test_metrics_can_be_kept_off_the_main_listener(
         ("admin", True): 404,
         ("admin", False): 200,
     }
+
+
+async def test_client_address_headers_are_dropped_and_header_bytes_arrive_as_sent(
+    processes: list[GatewayProcess], tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """Finding 8: a caller's `X-Real-IP`, `True-Client-IP`, `X-Forwarded-Port`,
+    `X-Original-URL` and `X-Rewrite-URL` reached the upstream, and a header byte above
+    0x7F arrived double-encoded (`café` as `cafÃ©`), a credential's included. Now the
+    first are dropped (no trusted proxy here) and UTF-8 values arrive as sent."""
+    gateway = spawn(processes, tmp_path, upstream.url)
+    claims = {
+        "X-Real-IP": "10.0.0.1",
+        "True-Client-IP": "10.0.0.2",
+        "X-Forwarded-Port": "443",
+        "X-Original-URL": "/admin",
+        "X-Rewrite-URL": "/admin",
+    }
+    sent = {"Idempotency-Key": "h-1", "X-Note": "café", "Authorization": "Bearer tök", **claims}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{gateway.url}/tickets/v1/t", json={}, headers=sent) as answer,
+    ):
+        assert answer.status == 201, await answer.text()
+    (effect,) = upstream.effects
+    assert not {name.lower() for name in claims} & set(effect.headers)
+    assert effect.headers["x-note"] == "café"
+    assert effect.headers["authorization"] == "Bearer tök"

@@ -322,12 +322,37 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 def forward_headers(request: web.Request, caller: CallerScope) -> Pairs:
+    """The caller's end-to-end headers as the upstream gets them, values as the bytes
+    received (`as_sent`), plus the forwarding headers the gateway vouches for; a caller's
+    own client-address headers only from a trusted proxy (`CLIENT_ADDRESS_HEADERS`)."""
     drop = _NOT_FORWARDED | {"authorization"} if caller.strips_authorization else _NOT_FORWARDED
+    if not _from_trusted_proxy(request.remote, request.app[SETTINGS].server.trusted_proxies):
+        drop = drop | CLIENT_ADDRESS_HEADERS
     pairs = end_to_end(
-        ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers),
+        ((name.decode("latin-1"), as_sent(value)) for name, value in request.raw_headers),
         drop=drop,
     )
     return (*pairs, *forwarding_headers(request))
+
+
+CLIENT_ADDRESS_HEADERS = frozenset(
+    {"x-real-ip", "true-client-ip", "x-forwarded-port", "x-original-url", "x-rewrite-url"}
+)
+"""Headers by which a proxy tells the upstream who called, or which URL was asked: from
+anyone but a trusted proxy they are a caller's claim about itself, and are dropped (an
+upstream that trusts `X-Real-IP: 10.0.0.1` would take the caller for an internal one)."""
+
+
+def as_sent(value: bytes) -> str:
+    """A header value as the string the upstream client writes back as the same bytes: the
+    client encodes values as UTF-8, so a UTF-8 value goes as it came (`café` stays
+    `café`, where a latin-1 reading sent `cafÃ©`). A value that is not UTF-8 cannot be
+    written back as received: it is read as latin-1 (each byte above 0x7F then goes as
+    two), as `docs/contract.md` says."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
 
 
 def forwarding_headers(request: web.Request) -> Pairs:
