@@ -241,9 +241,50 @@ async def test_held_cancellations_are_bounded_and_dropped_at_shutdown(
     for n in range(5):
         cancellations.decide(call_name("s", None, n), hold=3600, forward=forwards, route="t")
     assert len(cancellations) == 3
-    assert sum(getattr(r, "event", None) == "mcp_cancel_shed" for r in caplog.records) == 2
+    shed = [r for r in caplog.records if getattr(r, "event", None) == "mcp_cancel_shed"]
+    assert len(shed) == 1  # the second drop within the second is counted, not logged
     await cancellations.close()
     assert len(cancellations) == 0
+    assert forwards.count == 0
+
+
+class SteppedClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_one_tenant_cannot_take_every_held_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Security review ("secrets stay secret", finding 8): held cancellations were capped
+    per worker only, so one tenant's flood shed everyone else's, and each drop logged a
+    warning. A tenant now holds at most its own cap; the others still get theirs; drops
+    are logged at most once a second, with how many were dropped."""
+    clock = SteppedClock()
+    cancellations = Cancellations(KnownCalls(), limit=100, per_scope=10, clock=clock)
+    forwards = Forwards()
+    for n in range(1000):
+        cancellations.decide(
+            call_name("flood", None, n), hold=3600, forward=forwards, route="t", scope="flood"
+        )
+    cancellations.decide(
+        call_name("other", None, 1), hold=3600, forward=forwards, route="t", scope="other"
+    )
+    assert len(cancellations) == 11  # the flood's 10, and the other tenant's one
+    shed = [r for r in caplog.records if getattr(r, "event", None) == "mcp_cancel_shed"]
+    assert [r.dropped for r in shed] == [1]
+    clock.now = 1.5
+    cancellations.decide(
+        call_name("flood", None, 1001), hold=3600, forward=forwards, route="t", scope="flood"
+    )
+    shed = [r for r in caplog.records if getattr(r, "event", None) == "mcp_cancel_shed"]
+    assert [r.dropped for r in shed] == [1, 990]
+    await cancellations.close()
     assert forwards.count == 0
 
 

@@ -271,7 +271,9 @@ def _cancellation(
         async def forward() -> None:
             await forward_unanswered(app, match, caller.scope, headers, body)
 
-        cancellations.decide(name, hold=route.cancel_hold, forward=forward, route=route.name)
+        cancellations.decide(
+            name, hold=route.cancel_hold, forward=forward, route=route.name, scope=caller.scope
+        )
     return web.Response(status=202)
 
 
