@@ -8,11 +8,24 @@ black-box.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import sqlite3
 from pathlib import Path
 
 import aiohttp
-from harness import ADMIN_ENV, ADMIN_TOKEN, GatewayProcess, spawn
+import pytest
+from conftest import GatewayFactory
+from harness import (
+    ADMIN_ENV,
+    ADMIN_TOKEN,
+    GatewayProcess,
+    settings_for,
+    spawn,
+    start_gateway,
+    stop_gateway,
+)
 from upstream import CountingUpstream
 
 FORGED = "INFO gateway.admin: resolved op_1 by admin:root force=true"
@@ -147,3 +160,92 @@ async def test_client_address_headers_are_dropped_and_header_bytes_arrive_as_sen
     assert not {name.lower() for name in claims} & set(effect.headers)
     assert effect.headers["x-note"] == "café"
     assert effect.headers["authorization"] == "Bearer tök"
+
+
+SPELLINGS = [
+    "Bearer alice",
+    "bearer alice",
+    "BEARER alice",
+    "bEaRer alice",
+    " Bearer alice",
+    "Bearer alice ",
+    "Bearer  alice",
+    "Bearer\talice",
+    "\tBearer alice\t",
+    "beaRER   alice  ",
+    "Bearer alice\t",
+    "  bearer alice  ",
+]
+
+
+async def test_one_credential_is_one_scope_however_its_scheme_is_spelled(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream
+) -> None:
+    """Finding 6: twelve spellings of `Bearer alice` were twelve tenants (12 x 200 where
+    `max_in_flight = 4` gave `Bearer alice` 4 x 200). The scheme is case-blind and blanks
+    around it ignored: every spelling finds the one receipt, and the upstream saw one
+    effect."""
+    gateway = await gateway_factory(upstream.url, idempotency={"shared_scope": False})
+    for spelling in SPELLINGS:
+        answer = await gateway.post(
+            "/tickets/v1/t", key="one", json_body={}, headers={"Authorization": spelling}
+        )
+        assert answer.status == 201, (spelling, await answer.text())
+    assert upstream.count == 1
+    other = await gateway.post(
+        "/tickets/v1/t", key="one", json_body={}, headers={"Authorization": "Bearer Alice"}
+    )
+    assert other.status == 201
+    assert upstream.count == 2  # the credential itself is exact: another token, another scope
+
+
+@pytest.mark.parametrize(
+    "value", ["Bearer undefined", "Bearer None", "Bearer null", "Bearer nil", "undefined", "NULL"]
+)
+async def test_an_unset_token_variable_is_no_credential(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, value: str
+) -> None:
+    """Finding 6: agents whose token variable is unset send `Bearer undefined` or `Bearer
+    None`, and all shared one tenant, reading each other's receipts. Such a value is no
+    credential: `401 missing-credentials`, nothing sent."""
+    gateway = await gateway_factory(upstream.url, idempotency={"shared_scope": False})
+    answer = await gateway.post(
+        "/tickets/v1/t", key="u-1", json_body={}, headers={"Authorization": value}
+    )
+    problem = await answer.json()
+    assert (answer.status, problem["type"].rsplit("/", 1)[-1]) == (401, "missing-credentials")
+    assert upstream.count == 0
+
+
+async def test_keys_made_before_the_upgrade_are_found_for_one_retention(
+    tmp_path: Path, upstream: CountingUpstream
+) -> None:
+    """A key made by a gateway that hashed `Bearer alice` as it came is still found (its
+    receipt replayed, no second effect) after the upgrade to normalised scopes, for one
+    `retention`; on a store that never had such keys nothing is looked up twice."""
+    settings = settings_for(tmp_path, upstream.url, idempotency={"shared_scope": False})
+    alice = {"Authorization": "Bearer alice"}
+    first = await start_gateway(settings)
+    try:
+        assert (
+            await first.post("/tickets/v1/t", key="old", json_body={}, headers=alice)
+        ).status == 201
+    finally:
+        await stop_gateway(first)
+    with sqlite3.connect(tmp_path / "gateway.db") as db:  # as the gateway before the upgrade
+        (secret,) = db.execute(
+            "SELECT value FROM gateway_meta WHERE name = 'scope_secret'"
+        ).fetchone()
+        exact = hmac.new(bytes(secret), b"authorization:Bearer alice", hashlib.sha256).hexdigest()
+        db.execute("UPDATE operations SET scope = ? WHERE key = 'old'", ("hmac:" + exact,))
+        db.execute("DELETE FROM gateway_meta WHERE name = 'scopes_normalised_since'")
+    db.close()
+    second = await start_gateway(settings)
+    try:
+        retry = await second.post("/tickets/v1/t", key="old", json_body={}, headers=alice)
+        assert (retry.status, retry.headers.get("Idempotent-Replayed")) == (201, "true")
+        found = await second.get("/operations/old", headers=alice)
+        assert found.status == 200
+    finally:
+        await stop_gateway(second)
+    assert upstream.count == 1

@@ -15,6 +15,17 @@ must hold, never from anything it can choose freely:
 Both read a credential as the exact bytes the caller sent (`header_bytes`):
 two different credentials never share a scope, whatever characters they hold,
 and one that is not UTF-8 is just another credential, never a server error.
+What is not the credential is normalised: an `Authorization` scheme is
+case-blind (`bEaRer t` is `Bearer t`) and blanks around a value are ignored,
+so one credential is one scope however it is spelled (and one tenant's
+quotas cannot be multiplied by respelling it). A placeholder an agent sends
+when its token variable is unset (`undefined`, `null`, `None`, `nil`) is no
+credential: such agents would otherwise share one scope.
+
+Stores that kept operations before credentials were normalised
+(`Store.scopes_normalised_since`) are looked up under the scope of the
+exact bytes too, for one `retention` (`legacy_until`), by `settled_scope`:
+no caller loses a receipt to the change.
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -48,6 +60,9 @@ class CallerScope:
 
     scope: str
     strips_authorization: bool
+    legacy: str | None = None
+    """The scope of the exact bytes, where it differs, while stores may still hold keys
+    under it (`settled_scope`)."""
 
     @property
     def client(self) -> str | None:
@@ -93,11 +108,39 @@ def is_credential(name: str, value: str) -> bool:
     if not text:
         return False
     if name.lower() != "authorization":
-        return True
-    scheme, _, credential = text.partition(" ")
-    if credential.strip(" \t"):
-        return True
-    return scheme.lower() not in AUTH_SCHEMES
+        return text.lower() not in PLACEHOLDERS
+    scheme, credential = _split_scheme(text)
+    if credential:
+        return credential.lower() not in PLACEHOLDERS
+    return scheme.lower() not in AUTH_SCHEMES and scheme.lower() not in PLACEHOLDERS
+
+
+def _split_scheme(text: str) -> tuple[str, str]:
+    """An `Authorization` value (blanks around it dropped) as its scheme and the rest, split
+    at the first run of blanks; the rest is empty for a value of one word."""
+    for index, char in enumerate(text):
+        if char in " \t":
+            return text[:index], text[index:].strip(" \t")
+    return text, ""
+
+
+PLACEHOLDERS = frozenset({"undefined", "null", "none", "nil"})
+"""What an unset variable turns into in JavaScript, JSON, Python and Go/Ruby: no credential."""
+
+
+def normalised(name: str, value: str) -> bytes:
+    """A scope header's value as its scope reads it: blanks around it dropped and, for
+    `Authorization`, the scheme lowercased; the credential's bytes as received.
+
+    >>> normalised("Authorization", "  bEaRer  t0k ")
+    b'bearer t0k'
+    """
+    text = value.strip(" \t")
+    if name.lower() == "authorization":
+        scheme, credential = _split_scheme(text)
+        if credential:
+            text = scheme.lower() + " " + credential
+    return header_bytes(text)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -123,6 +166,8 @@ class ScopeResolver:
         scope_headers: Sequence[str],
         secret: bytes,
         shared_scope: bool = False,
+        legacy_until: float = 0.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._client_by_digest = {
             digest.lower(): client.name for client in clients for digest in client.token_sha256
@@ -131,13 +176,16 @@ class ScopeResolver:
         self._scope_headers = tuple(scope_headers)
         self._shared_scope = shared_scope
         self._secret = secret
+        self._legacy_until = legacy_until
+        self._clock = clock
 
     def resolve(self, headers: HeaderSource) -> CallerScope:
         if self._uses_clients:
             return CallerScope(
                 scope=CLIENT_SCOPE_PREFIX + self._client_name(headers), strips_authorization=True
             )
-        return CallerScope(scope=self._header_scope(headers), strips_authorization=False)
+        scope, legacy = self._header_scopes(headers)
+        return CallerScope(scope=scope, strips_authorization=False, legacy=legacy)
 
     def _client_name(self, headers: HeaderSource) -> str:
         values = headers.getall("Authorization", [])
@@ -152,14 +200,19 @@ class ScopeResolver:
             raise Unauthorized("unknown client token")
         return name
 
-    def _header_scope(self, headers: HeaderSource) -> str:
+    def _header_scopes(self, headers: HeaderSource) -> tuple[str, str | None]:
+        """The scope, and the scope of the exact bytes while it may still hold keys and
+        differs."""
         # `name:value` items joined by NUL: a field value can hold no NUL, so the
-        # join is unambiguous, and an ASCII credential hashes exactly as before.
+        # join is unambiguous.
         material: list[bytes] = []
+        exact: list[bytes] = []
         for name in self._scope_headers:
             for value in headers.getall(name, []):
                 if is_credential(name, value):
-                    material.append(name.lower().encode("ascii") + b":" + header_bytes(value))
+                    label = name.lower().encode("ascii") + b":"
+                    material.append(label + normalised(name, value))
+                    exact.append(label + header_bytes(value))
         if not material:
             if not self._shared_scope:
                 names = ", ".join(self._scope_headers)
@@ -167,9 +220,27 @@ class ScopeResolver:
                     f"send a credential ({names}): without one, this gateway has no scope "
                     "to keep your keys in"
                 )
-            return ANONYMOUS_SCOPE
-        mac = hmac.new(self._secret, b"\x00".join(material), hashlib.sha256)
-        return "hmac:" + mac.hexdigest()
+            return ANONYMOUS_SCOPE, None
+        scope = self._mac(material)
+        if exact == material or self._clock() >= self._legacy_until:
+            return scope, None
+        return scope, self._mac(exact)
+
+    def _mac(self, material: list[bytes]) -> str:
+        return "hmac:" + hmac.new(self._secret, b"\x00".join(material), hashlib.sha256).hexdigest()
+
+
+async def settled_scope(
+    caller: CallerScope, key: str, find: Callable[[str, str], Awaitable[object | None]]
+) -> CallerScope:
+    """The caller's scope for `key`: the scope of the exact bytes when the key is there and
+    not under the normalised scope (a key made before the upgrade, within its retention),
+    else the normalised one. `find(scope, key)` is the store's `get`."""
+    if caller.legacy is None or await find(caller.scope, key) is not None:
+        return caller
+    if await find(caller.legacy, key) is None:
+        return caller
+    return CallerScope(scope=caller.legacy, strips_authorization=caller.strips_authorization)
 
 
 class _Headers:

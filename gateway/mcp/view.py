@@ -33,6 +33,7 @@ from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTE
 from gateway.engine.keys import format_key_header
 from gateway.engine.models import State
 from gateway.engine.recorded_request import mcp_record
+from gateway.engine.scopes import settled_scope
 from gateway.mcp.answers import EVENT_STREAM, McpCall
 from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call
 from gateway.mcp.jsonrpc import (
@@ -76,6 +77,7 @@ from gateway.web.appkeys import (
     METRICS,
     SCOPES,
     SETTINGS,
+    STORE,
     TRACE,
 )
 from gateway.web.caller_writes import respond
@@ -165,6 +167,8 @@ async def _tool_call(
                 "send params._meta.idempotencyKey"
             )
     trace.key = key
+    caller = await settled_scope(caller, key, app[STORE].get)
+    trace.scope = caller.scope
     live = (
         LiveAnswer(request, write_timeout=app[SETTINGS].server.write_timeout)
         if _accepts(request, EVENT_STREAM)

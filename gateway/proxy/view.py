@@ -54,7 +54,7 @@ from gateway.engine.headers import (
 from gateway.engine.keys import format_key_header, parse_idempotency_key
 from gateway.engine.markers import IDEMPOTENCY_DISTINCT, parse_distinct
 from gateway.engine.recorded_request import http_record
-from gateway.engine.scopes import CallerScope
+from gateway.engine.scopes import CallerScope, settled_scope
 from gateway.proxy.request_body import read_in_time, read_limited
 from gateway.proxy.routing import RouteMatch
 from gateway.upstream.headers import end_to_end, forwarded, forwarded_for
@@ -68,6 +68,7 @@ from gateway.web.appkeys import (
     ROUTES,
     SCOPES,
     SETTINGS,
+    STORE,
     TRACE,
 )
 from gateway.web.caller_writes import respond, stream_to_caller
@@ -137,6 +138,9 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
     protected = request.method in route.methods
     key = parse_idempotency_key(request.headers.getall(IDEMPOTENCY_KEY, [])) if protected else None
     trace.key = key
+    if key is not None:
+        caller = await settled_scope(caller, key, app[STORE].get)
+        trace.scope = caller.scope
     distinct = key is not None and parse_distinct(request.headers.getall(IDEMPOTENCY_DISTINCT, []))
     if protected and key is None and route.require_key:
         raise MissingKey(

@@ -112,6 +112,7 @@ from gateway.store.postgres_statements import (
 from gateway.store.rows import (
     LEGACY_SINCE,
     LEGACY_UNSETTLED,
+    SCOPES_NORMALISED_SINCE,
     WITNESS_PREFIX,
     LegacyFingerprints,
     as_stored,
@@ -119,6 +120,7 @@ from gateway.store.rows import (
     decode_cursor,
     encode_cursor,
     is_forgotten,
+    normalised_since,
     row_to_operation,
     scope_secret_lost,
     seal_receipt,
@@ -336,6 +338,19 @@ class PostgresStore(PostgresConnection):
         if self._secret is None:
             raise StoreUnavailable("the PostgreSQL store is not open")
         return self._secret
+
+    async def scopes_normalised_since(self) -> float | None:
+        await self._fetchval(
+            "meta",
+            "INSERT INTO gateway_meta (name, value) SELECT $1, convert_to(CASE WHEN EXISTS "
+            "(SELECT 1 FROM operations) THEN extract(epoch from clock_timestamp())::text "
+            "ELSE '0' END, 'UTF8') ON CONFLICT (name) DO NOTHING",
+            SCOPES_NORMALISED_SINCE,
+        )
+        value = await self._fetchval(
+            "meta", "SELECT value FROM gateway_meta WHERE name = $1", SCOPES_NORMALISED_SINCE
+        )
+        return normalised_since(bytes(value))
 
     async def read_clock_witnesses(self) -> dict[str, bytes]:
         rows = await self._fetch(

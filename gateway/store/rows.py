@@ -342,3 +342,14 @@ def row_to_operation(
         history_seq=history_seq,
         history_head=history_head,
     )
+
+
+SCOPES_NORMALISED_SINCE = "scopes_normalised_since"
+"""The `gateway_meta` row of `Store.scopes_normalised_since`: the store clock's time as
+text, or "0" for a store that had no operations when its gateway began to normalise."""
+
+
+def normalised_since(value: bytes | str) -> float | None:
+    text = value.decode() if isinstance(value, bytes) else value
+    since = float(text)
+    return since if since > 0 else None

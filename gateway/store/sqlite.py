@@ -76,12 +76,14 @@ from gateway.store.history_rows import (
     read_rows,
 )
 from gateway.store.rows import (
+    SCOPES_NORMALISED_SINCE,
     WITNESS_PREFIX,
     LegacyFingerprints,
     as_stored,
     decode_cursor,
     encode_cursor,
     is_forgotten,
+    normalised_since,
     open_receipt,
     row_to_operation,
     seal_receipt,
@@ -223,6 +225,23 @@ class SqliteStore(SqliteConnection):
         if self._secret is None:
             raise StoreUnavailable("the SQLite store is not open")
         return self._secret
+
+    async def scopes_normalised_since(self) -> float | None:
+        now = self._clock.time()
+
+        def job(c: sqlite3.Connection) -> bytes:
+            c.execute(
+                "INSERT INTO gateway_meta (name, value) SELECT ?, CAST(CASE WHEN EXISTS "
+                "(SELECT 1 FROM operations) THEN ? ELSE '0' END AS BLOB) "
+                "ON CONFLICT (name) DO NOTHING",
+                (SCOPES_NORMALISED_SINCE, repr(now)),
+            )
+            row = c.execute(
+                "SELECT value FROM gateway_meta WHERE name = ?", (SCOPES_NORMALISED_SINCE,)
+            ).fetchone()
+            return bytes(row[0])
+
+        return normalised_since(await self._writer.run(job))
 
     async def read_clock_witnesses(self) -> dict[str, bytes]:
         rows = await self._writer.run(

@@ -241,11 +241,17 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     app[ENGINE] = engine
     app[QUOTAS] = quotas
     app[TRACER] = tracer
+    normalised_since = await store.scopes_normalised_since()
     app[SCOPES] = ScopeResolver(
         clients=settings.clients,
         scope_headers=settings.idempotency.scope_headers,
         shared_scope=settings.idempotency.shared_scope,
         secret=scope_secret,
+        # Keys made before credentials were normalised live under the exact bytes' scope
+        # until their receipts expire: looked up there too until then.
+        legacy_until=(
+            0.0 if normalised_since is None else normalised_since + settings.idempotency.retention
+        ),
     )
     app[MCP_SESSIONS] = SessionTags(scope_secret)
     app[PROBE_JOBS] = ProbeJobs()

@@ -21,6 +21,7 @@ from gateway.engine.errors import (
 )
 from gateway.engine.keys import MAX_KEY_LENGTH
 from gateway.engine.models import Operation
+from gateway.engine.scopes import settled_scope
 from gateway.proxy.request_body import read_in_time, read_limited
 from gateway.web.appkeys import ENGINE, SCOPES, SETTINGS, STORE
 from gateway.web.operation_document import document_response, operation_document
@@ -95,6 +96,7 @@ async def read_operator_body(request: web.Request) -> bytes:
 async def lookup(request: web.Request) -> web.Response:
     key = key_from_segment(request.rel_url.raw_path[len(_PREFIX) :])
     caller = request.app[SCOPES].resolve(request.headers)
+    caller = await settled_scope(caller, key, request.app[STORE].get)
     operation = await request.app[ENGINE].lookup(caller.scope, key)
     if operation is None:
         raise UnknownKey(f"no operation with key {key!r} in this scope", key=key)
@@ -106,7 +108,9 @@ async def resolve(request: web.Request) -> web.Response:
     if not raw_path.endswith(_RESOLVE):
         raise NotFound(f"nothing at {request.path}")
     key = key_from_segment(raw_path[len(_PREFIX) : -len(_RESOLVE)])
-    caller = request.app[SCOPES].resolve(request.headers)
+    caller = await settled_scope(
+        request.app[SCOPES].resolve(request.headers), key, request.app[STORE].get
+    )
     body = parse_resolve_body(await read_operator_body(request))
     if body.force or body.share_with_owner:
         raise InvalidRequest(
