@@ -492,7 +492,7 @@ async def test_an_mcp_call_shows_its_tool_and_arguments_and_a_large_body_why_it_
         await page.open("#/key/big-1")
         gone = await page.wait_text("request-gone", "record_request_max")
         assert gone.startswith("The body (")
-        assert "only its size and SHA-256 are kept" in gone
+        assert "only its size and digest are kept" in gone
         assert "SHA-256" in await page.detail_text("request")
         await page.screenshot("request-too-large")
 

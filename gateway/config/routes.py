@@ -321,6 +321,9 @@ class RouteSettings(BaseModel):
     """How long after an attempt's last possible send (plus `timeout`) an owner or an
     admin may release it `not_applied` without `force`: the tool may still be applying
     a send it received late (the `too-early` guard)."""
+    record_raw: bool = False
+    """Record a body redaction cannot read (a content type other than JSON, a form or
+    multipart; JSON that does not parse) as sent, instead of its size and digest only."""
     record_request_max: Size = 64 << 10
     """The largest request body recorded with its operation for operators (0: none);
     a larger one keeps its size and SHA-256 only."""

@@ -22,12 +22,14 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import signal
 from typing import TYPE_CHECKING
 
 from gateway.engine.answers import KeyRecords, answer_existing, key_mismatch
 from gateway.engine.calibrator import Calibrator, SightObserver, request_kind
 from gateway.engine.clock import SYSTEM_CLOCK, Clock
+from gateway.engine.digests import Digests
 from gateway.engine.errors import (
     InProgress,
     LeaseLost,
@@ -72,7 +74,6 @@ from gateway.upstream.spool import Spooler
 
 if TYPE_CHECKING:
     from gateway.config import IdempotencySettings, RouteSettings
-    from gateway.engine.digests import Digests
     from gateway.engine.exchange import Upstream
     from gateway.engine.forwarded_key import ForwardedKeys
     from gateway.engine.leases import LeaseKeeper
@@ -122,6 +123,9 @@ class IdempotencyEngine:
         spooler: Spooler | None = None,
     ) -> None:
         self._store = store
+        self.digests = digests if digests is not None else Digests(secrets.token_bytes(32))
+        """Keyed digests of what callers sent (the scope secret's, in a gateway): the
+        history's `body_digest` and the recorded request's `digest`."""
         self._spooler = spooler if spooler is not None else Spooler(total=1 << 30)
         self._readers: set[asyncio.Task[None]] = set()
         self._tracer = tracer
@@ -172,7 +176,7 @@ class IdempotencyEngine:
             clock=clock,
             forwarded_key=self._forwarded_key,
             tracer=tracer,
-            digests=digests,
+            digests=self.digests,
         )
 
     # -- the request path ------------------------------------------------------

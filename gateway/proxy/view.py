@@ -203,6 +203,8 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
             body=body,
             limit=route.record_request_max,
             redact=route.redact_request,
+            digest=functools.partial(engine.digests.body, caller.scope),
+            record_raw=route.record_raw,
         ),
         distinct=distinct,
     )

@@ -285,14 +285,22 @@ def _recorded_request_schema() -> dict[str, Any]:
             "target": {"type": "string", "description": "The path and query sent."},
             "content_type": nullable({"type": "string"}),
             "size": {"type": "integer", "minimum": 0, "description": "The body's bytes."},
-            "sha256": {"type": "string", "description": "Hex SHA-256 of the body as sent."},
+            "digest": {
+                "type": "string",
+                "description": "`hmac-sha256:` and 32 hex digits: an HMAC, keyed by the scope "
+                "secret and the scope, of the body as recorded (after redaction), or of the "
+                "body as sent when it is not kept; tells bodies apart, confirms no guess. "
+                "Records made before this version carry `sha256` instead.",
+            },
             "body": nullable({"type": "string"}),
             "body_encoding": {"enum": ["utf-8", "base64"]},
             "body_gone": nullable(
                 {
-                    "enum": ["too_large", "redacted", "expired"],
+                    "enum": ["too_large", "unparsed", "redacted", "expired"],
                     "description": "Why `body` (or `arguments`) is not kept: larger than "
-                    "`record_request_max`, erased by a redaction, or dropped at retention.",
+                    "`record_request_max`, a format `redact_request` cannot read (kept as "
+                    "size and digest only unless the route sets `record_raw`), erased by a "
+                    "redaction, or dropped at retention.",
                 }
             ),
             "tool": nullable({"type": "string", "description": "MCP routes: the tool called."}),

@@ -49,7 +49,11 @@ for (const [name] of OWN_WORDS) SHOWN_APART.add(name).add(`${name}_redacted`);
 const GONE = {
   too_large: (request) =>
     `The body (${request.size} bytes) was larger than the route's record_request_max: ` +
-    "only its size and SHA-256 are kept.",
+    "only its size and digest are kept.",
+  unparsed: (request) =>
+    `The body (${request.size} bytes, ${request.content_type ?? "no content type"}) is in a ` +
+    "format the route's redact_request cannot read: only its size and digest are kept " +
+    "(record_raw = true on the route keeps such bodies as sent).",
   redacted: () => "The recorded request was erased by a redaction (see “Redacted” in the history).",
   expired: () => "The recorded request was dropped when its retention ended.",
 };
@@ -133,7 +137,8 @@ function renderRequest(request) {
   if (request.tool) facts.push(["Tool", request.tool]);
   if (request.content_type !== undefined) facts.push(["Content type", request.content_type ?? "none"]);
   if (request.size !== null && request.size !== undefined) facts.push(["Size", `${request.size} bytes`]);
-  if (request.sha256) facts.push(["SHA-256", request.sha256]);
+  if (request.digest) facts.push(["Digest", request.digest]);
+  else if (request.sha256) facts.push(["SHA-256", request.sha256]);
   const parts = [];
   if (facts.length) {
     parts.push(el("dl", {}, ...facts.flatMap(([n, v]) => [el("dt", { text: n }), el("dd", { text: v })])));
