@@ -28,6 +28,8 @@ from harness import (
 )
 from upstream import CountingUpstream
 
+from gateway.web.appkeys import STORE
+
 FORGED = "INFO gateway.admin: resolved op_1 by admin:root force=true"
 
 
@@ -249,3 +251,30 @@ async def test_keys_made_before_the_upgrade_are_found_for_one_retention(
     finally:
         await stop_gateway(second)
     assert upstream.count == 1
+
+
+async def test_similar_refusals_bind_no_more_keys_than_max_bindings(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
+) -> None:
+    """Finding 3: each `similar-operation` refusal wrote a binding no quota counted (242
+    bindings in 22 s with `max_operations = 50`). Past `max_bindings` a refusal that
+    would bind is `429 quota-exceeded` (nothing sent, nothing kept), and bindings count
+    toward `max_operations`."""
+    gateway = await gateway_factory(upstream.url, store_url=store_url, quotas={"max_bindings": 2})
+    first = asyncio.create_task(gateway.post("/tickets/v1/t?hold=1", key="a", json_body={}))
+    await upstream.wait_for_held(1)
+    answers = []
+    for key in ("b", "c", "d", "e"):
+        answer = await gateway.post("/tickets/v1/t?hold=1", key=key, json_body={})
+        answers.append((answer.status, (await answer.json())["type"].rsplit("/", 1)[-1]))
+    assert answers == [
+        (409, "similar-operation"),
+        (409, "similar-operation"),
+        (429, "quota-exceeded"),
+        (429, "quota-exceeded"),
+    ]
+    upstream.release_held()
+    assert (await first).status == 201
+    assert upstream.count == 1
+    stored = await gateway.app[STORE].count_for_scope("anonymous")
+    assert stored == 3  # the operation and its two bindings

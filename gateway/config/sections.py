@@ -239,7 +239,11 @@ class QuotaSettings(BaseModel):
     new_keys_per_minute: int = Field(default=0, ge=0)
     """New keys one scope may start per minute (this process)."""
     max_operations: int = Field(default=0, ge=0)
-    """Records (receipts and tombstones) one scope may keep in the store."""
+    """Records one scope may keep in the store: operations (receipts and tombstones) and
+    the bindings its `similar-operation` refusals left on keys, one each."""
+    max_bindings: int = Field(default=1000, ge=0)
+    """Bindings (`similar-operation` refusals) one scope may keep; past it such a refusal is
+    `429 quota-exceeded` and binds nothing (0: no limit)."""
     route_new_keys_per_minute: int = Field(default=0, ge=0)
     """New keys all scopes together may start on one route per minute (this process):
     the cap that a fresh credential per request cannot escape."""

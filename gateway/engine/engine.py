@@ -33,6 +33,7 @@ from gateway.engine.digests import Digests
 from gateway.engine.errors import (
     InProgress,
     LeaseLost,
+    QuotaExceeded,
     RouteSaturated,
     StoreUnavailable,
     UpstreamConnectionLost,
@@ -211,6 +212,7 @@ class IdempotencyEngine:
                             self._keeper.claim_failed(request.scope, request.key)
                             raise
                         if isinstance(claim, Similar):
+                            await self._within_bindings(request)
                             raise similar_refusal(request.key, claim.twin)
                         span.operation(claim.operation)
                     if not isinstance(claim, Existing):
@@ -279,6 +281,20 @@ class IdempotencyEngine:
                 request.scope,
                 request.route.name,
                 lambda: self._store.count_for_scope(request.scope),
+            )
+
+    async def _within_bindings(self, request: ProxyRequest) -> None:
+        """A `similar-operation` refusal binds its key to the twin (a row the scope keeps):
+        past the scope's `max_bindings` the binding is dropped again and the refusal is
+        `429 quota-exceeded` instead (nothing forwarded), so refusals cannot fill the store."""
+        limit = self._quotas.max_bindings
+        if limit and await self._timed(
+            "unbind", self._store.unbind_past(request.scope, request.key, limit)
+        ):
+            raise QuotaExceeded(
+                f"this client holds more than max_bindings ({limit}) keys refused as the "
+                "same request as another key's; nothing was sent",
+                retry_after=60,
             )
 
     async def _claim(self, request: ProxyRequest, asked_at: float) -> tuple[ClaimResult, float]:

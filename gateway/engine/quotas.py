@@ -64,6 +64,12 @@ class ScopeQuotas:
         self._counts: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
     @property
+    def max_bindings(self) -> int:
+        """`max_bindings`: the keys one scope may have bound by `similar-operation`
+        refusals (0: no limit)."""
+        return self._settings.max_bindings
+
+    @property
     def limits_new_keys(self) -> bool:
         """Whether a request must first learn if its key is new (costs one read)."""
         settings = self._settings

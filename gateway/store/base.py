@@ -377,7 +377,12 @@ class Store(Protocol):
     async def count_by_state(self) -> dict[State, int]: ...
 
     async def count_for_scope(self, scope: str) -> int:
-        """Records (of any state) one scope keeps: for the `max_operations` quota."""
+        """Records one scope keeps, for the `max_operations` quota: its operations (of any
+        state) and the bindings its `similar-operation` refusals left on keys."""
+
+    async def unbind_past(self, scope: str, key: str, limit: int) -> bool:
+        """Drop the binding a `similar-operation` refusal left on (`scope`, `key`) when the
+        scope holds more than `limit` bindings; True when it was dropped."""
 
     async def redact(
         self,

@@ -993,8 +993,25 @@ class PostgresStore(PostgresConnection):
 
     async def count_for_scope(self, scope: str) -> int:
         return int(
-            await self._fetchval("count", "SELECT count(*) FROM operations WHERE scope = $1", scope)
+            await self._fetchval(
+                "count",
+                "SELECT (SELECT count(*) FROM operations WHERE scope = $1) "
+                "+ (SELECT count(*) FROM similar_refusals WHERE scope = $1)",
+                scope,
+            )
         )
+
+    async def unbind_past(self, scope: str, key: str, limit: int) -> bool:
+        dropped = await self._fetchval(
+            "unbind",
+            "WITH gone AS (DELETE FROM similar_refusals WHERE scope = $1 AND key = $2 AND "
+            "(SELECT count(*) FROM similar_refusals WHERE scope = $1) > $3 RETURNING 1) "
+            "SELECT count(*) FROM gone",
+            scope,
+            key,
+            limit,
+        )
+        return bool(dropped)
 
     async def redact(
         self,

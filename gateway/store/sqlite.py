@@ -853,9 +853,24 @@ class SqliteStore(SqliteConnection):
         return int(
             await self._writer.run(
                 lambda c: c.execute(
-                    "SELECT count(*) FROM operations WHERE scope = ?", (scope,)
+                    "SELECT (SELECT count(*) FROM operations WHERE scope = ?1) "
+                    "+ (SELECT count(*) FROM similar_refusals WHERE scope = ?1)",
+                    (scope,),
                 ).fetchone()[0],
                 off_loop=True,
+            )
+        )
+
+    async def unbind_past(self, scope: str, key: str, limit: int) -> bool:
+        return bool(
+            await self._writer.run(
+                lambda c: (
+                    c.execute(
+                        "DELETE FROM similar_refusals WHERE scope = ?1 AND key = ?2 AND "
+                        "(SELECT count(*) FROM similar_refusals WHERE scope = ?1) > ?3",
+                        (scope, key, limit),
+                    ).rowcount
+                )
             )
         )
 

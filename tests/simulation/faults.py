@@ -404,6 +404,9 @@ class FaultyStore:
     async def count_for_scope(self, scope: str) -> int:
         return await self._call("count_for_scope", lambda: self._inner.count_for_scope(scope))
 
+    async def unbind_past(self, scope: str, key: str, limit: int) -> bool:
+        return await self._call("unbind_past", lambda: self._inner.unbind_past(scope, key, limit))
+
     async def redact(
         self,
         operation_id: str,

@@ -924,7 +924,17 @@ class MemoryStore:
 
     async def count_for_scope(self, scope: str) -> int:
         self._check_open()
-        return sum(1 for operation in self.db.rows.values() if operation.scope == scope)
+        operations = sum(1 for operation in self.db.rows.values() if operation.scope == scope)
+        return operations + sum(1 for bound, _ in self.db.bindings if bound == scope)
+
+    async def unbind_past(self, scope: str, key: str, limit: int) -> bool:
+        self._check_open()
+        if sum(1 for bound, _ in self.db.bindings if bound == scope) <= limit:
+            return False
+        if (scope, key) not in self.db.bindings:
+            return False
+        self.db.bind(scope, key, None)
+        return True
 
     def _erase_request(self, operation_id: str) -> None:
         rows = self.db.events.get(operation_id, [])
