@@ -159,9 +159,12 @@ def _media(content_type: str | None) -> str:
 
 
 def _redacted_body(content_type: str | None, body: bytes, redactions: Redactions) -> str | None:
-    """The body as text with secret values replaced; None when redaction cannot read it."""
+    """The body as text with secret values replaced; None when redaction cannot read it
+    (or there is nothing to redact: then it is recorded as sent, unparsed)."""
     if not body:
         return ""
+    if not redactions:
+        return None
     media = _media(content_type)
     if media == "application/x-www-form-urlencoded":
         return _redacted_form(body, redactions)
