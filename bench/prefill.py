@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.engine.digests import Digests
 from gateway.engine.fingerprint import fingerprint_request
 from gateway.engine.history import chain, micros
 from gateway.engine.ids import new_operation_id
@@ -100,14 +101,15 @@ def prefill(path: Path, rows: int) -> FillReport:
         migrate(connection)
         # As the gateway's first start makes it: a store holding operations but no
         # secret refuses to start.
-        load_or_create_secret(connection)
+        digests = Digests(load_or_create_secret(connection))
         connection.execute("COMMIT")
         placeholders = ", ".join("?" for _ in STORED_COLUMNS)
         insert = f"INSERT INTO operations ({', '.join(STORED_COLUMNS)}) VALUES ({placeholders})"
         for start in range(0, rows, _CHUNK):
             connection.execute("BEGIN")
             events: list[tuple[object, ...]] = []
-            connection.executemany(insert, _rows(start, min(rows, start + _CHUNK), rows, events))
+            made = _rows(start, min(rows, start + _CHUNK), rows, events, digests)
+            connection.executemany(insert, made)
             connection.executemany(_INSERT_EVENT, events)
             connection.execute("COMMIT")
     finally:
@@ -130,7 +132,7 @@ def bytes_per_operation(path: Path) -> tuple[float, int]:
 
 
 def _rows(
-    first: int, end: int, total: int, events: list[tuple[object, ...]]
+    first: int, end: int, total: int, events: list[tuple[object, ...]], digests: Digests
 ) -> Iterator[tuple[object, ...]]:
     """Rows `first..end-1` of `total`, created evenly over the hour before now; their
     history events (claimed with the request, sent, answered) go to `events`."""
@@ -155,6 +157,7 @@ def _rows(
             body=body,
             limit=64 << 10,
             redact=(),
+            digest=lambda kept: digests.body(FILL_SCOPE, kept),
         )
         operation_id = new_operation_id(created)
         claimed, head, _ = chain(
