@@ -142,6 +142,9 @@ class Invariants:
         know) or of a class named in `tolerate` (a known bug, to hunt past it)."""
         self._problems: list[Problem] = []
         self._rows: dict[str, Operation] = {}
+        self._forgotten: dict[str, Operation] = {}
+        """Rows the store deleted (forgotten past their tombstone), as they last stood: a
+        refusal answered after its twin was forgotten still named a real operation."""
         """Every operation as the committed history has it so far (a replay of it)."""
         self._same_request: dict[tuple[str, str, str], set[str]] = {}
         """(scope, route, request) -> the ids of `_rows` with that request (`_request`)."""
@@ -265,7 +268,7 @@ class Invariants:
         if seen.refused_by is None or twin_id != seen.refused_by:
             self._fail("twin-effect", f"{where}, but the store refused it for {seen.refused_by!r}")
             return
-        twin = self._db.rows.get(twin_id) or self._rows.get(twin_id)
+        twin = self._db.rows.get(twin_id) or self._rows.get(twin_id) or self._forgotten.get(twin_id)
         if twin is None:
             self._fail("twin-effect", f"{where}, which the database never held")
         elif (twin.scope, twin.fingerprint) != (seen.scope, seen.fingerprint) or (
@@ -432,6 +435,7 @@ class Invariants:
             self._same_request.setdefault(where, set()).add(t.after.id)
         elif t.before is not None:
             self._rows.pop(t.before.id, None)
+            self._forgotten[t.before.id] = t.before
             where = (t.before.scope, t.before.route, self._request(t.before))
             self._same_request.get(where, set()).discard(t.before.id)
 

@@ -87,11 +87,7 @@ class Replica:
             keeper=self.keeper,
             prober=self.prober,
             forwarded_keys=ForwardedKeys(b"k" * 32),
-            # No cap on bindings: the simulated world checks the engine's decisions, not its
-            # quotas, and the cap's extra store read on every refusal (`_within_bindings`)
-            # reshuffles the seeds (seed 5 of --lost-keys then reports a refusal naming a
-            # twin the database never held: not looked into yet).
-            quotas=ScopeQuotas(QuotaSettings(max_bindings=0)),
+            quotas=ScopeQuotas(QuotaSettings()),
             settings=settings,
             routes=(route,),
             clock=self.clock,
