@@ -53,7 +53,7 @@ from gateway.engine.exchange import (
     receipt_of,
 )
 from gateway.engine.graces import GraceClock
-from gateway.engine.headers import IDEMPOTENCY_KEY, Pairs
+from gateway.engine.headers import IDEMPOTENCY_KEY, Pairs, header_value
 from gateway.engine.keys import operation_url
 from gateway.engine.lifecycle_events import request_claimed
 from gateway.engine.models import (
@@ -725,10 +725,8 @@ class IdempotencyEngine:
 
 def _content_length(answer: UpstreamAnswer) -> int:
     """The answer's declared length, or 0 when it declares none (or nonsense)."""
-    for name, value in answer.headers:
-        if name.lower() == "content-length":
-            return int(value) if value.strip().isdigit() else 0
-    return 0
+    value = (header_value(answer.headers, "Content-Length") or "").strip()
+    return int(value) if value.isdigit() else 0
 
 
 async def _read_or_close(reply: UpstreamAnswer, limit: int) -> bytes | None:

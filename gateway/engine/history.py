@@ -444,7 +444,7 @@ def verify_chain(
             "(events dropped, added or replaced)",
         )
     if row is not None and rows:
-        mismatch = _row_mismatch(rows[-1], row)
+        mismatch = _row_mismatch(rows[-1], data, row)
         if mismatch is not None:
             return ChainReport(
                 len(rows),
@@ -486,9 +486,9 @@ def verify_checkpoints(entries: Sequence[Any], key: bytes) -> dict[str, Any]:
     return {"ok": True, "count": len(entries), "latest_at": latest, "broken": None}
 
 
-def _row_mismatch(last: EventRow, row: RowFacts) -> str | None:
-    """How the head event disagrees with the row (version, attempt, state), or None."""
-    data = json.loads(last.data)
+def _row_mismatch(last: EventRow, data: Mapping[str, Any], row: RowFacts) -> str | None:
+    """How the head event (`data`: its parsed data) disagrees with the row (version,
+    attempt, state), or None."""
     if last.version != row.version:
         return f"it was written at version {last.version} and the row is at {row.version}"
     if data.get("attempt", row.attempts) != row.attempts:
