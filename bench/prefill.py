@@ -7,7 +7,7 @@ gateway's own migrations (`gateway.store.sqlite_schema.migrate`) and every
 row is shaped like a real completed operation: scope "anonymous" (a caller
 without `Authorization`), a UUID-shaped key, a ULID operation id, a request
 of its own (`fill_body`: the key is in the body, so no two rows are the same
-request and their fingerprints spread over the request index as real
+request and their keyed fingerprints spread over the request index as real
 traffic's do), a 201 receipt with the headers the tool API sends and a
 ~300-byte JSON body, due for expiry a day later, as with the default
 retention.
@@ -142,13 +142,16 @@ def _rows(
         completed = created + 0.002
         key = fill_key(index)
         body = fill_body(key)
-        fingerprint = fingerprint_request(
-            method="POST",
-            route="tickets",
-            path="/tickets/v1/issues",
-            query="",
-            content_type="application/json",
-            body=body,
+        fingerprint = digests.fingerprint(
+            FILL_SCOPE,
+            fingerprint_request(
+                method="POST",
+                route="tickets",
+                path="/tickets/v1/issues",
+                query="",
+                content_type="application/json",
+                body=body,
+            ),
         )
         request = http_record(
             method="POST",

@@ -142,6 +142,8 @@ async def test_a_key_recorded_before_version_2_is_compared_the_old_way(
             "INSERT INTO gateway_meta (name, value) VALUES ('fingerprint_v2_since', "
             "CAST((julianday('now') - 2440587.5) * 86400.0 AS TEXT))"
         )
+        # Stored plain, as then: the upgrade to keyed fingerprints keys them in place.
+        db.execute("UPDATE schema_version SET version = 8")
     again = await gateway_factory(upstream.url)
 
     status, _ = await send(again, "old-done", PATH, BODY, JSON)

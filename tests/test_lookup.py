@@ -83,7 +83,7 @@ async def test_completed_operation_json(
     assert document["route"] == "tickets"
     assert document["method"] == "POST"
     assert document["path"] == "/tickets/v1/issues"
-    assert document["fingerprint"].startswith("v2:sha256:")  # versioned: JSON compared as JSON
+    assert document["fingerprint"].startswith("v2:hmac-sha256:")  # version 2, keyed per scope
     assert document["attempts"] == 1
     created = timestamp(document["created_at"])
     updated = timestamp(document["updated_at"])

@@ -28,6 +28,7 @@ from harness import (
 )
 from upstream import CountingUpstream
 
+from gateway.engine.fingerprint import fingerprints
 from gateway.web.appkeys import STORE
 
 FORGED = "INFO gateway.admin: resolved op_1 by admin:root force=true"
@@ -239,8 +240,13 @@ async def test_keys_made_before_the_upgrade_are_found_for_one_retention(
             "SELECT value FROM gateway_meta WHERE name = 'scope_secret'"
         ).fetchone()
         exact = hmac.new(bytes(secret), b"authorization:Bearer alice", hashlib.sha256).hexdigest()
-        db.execute("UPDATE operations SET scope = ? WHERE key = 'old'", ("hmac:" + exact,))
+        plain, _ = fingerprints("POST", "tickets", "/tickets/v1/t", "", "application/json", b"{}")
+        db.execute(
+            "UPDATE operations SET scope = ?, fingerprint = ? WHERE key = 'old'",
+            ("hmac:" + exact, plain),
+        )
         db.execute("DELETE FROM gateway_meta WHERE name = 'scopes_normalised_since'")
+        db.execute("UPDATE schema_version SET version = 8")  # fingerprints were plain then
     db.close()
     second = await start_gateway(settings)
     try:

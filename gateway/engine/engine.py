@@ -357,6 +357,7 @@ class IdempotencyEngine:
             path=request.path,
             kind=request_kind(request.route, request.method, request.path),
             legacy_fingerprint=request.legacy_fingerprint,
+            plain_fingerprints=request.plain_fingerprints,
             owner=self._keeper.owner,
             lease_seconds=self._settings.lease,
             tombstone_seconds=request.retention or self._settings.tombstone_retention,

@@ -258,9 +258,18 @@ class ClaimRequest(NamedTuple):
     """The request's kind (`gateway.config.applies_to`), kept so that a probe's
     calibration finds a recent completed operation of the kind."""
     legacy_fingerprint: str | None = None
-    """The same request's fingerprint in the form before version 2 (HTTP routes): a key
-    bound under the old form is the same request when this one matches it."""
+    """The request's fingerprint in the form before version 2, keyed (HTTP routes;
+    `gateway.engine.fingerprint`): a key bound under that form is the same request when
+    this one matches it, and twins of that form are looked up by it too."""
+    plain_fingerprints: tuple[str, ...] = ()
+    """The request's fingerprints as a gateway before keyed fingerprints stored them
+    (`gateway.engine.digests`): a replica of that version, still serving during a rolling
+    upgrade, may bind a key with one; compared here, never stored or looked up."""
 
     def same_request(self, fingerprint: str) -> bool:
-        """Whether a stored fingerprint, in either form, is this request's."""
-        return fingerprint == self.fingerprint or fingerprint == self.legacy_fingerprint
+        """Whether a stored fingerprint, in any of its forms, is this request's."""
+        return (
+            fingerprint == self.fingerprint
+            or fingerprint == self.legacy_fingerprint
+            or fingerprint in self.plain_fingerprints
+        )

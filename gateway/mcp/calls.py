@@ -149,7 +149,8 @@ def _invalid_key(detail: str) -> JsonRpcError:
 
 
 def fingerprint_call(route: str, call: ToolCall) -> str:
-    """`sha256:<hex>` over the route, the tool and the canonical arguments.
+    """`sha256:<hex>` over the route, the tool and the canonical arguments: the plain
+    fingerprint, stored and looked up only keyed per scope (`gateway.engine.digests`).
 
     >>> from gateway.mcp.jsonrpc import parse_message
     >>> def call(args: str) -> ToolCall:
@@ -166,8 +167,10 @@ def fingerprint_call(route: str, call: ToolCall) -> str:
 
 
 def derived_key(route: str, call: ToolCall) -> str:
-    """The key of a call that came without one (`derive_key = "arguments"`):
-    `d:` + base64url(SHA-256(route NUL tool NUL canonical arguments)).
+    """The plain key of a call that came without one (`derive_key = "arguments"`):
+    `d:` + base64url(SHA-256(route NUL tool NUL canonical arguments)). Calls are claimed
+    under its keyed form (`gateway.mcp.derived_keys`); this one is what a gateway of
+    before stored, still looked up for a while after the upgrade.
 
     The same call made again within `derived_key_retention` is then taken for
     a crash-retry and answered from its receipt; after it, it is a new effect.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from gateway.engine.models import Operation, State
-from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call, tool_call_of
+from gateway.mcp.calls import ToolCall, fingerprint_call, tool_call_of
 from gateway.mcp.jsonrpc import INVALID_PARAMS, JsonRpcError, Message, parse_object
 from gateway.web.operation_json import safe_to_retry
 
@@ -61,8 +61,8 @@ class StatusQuestion(NamedTuple):
     key: str | None = None
     tool: str | None = None
     fingerprint: str | None = None
-    derived_key: str | None = None
-    """The key the call has if it was made without one (`derive_key`)."""
+    """The call's plain fingerprint (`fingerprint_call`), keyed in the caller's scope
+    where the scope is known."""
 
 
 def asked_about(route: str, call: ToolCall) -> StatusQuestion:
@@ -87,7 +87,6 @@ def asked_about(route: str, call: ToolCall) -> StatusQuestion:
         return StatusQuestion(
             tool=tool,
             fingerprint=fingerprint_call(route, asked_call),
-            derived_key=derived_key(route, asked_call),
         )
     raise JsonRpcError(INVALID_PARAMS, 'give "key", or "tool" and "arguments"')
 

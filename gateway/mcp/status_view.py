@@ -51,8 +51,11 @@ async def status_call(
         operation = await engine.lookup(caller.scope, question.key)
     else:
         # By the call itself: the latest operation of it, under whatever key it was made.
-        assert question.fingerprint is not None
-        operation = await engine.find_request(caller.scope, route.name, (question.fingerprint,))
+        # Stored keyed, or plain by a gateway of before keyed fingerprints: both are looked up.
+        plain = question.fingerprint
+        assert plain is not None
+        forms = (engine.digests.fingerprint(caller.scope, plain), plain)
+        operation = await engine.find_request(caller.scope, route.name, forms)
     request[TRACE].outcome = "status"
     idempotency = request.app[SETTINGS].idempotency
     remembered = idempotency.tombstone_retention

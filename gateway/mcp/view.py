@@ -35,7 +35,7 @@ from gateway.engine.models import State
 from gateway.engine.recorded_request import mcp_record
 from gateway.engine.scopes import settled_scope
 from gateway.mcp.answers import EVENT_STREAM, McpCall
-from gateway.mcp.calls import ToolCall, derived_key, fingerprint_call
+from gateway.mcp.calls import ToolCall, fingerprint_call
 from gateway.mcp.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -71,6 +71,7 @@ from gateway.web.appkeys import (
     ENGINE,
     FORWARDER,
     MCP_CANCELLATIONS,
+    MCP_DERIVED_KEYS,
     MCP_HINTS,
     MCP_KNOWN_CALLS,
     MCP_READER,
@@ -159,21 +160,25 @@ async def _tool_call(
         if not _needs_a_key(app, route, call):
             with known.handling(name, protected=False):
                 return await pass_through(request, match, caller, body, tool_call=True)
-        if route.derive_key == "arguments":
-            key, retention = derived_key(route.name, call), route.derived_key_retention
-        else:
+        if route.derive_key != "arguments":
             raise MissingKey(
                 f"tool {call.name!r} on route {route.name!r} needs an idempotency key: "
                 "send params._meta.idempotencyKey"
             )
+        retention = route.derived_key_retention
+        caller, key = await app[MCP_DERIVED_KEYS].settled(
+            caller, route.name, call, retention, app[STORE].get
+        )
+    else:
+        caller = await settled_scope(caller, key, app[STORE].get)
     trace.key = key
-    caller = await settled_scope(caller, key, app[STORE].get)
     trace.scope = caller.scope
     live = (
         LiveAnswer(request, write_timeout=app[SETTINGS].server.write_timeout)
         if _accepts(request, EVENT_STREAM)
         else None
     )
+    plain = fingerprint_call(route.name, call)
     try:
         proxy_request = ProxyRequest(
             route=route,
@@ -184,7 +189,8 @@ async def _tool_call(
             body=body,
             scope=caller.scope,
             key=key,
-            fingerprint=fingerprint_call(route.name, call),
+            fingerprint=app[ENGINE].digests.fingerprint(caller.scope, plain),
+            plain_fingerprints=(plain,),
             # A duplicate in flight waits for the outcome rather than being refused at once.
             wait_seconds=route.timeout,
             trace=trace,

@@ -169,7 +169,7 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
             )
         return await write_reply(request, passed)
 
-    fingerprint, legacy = await app[OFFLOADER].run(
+    plain, plain_legacy = await app[OFFLOADER].run(
         len(body),
         fingerprints,
         request.method,
@@ -189,8 +189,11 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
         body=body,
         scope=caller.scope,
         key=key,
-        fingerprint=fingerprint,
-        legacy_fingerprint=legacy,
+        fingerprint=engine.digests.fingerprint(caller.scope, plain),
+        legacy_fingerprint=(
+            None if plain_legacy is None else engine.digests.fingerprint(caller.scope, plain_legacy)
+        ),
+        plain_fingerprints=(plain,) if plain_legacy is None else (plain, plain_legacy),
         wait_seconds=_preferred_wait(
             request.headers.getall("Prefer", []), app[SETTINGS].idempotency.max_wait
         ),

@@ -172,10 +172,11 @@ class Store(Protocol):
     async def scope_secret(self) -> bytes:
         """The HMAC key for header-derived scopes, created once and shared by replicas."""
 
-    async def scopes_normalised_since(self) -> float | None:
-        """When this store's gateway began to normalise credentials for scopes (the
-        scheme's case, surrounding blanks: `gateway.engine.scopes`), recorded once on the
-        store's clock; None when it always did (it had no operations then)."""
+    async def upgraded_since(self, change: str) -> float | None:
+        """When this store's gateway first made `change` (one of `rows.UPGRADES`: began
+        to normalise credentials for scopes, or to key derived MCP keys), recorded the
+        first time it is asked, on the store's clock; None when it always did (the store
+        had no operations then, so nothing of the old form to look up)."""
 
     async def read_clock_witnesses(self) -> dict[str, bytes]:
         """The latest clock witness of every host (a boot of one machine), by host: a new

@@ -112,7 +112,7 @@ from gateway.store.postgres_statements import (
 from gateway.store.rows import (
     LEGACY_SINCE,
     LEGACY_UNSETTLED,
-    SCOPES_NORMALISED_SINCE,
+    UPGRADES,
     WITNESS_PREFIX,
     LegacyFingerprints,
     as_stored,
@@ -120,10 +120,10 @@ from gateway.store.rows import (
     decode_cursor,
     encode_cursor,
     is_forgotten,
-    normalised_since,
     row_to_operation,
     scope_secret_lost,
     seal_receipt,
+    upgraded_since,
 )
 
 
@@ -339,18 +339,19 @@ class PostgresStore(PostgresConnection):
             raise StoreUnavailable("the PostgreSQL store is not open")
         return self._secret
 
-    async def scopes_normalised_since(self) -> float | None:
+    async def upgraded_since(self, change: str) -> float | None:
+        assert change in UPGRADES
         await self._fetchval(
             "meta",
             "INSERT INTO gateway_meta (name, value) SELECT $1, convert_to(CASE WHEN EXISTS "
             "(SELECT 1 FROM operations) THEN extract(epoch from clock_timestamp())::text "
             "ELSE '0' END, 'UTF8') ON CONFLICT (name) DO NOTHING",
-            SCOPES_NORMALISED_SINCE,
+            change,
         )
         value = await self._fetchval(
-            "meta", "SELECT value FROM gateway_meta WHERE name = $1", SCOPES_NORMALISED_SINCE
+            "meta", "SELECT value FROM gateway_meta WHERE name = $1", change
         )
-        return normalised_since(bytes(value))
+        return upgraded_since(bytes(value))
 
     async def read_clock_witnesses(self) -> dict[str, bytes]:
         rows = await self._fetch(

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -408,7 +408,41 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         )
         """,
     ),
+    # Secrets stay secret: stored fingerprints are keyed per scope (`_key_fingerprints`).
+    10: (),
 }
+
+
+async def _key_fingerprints(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> None:
+    """Version 10: every plain fingerprint kept becomes its keyed form, read by a cursor
+    and written back in batches (`gateway.store.fingerprint_migration`)."""
+    from gateway.engine.digests import keyed_fingerprint
+    from gateway.store.fingerprint_migration import BATCH, PLAIN_FINGERPRINT, SECRET_QUERY
+
+    secret = await connection.fetchval(SECRET_QUERY)
+    if secret is None:
+        return  # no secret, so no operation yet (or a lost secret, refused at open)
+    # Rows are found by their unique columns: the id, or the binding's (scope, key).
+    for table, unique in (("operations", ("id",)), ("similar_refusals", ("scope", "key"))):
+        columns = ", ".join(unique)
+        arrays = ", ".join(f"${n}::text[]" for n in range(1, len(unique) + 2))
+        match = " AND ".join(f"o.{name} = v.{name}" for name in unique)
+        update = (
+            f"UPDATE {table} AS o SET fingerprint = v.keyed "
+            f"FROM unnest({arrays}) AS v({columns}, keyed) WHERE {match}"
+        )
+        batch: list[list[str]] = [[] for _ in range(len(unique) + 1)]
+        select = f"SELECT {columns}, scope, fingerprint FROM {table} WHERE {PLAIN_FINGERPRINT}"
+        async for record in connection.cursor(select):
+            for column, value in zip(batch[:-1], record[: len(unique)], strict=True):
+                column.append(value)
+            plain = record["fingerprint"]
+            batch[-1].append(keyed_fingerprint(bytes(secret), record["scope"], plain))
+            if len(batch[-1]) >= BATCH:
+                await connection.execute(update, *batch)
+                batch = [[] for _ in range(len(unique) + 1)]
+        if batch[-1]:
+            await connection.execute(update, *batch)
 
 
 async def _reconstruct_histories(
@@ -435,7 +469,7 @@ async def _reconstruct_histories(
         )
 
 
-_PYTHON_STEPS = {5: _reconstruct_histories}
+_PYTHON_STEPS = {5: _reconstruct_histories, 10: _key_fingerprints}
 
 
 async def migrate(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> int:

@@ -188,7 +188,8 @@ LEGACY_SINCE = "fingerprint_v2_since"
 as text), written by the migration only where operations of the old form existed."""
 LEGACY_UNSETTLED = (
     "SELECT 1 FROM operations WHERE state IN ('in_flight', 'unknown') "
-    "AND method <> 'tools/call' AND fingerprint LIKE 'sha256:%' LIMIT 1"
+    "AND method <> 'tools/call' AND (fingerprint LIKE 'v1:%' OR fingerprint LIKE 'sha256:%') "
+    "LIMIT 1"
 )
 """Whether an operation of the old fingerprint form is still unsettled (by the state index)."""
 
@@ -345,11 +346,19 @@ def row_to_operation(
 
 
 SCOPES_NORMALISED_SINCE = "scopes_normalised_since"
-"""The `gateway_meta` row of `Store.scopes_normalised_since`: the store clock's time as
-text, or "0" for a store that had no operations when its gateway began to normalise."""
+"""The change `Store.upgraded_since` dates when credentials began to be normalised for
+scopes (`gateway.engine.scopes`)."""
+
+DERIVED_KEYS_KEYED_SINCE = "derived_keys_keyed_since"
+"""The change `Store.upgraded_since` dates when derived MCP keys began to be keyed
+(`gateway.engine.digests`)."""
+
+UPGRADES = (SCOPES_NORMALISED_SINCE, DERIVED_KEYS_KEYED_SINCE)
+"""Each is a `gateway_meta` row: the store clock's time as text, or "0" for a store that
+had no operations when its gateway first made the change."""
 
 
-def normalised_since(value: bytes | str) -> float | None:
+def upgraded_since(value: bytes | str) -> float | None:
     text = value.decode() if isinstance(value, bytes) else value
     since = float(text)
     return since if since > 0 else None

@@ -76,17 +76,17 @@ from gateway.store.history_rows import (
     read_rows,
 )
 from gateway.store.rows import (
-    SCOPES_NORMALISED_SINCE,
+    UPGRADES,
     WITNESS_PREFIX,
     LegacyFingerprints,
     as_stored,
     decode_cursor,
     encode_cursor,
     is_forgotten,
-    normalised_since,
     open_receipt,
     row_to_operation,
     seal_receipt,
+    upgraded_since,
 )
 from gateway.store.sqlite_connection import SharedDatabase, SqliteConnection
 from gateway.store.sqlite_schema import COLUMNS, migrate
@@ -226,7 +226,8 @@ class SqliteStore(SqliteConnection):
             raise StoreUnavailable("the SQLite store is not open")
         return self._secret
 
-    async def scopes_normalised_since(self) -> float | None:
+    async def upgraded_since(self, change: str) -> float | None:
+        assert change in UPGRADES
         now = self._clock.time()
 
         def job(c: sqlite3.Connection) -> bytes:
@@ -234,14 +235,12 @@ class SqliteStore(SqliteConnection):
                 "INSERT INTO gateway_meta (name, value) SELECT ?, CAST(CASE WHEN EXISTS "
                 "(SELECT 1 FROM operations) THEN ? ELSE '0' END AS BLOB) "
                 "ON CONFLICT (name) DO NOTHING",
-                (SCOPES_NORMALISED_SINCE, repr(now)),
+                (change, repr(now)),
             )
-            row = c.execute(
-                "SELECT value FROM gateway_meta WHERE name = ?", (SCOPES_NORMALISED_SINCE,)
-            ).fetchone()
+            row = c.execute("SELECT value FROM gateway_meta WHERE name = ?", (change,)).fetchone()
             return bytes(row[0])
 
-        return normalised_since(await self._writer.run(job))
+        return upgraded_since(await self._writer.run(job))
 
     async def read_clock_witnesses(self) -> dict[str, bytes]:
         rows = await self._writer.run(

@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 SETTLED_FUNCTION = "gateway_settled"
 """An SQL function the writer connection registers: `gateway_settled(id)` notes that a
@@ -196,7 +196,32 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         )
         """,
     ),
+    # Secrets stay secret: stored fingerprints are keyed per scope (`_key_fingerprints`).
+    9: (),
 }
+
+
+def _key_fingerprints(connection: sqlite3.Connection) -> None:
+    """Version 9: every plain fingerprint kept becomes its keyed form, in one statement
+    a table (`gateway.store.fingerprint_migration`)."""
+    from gateway.engine.digests import keyed_fingerprint
+    from gateway.store.fingerprint_migration import PLAIN_FINGERPRINT, SECRET_QUERY
+
+    row = connection.execute(SECRET_QUERY).fetchone()
+    if row is None:
+        return  # no secret, so no operation yet (or a lost secret, refused at open)
+    secret = bytes(row[0])
+    connection.create_function(
+        "gateway_keyed_fingerprint",
+        2,
+        lambda scope, plain: keyed_fingerprint(secret, scope, plain),
+        deterministic=True,
+    )
+    for table in ("operations", "similar_refusals"):
+        connection.execute(
+            f"UPDATE {table} SET fingerprint = gateway_keyed_fingerprint(scope, fingerprint) "
+            f"WHERE {PLAIN_FINGERPRINT}"
+        )
 
 
 def _reconstruct_histories(connection: sqlite3.Connection) -> None:
@@ -221,7 +246,7 @@ def _reconstruct_histories(connection: sqlite3.Connection) -> None:
         )
 
 
-_PYTHON_STEPS = {5: _reconstruct_histories}
+_PYTHON_STEPS = {5: _reconstruct_histories, 9: _key_fingerprints}
 
 
 def migrate(connection: sqlite3.Connection) -> int:

@@ -37,6 +37,7 @@ from gateway.engine.quotas import ScopeQuotas
 from gateway.engine.scopes import ScopeResolver
 from gateway.engine.sweeper import Sweeper
 from gateway.mcp.cancellations import Cancellations
+from gateway.mcp.derived_keys import DerivedKeys
 from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.probe import McpProbe
@@ -46,6 +47,7 @@ from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
 from gateway.store.factory import make_store
+from gateway.store.rows import DERIVED_KEYS_KEYED_SINCE, SCOPES_NORMALISED_SINCE
 from gateway.store.sqlite_connection import SharedDatabase
 from gateway.telemetry.web import TRACER, open_tracer, tracing_middlewares
 from gateway.upstream.forwarder import Forwarder
@@ -69,6 +71,7 @@ from gateway.web.appkeys import (
     ENGINE,
     FORWARDER,
     MCP_CANCELLATIONS,
+    MCP_DERIVED_KEYS,
     MCP_HINTS,
     MCP_KNOWN_CALLS,
     MCP_READER,
@@ -241,7 +244,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     app[ENGINE] = engine
     app[QUOTAS] = quotas
     app[TRACER] = tracer
-    normalised_since = await store.scopes_normalised_since()
+    normalised_since = await store.upgraded_since(SCOPES_NORMALISED_SINCE)
     app[SCOPES] = ScopeResolver(
         clients=settings.clients,
         scope_headers=settings.idempotency.scope_headers,
@@ -254,6 +257,9 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         ),
     )
     app[MCP_SESSIONS] = SessionTags(scope_secret)
+    app[MCP_DERIVED_KEYS] = DerivedKeys(
+        engine.digests, plain_since=await store.upgraded_since(DERIVED_KEYS_KEYED_SINCE)
+    )
     app[PROBE_JOBS] = ProbeJobs()
     try:
         yield

@@ -13,6 +13,7 @@ from gateway.engine.exchange import RequestTrace
 from gateway.engine.quotas import ScopeQuotas
 from gateway.engine.scopes import ScopeResolver
 from gateway.mcp.cancellations import Cancellations
+from gateway.mcp.derived_keys import DerivedKeys
 from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.reading import MessageReader
@@ -43,6 +44,7 @@ OFFLOADER = web.AppKey("offloader", Offloader)
 """The helper process for CPU-bound work on large bodies (both front ends)."""
 """What each MCP route's server says is read-only, learned from its `tools/list` answers."""
 MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)
+MCP_DERIVED_KEYS = web.AppKey("mcp_derived_keys", DerivedKeys)
 """Binds MCP session ids to the scope that opened them (with `[[clients]]`)."""
 MCP_KNOWN_CALLS = web.AppKey("mcp_known_calls", KnownCalls)
 """MCP requests being handled or just handled (with workers, on any worker): what a

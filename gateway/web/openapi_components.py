@@ -72,7 +72,7 @@ def _record_schema() -> dict[str, Any]:
             "route": {"type": "string", "description": "The route's name."},
             "method": {"type": "string"},
             "path": {"type": "string"},
-            "fingerprint": {"type": "string", "examples": ["sha256:9f86d08..."]},
+            "fingerprint": {"type": "string", "examples": ["v2:hmac-sha256:9f86d08..."]},
             "attempts": {"type": "integer", "minimum": 0},
             "created_at": _timestamp("When the key was first claimed."),
             "updated_at": _timestamp("The last write."),
