@@ -297,6 +297,7 @@ class ConsolePage:
         note: str,
         status: int | None = None,
         body: str | None = None,
+        empty_body: bool = False,
         wait: bool = True,
     ) -> None:
         def step() -> None:
@@ -308,7 +309,11 @@ class ConsolePage:
                 field.send_keys(str(status))
             if body is not None:
                 self.driver.find_element(By.ID, "receipt-body").send_keys(body)
-            self.driver.find_element(By.ID, "resolve-note").send_keys(note)
+            if empty_body:
+                self.driver.find_element(By.ID, "receipt-empty").click()
+            note_field = self.driver.find_element(By.ID, "resolve-note")
+            note_field.clear()
+            note_field.send_keys(note)
             form.find_element(By.CSS_SELECTOR, 'button[type="submit"]').click()
             if wait:
                 self._visible("action-result")

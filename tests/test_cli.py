@@ -249,23 +249,30 @@ async def test_resolve_applied_makes_retries_replay(
     assert await effects_for_key(upstream, admin_gateway.url, "lost-applied") == 1
 
 
-async def test_resolve_applied_without_status_warns_and_settles(
+async def test_resolve_applied_without_a_receipt_needs_saying_so(
     admin_gateway: RunningGateway,
     upstream: CountingUpstream,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`resolve --applied` with no `--status` (the contract's form) completes the key with no
-    receipt, and warns on stderr what that means; a retry is not forwarded."""
+    """`resolve --applied` with no `--status` was accepted and only warned afterwards (a
+    slip made permanent): it is now a usage error that says the two ways, and
+    `--no-receipt` completes the key with no receipt, saying how to attach one later; a
+    retry is not forwarded."""
     await make_unknown(admin_gateway, "lost-bare")
     op_id = await operation_id(admin_gateway, "lost-bare")
     capsys.readouterr()
 
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 0
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied", "--note", "x")) == 2
+    err = capsys.readouterr().err
+    assert "--applied needs the response retries should get" in err
+    assert "--no-receipt" in err
+    argv = admin(admin_gateway, "resolve", op_id, "--applied", "--no-receipt", "--note", "x")
+    assert await cli(argv) == 0
 
     out, err = capsys.readouterr()
-    assert err.startswith("warning: completed without a receipt")
+    assert err.startswith("note: completed without a receipt")
     assert "receipt-not-retained" in err
-    assert "--status" in err
+    assert "operations attach" in err
     document = json.loads(out)
     assert document["state"] == "completed"
     assert document["response"] is None
@@ -282,7 +289,8 @@ async def test_retry_after_bodiless_resolve_does_not_claim_a_delivered_response(
     """Regression: a retry after a bodiless `--applied` is not told a response was delivered."""
     await make_unknown(admin_gateway, "lost-claim")
     op_id = await operation_id(admin_gateway, "lost-claim")
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--applied")) == 0
+    argv = admin(admin_gateway, "resolve", op_id, "--applied", "--no-receipt", "--note", "x")
+    assert await cli(argv) == 0
 
     retry = await admin_gateway.post(DROP, key="lost-claim", json_body={"title": "lost-claim"})
 
@@ -306,7 +314,9 @@ async def test_resolve_not_applied_releases_the_key(
     op_id = await operation_id(admin_gateway, "lost-released")
     capsys.readouterr()
 
-    argv = admin(admin_gateway, "resolve", op_id, "--not-applied", "--force", "--note", "no")
+    argv = admin(
+        admin_gateway, "resolve", op_id, "--not-applied", "--force", "--yes", "--note", "no"
+    )
     assert await cli(argv) == 0
 
     document = json.loads(capsys.readouterr().out)
@@ -326,7 +336,7 @@ async def test_resolve_completed_operation_is_refused(
     op_id = await operation_id(admin_gateway, "done-2")
     capsys.readouterr()
 
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--not-applied")) == 1
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--not-applied", "--note", "x")) == 1
 
     out, err = capsys.readouterr()
     assert out == ""
@@ -391,12 +401,23 @@ async def test_unreachable_gateway_exits_2(capsys: pytest.CaptureFixture[str]) -
 @pytest.mark.parametrize(
     "options",
     [
-        ["--status", "201"],
-        ["--not-applied", "--status", "201"],
-        ["--not-applied", "--body", "x"],
-        ["--applied", "--body", "x"],
-        ["--applied", "--status", "201", "--header", "no colon"],
-        ["--applied", "--status", "1000"],
+        ["--status", "201", "--note", "x"],
+        ["--not-applied", "--status", "201", "--note", "x"],
+        ["--not-applied", "--body", "x", "--note", "x"],
+        ["--applied", "--body", "x", "--note", "x"],
+        ["--applied", "--status", "201", "--header", "no colon", "--body", "x", "--note", "x"],
+        ["--applied", "--status", "1000", "--body", "x", "--note", "x"],
+        # The console's guard rails (issue "The operator's second hour"):
+        ["--not-applied"],  # no note
+        ["--not-applied", "--note", "  "],  # a blank one
+        ["--applied", "--note", "x"],  # neither a receipt nor --no-receipt
+        ["--applied", "--status", "200", "--note", "x"],  # an empty answer, unsaid
+        ["--applied", "--status", "200", "--body", "", "--note", "x"],
+        ["--applied", "--no-receipt", "--status", "200", "--body", "x", "--note", "x"],
+        ["--not-applied", "--no-receipt", "--note", "x"],
+        ["--applied", "--status", "200", "--body", "x", "--empty-body", "--note", "x"],
+        ["--not-applied", "--yes", "--note", "x"],  # --yes confirms only --force
+        ["--not-applied", "--force", "--note", "x"],  # no terminal here, no --yes
     ],
 )
 async def test_resolve_usage_errors_exit_2(
@@ -405,7 +426,10 @@ async def test_resolve_usage_errors_exit_2(
     options: list[str],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Response options without `--applied` (or without `--status`) are usage errors."""
+    """Response options without `--applied` (or without `--status`) are usage errors, and
+    so is each slip the console refuses: no note, `--applied` that does not say what
+    retries get, an empty answer not said to be empty, `--force` unconfirmed. Nothing is
+    changed."""
     await make_unknown(admin_gateway, "lost-usage")
     op_id = await operation_id(admin_gateway, "lost-usage")
     capsys.readouterr()
@@ -551,7 +575,7 @@ async def test_a_resolve_conflict_is_said_once(
     op_id = await operation_id(admin_gateway, "done-once")
     capsys.readouterr()
 
-    assert await cli(admin(admin_gateway, "resolve", op_id, "--not-applied")) == 1
+    assert await cli(admin(admin_gateway, "resolve", op_id, "--not-applied", "--note", "x")) == 1
 
     assert capsys.readouterr().err == (
         "error: 409 not-resolvable: the operation is completed; only an unknown one can be "
@@ -620,7 +644,7 @@ async def test_a_key_in_several_scopes_asks_for_an_id(
     assert len(ids) == 2
     capsys.readouterr()
 
-    for argv in (("show", "c1"), ("resolve", "c1", "--not-applied")):
+    for argv in (("show", "c1"), ("resolve", "c1", "--not-applied", "--note", "x")):
         assert await cli(admin(admin_gateway, *argv)) == 2
         out, err = capsys.readouterr()
         assert out == ""
@@ -643,7 +667,9 @@ async def test_resolve_accepts_a_key(
     await make_unknown(admin_gateway, "run-9:1:c1")
     capsys.readouterr()
 
-    argv = admin(admin_gateway, "resolve", "run-9:1:c1", "--not-applied", "--force")
+    argv = admin(
+        admin_gateway, "resolve", "run-9:1:c1", "--not-applied", "--force", "--yes", "--note", "x"
+    )
     assert await cli(argv) == 0
 
     assert json.loads(capsys.readouterr().out)["state"] == "released"

@@ -149,7 +149,7 @@ async def test_history_prints_one_line_an_event(
     await make_timed_out(probing_gateway, "hist-1")
     note = "not in the CRM\nasked Bo (ticket #12)"
     argv = admin(
-        probing_gateway, "resolve", "hist-1", "--not-applied", "--force",
+        probing_gateway, "resolve", "hist-1", "--not-applied", "--force", "--yes",
         "--note", note, "--actor", "ann",
     )  # fmt: skip
     assert await cli(argv) == 0
@@ -186,7 +186,9 @@ async def test_history_json_pages_through_every_event(
     for _ in range(2):
         assert await cli(admin(probing_gateway, "probe", op_id)) == 0
     note = "line one\n\tline two \x1b[31m"
-    argv = admin(probing_gateway, "resolve", op_id, "--not-applied", "--force", "--note", note)
+    argv = admin(
+        probing_gateway, "resolve", op_id, "--not-applied", "--force", "--yes", "--note", note
+    )
     assert await cli(argv) == 0
     full = await admin_json(probing_gateway, f"/admin/operations/{op_id}/history")
     monkeypatch.setattr(operations_history, "HISTORY_PAGE", 2)
@@ -252,7 +254,10 @@ async def test_the_actor_comes_from_the_option_or_the_environment(
     monkeypatch.setenv(ACTOR_ENV_VAR, "bob")
     for key, extra in (("act-env", []), ("act-option", ["--actor", "ann"])):
         await make_unknown(admin_gateway, key)
-        argv = admin(admin_gateway, "resolve", key, "--applied", "--status", "201", *extra)
+        argv = admin(
+            admin_gateway, "resolve", key, "--applied", "--status", "201", "--empty-body",
+            "--note", "checked", *extra,
+        )  # fmt: skip
         assert await cli(argv) == 0
     capsys.readouterr()
 
@@ -299,7 +304,7 @@ async def test_a_too_early_release_prints_the_detail_and_retry_after(
     op_id = await operation_id(probing_gateway, "early-1")
     capsys.readouterr()
 
-    assert await cli(admin(probing_gateway, "resolve", op_id, "--not-applied")) == 1
+    assert await cli(admin(probing_gateway, "resolve", op_id, "--not-applied", "--note", "x")) == 1
 
     out, err = capsys.readouterr()
     assert out == ""
@@ -310,7 +315,10 @@ async def test_a_too_early_release_prints_the_detail_and_retry_after(
     assert "--force" not in err
     assert await state_of(probing_gateway, op_id) == "unknown"
 
-    assert await cli(admin(probing_gateway, "resolve", op_id, "--not-applied", "--force")) == 0
+    argv = admin(
+        probing_gateway, "resolve", op_id, "--not-applied", "--force", "--yes", "--note", "x"
+    )
+    assert await cli(argv) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "released"
     events = (await admin_json(probing_gateway, f"/admin/operations/{op_id}/history"))["items"]
     (resolved,) = [event for event in events if event["type"] == "resolved"]
@@ -327,7 +335,7 @@ async def test_share_with_owner_shows_the_note_to_the_owner(
     for key, extra in (("shared", ["--share-with-owner"]), ("private", [])):
         await make_unknown(admin_gateway, key)
         argv = admin(
-            admin_gateway, "resolve", key, "--applied", "--status", "201",
+            admin_gateway, "resolve", key, "--applied", "--status", "201", "--empty-body",
             "--note", f"note of {key}", "--actor", "ann", *extra,
         )  # fmt: skip
         assert await cli(argv) == 0
@@ -616,7 +624,7 @@ async def test_redact_without_a_terminal_needs_yes(
         ["probe"],
         ["probe", "k", "--route", "tickets"],
         ["probe", "--route", "tickets", "--timeout", "0"],
-        ["resolve", "k", "--applied", "--force"],
+        ["resolve", "k", "--applied", "--force", "--no-receipt", "--note", "x"],
         ["resolve", "k", "--not-applied", "--share-with-owner"],
         ["search", ""],
         ["redact", "k", "--reason", " ", "--yes"],

@@ -876,3 +876,38 @@ async def test_admin_api_behind_the_console(
             url, json={"reason": "gdpr"}, headers={**ADMIN, "If-Match": shown.headers["ETag"]}
         )
         assert again.status == 412, "the version shown is gone: the second operator is told"
+
+
+async def test_an_empty_receipt_is_stored_only_when_said_so(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """ "Applied" with the form's defaults (200, empty body) was accepted without a word and
+    the agent's retry got an empty 200. The page now refuses an empty body unless the
+    operator ticks that the tool's answer really had none (the CLI's `--empty-body`),
+    keeping what was typed; at phone width too."""
+    op_id = await unknown_by_timeout(console_gateway, "run-e:0", {"title": "empty"})
+    await page.open(f"#/op/{op_id}")
+    await page.sign_in(ADMIN_TOKEN, actor="erin")
+    await page.wait_text("timing", "the tool may still be working until")
+
+    for width in (1280, 390):
+        assert await page.window(width, 1000 if width > 400 else 844) == width
+        await page.settle("applied", note="it exists, checked by hand", wait=False)
+        warning = await page.wait_text("action-error", "The receipt's body is empty")
+        assert "every retry would get an empty answer" in warning
+        assert (await admin_operation(console_gateway, op_id))["state"] == "unknown"
+        assert await page.script("return document.getElementById('resolve-note').value") == (
+            "it exists, checked by hand"
+        ), "what was typed stays"
+        await page.screenshot(f"empty-receipt-refused-{width}")
+    await page.window(1280, 1000)
+
+    await page.settle("applied", note="the tool answers 204 with no body", empty_body=True)
+    await page.wait_text("action-result", "Settled run-e:0 as applied")
+    operation = await admin_operation(console_gateway, op_id)
+    assert operation["state"] == "completed"
+    assert operation["response"]["body"] == ""
+    await page.screenshot("empty-receipt-said")
+    assert [event["type"] for event in operation["history"]].count("resolved") == 1
+    # The browser's log is shared by the tests of one browser: only this operation's lines.
+    assert [line for line in await page.console_errors() if op_id in line] == []

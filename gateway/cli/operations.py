@@ -56,6 +56,7 @@ from gateway.cli.admin_client import (
     positive_int,
     with_client,
 )
+from gateway.cli.confirm import confirm_by_key, no_terminal_problem
 from gateway.engine.models import State
 
 __all__ = [
@@ -163,13 +164,25 @@ def _register_resolve(
     )
     resolve.add_argument("--body", help="with --applied --status: the response body (UTF-8)")
     resolve.add_argument(
+        "--empty-body",
+        action="store_true",
+        help="with --applied --status: the tool's answer really had no body (without it, an "
+        "empty --body is refused: every retry would get that empty answer)",
+    )
+    resolve.add_argument(
+        "--no-receipt",
+        action="store_true",
+        help="with --applied: complete it without a response. Retries then get 409 "
+        "receipt-not-retained until a receipt is attached (operations attach)",
+    )
+    resolve.add_argument(
         "--header",
         action="append",
         default=[],
         metavar="'NAME: VALUE'",
         help="with --applied --status: a response header; repeatable",
     )
-    resolve.add_argument("--note", help="why: kept verbatim in the operation's history")
+    resolve.add_argument("--note", help="why (required): kept verbatim in the operation's history")
     resolve.add_argument(
         "--share-with-owner",
         action="store_true",
@@ -182,7 +195,11 @@ def _register_resolve(
         help="with --not-applied: release even while the tool may still apply the last send "
         "(the gateway's too-early refusal). Only when you know the effect cannot happen any "
         "more, e.g. the upstream's owner confirmed it: a late effect after a retry is a "
-        "duplicate. The history records the force",
+        "duplicate. The history records the force. Asks you to type the key unless --yes; "
+        "without a terminal, --yes is required",
+    )
+    resolve.add_argument(
+        "--yes", action="store_true", help="with --force: do not ask for confirmation"
     )
     resolve.set_defaults(
         operations_handler=_resolve,
@@ -293,6 +310,8 @@ async def _show(client: AdminClient, args: argparse.Namespace, out: TextIO, err:
 
 async def _resolve(client: AdminClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     operation = await find_operation(client, args.id, args.scope)
+    if args.force and not args.yes:
+        confirm_by_key(operation, force_question(operation), "nothing was released", err)
     try:
         document = await client.post(f"{operation_path(operation)}/resolve", resolve_body(args))
     except AdminError as exc:
@@ -300,13 +319,27 @@ async def _resolve(client: AdminClient, args: argparse.Namespace, out: TextIO, e
             raise CommandFailed(too_early_message(exc), exit_code=1) from exc
         raise
     out.write(json.dumps(document, indent=2) + "\n")
-    if args.applied and args.status is None:
+    if args.no_receipt:
         print(
-            "warning: completed without a receipt: retries of this key get 409 "
-            f"receipt-not-retained ({_NO_RECEIPT_MEANS}); give --status N [--body TEXT] "
-            "to store the response they should get",
+            "note: completed without a receipt: retries of this key get 409 "
+            f"receipt-not-retained ({_NO_RECEIPT_MEANS}) until one is attached: "
+            "operations attach ID --status N [--body TEXT]",
             file=err,
         )
+
+
+def force_question(operation: Mapping[str, Any]) -> str:
+    """What a forced release risks, said before it is sent.
+
+    >>> print(force_question({"id": "op_1", "key": "k", "state": "unknown"}))
+    This releases op_1 (key 'k', unknown) with force: the tool may still be applying its last send, and the agent's retry is forwarded as soon as it comes (a late effect is then a duplicate). The force is recorded in the history.
+    """  # noqa: E501
+    return (
+        f"This releases {cell(operation.get('id'))} (key {operation.get('key')!r}, "
+        f"{cell(operation.get('state'))}) with force: the tool may still be applying its last "
+        "send, and the agent's retry is forwarded as soon as it comes (a late effect is then "
+        "a duplicate). The force is recorded in the history."
+    )
 
 
 def too_early_message(error: AdminError) -> str:
@@ -336,12 +369,30 @@ def too_early_message(error: AdminError) -> str:
 
 
 def _resolve_usage_problem(args: argparse.Namespace) -> str | None:
-    """Why these resolve options make no sense, if they do not.
+    """Why these resolve options make no sense, or are a slip, if they are.
 
-    `--applied` alone is allowed (the contract's form) and completes the key
-    without a receipt; `_resolve` warns what that means for retries.
+    The guard rails of the console: a note always; `--applied` says what retries get
+    (`--status`, with a body or `--empty-body`) or says there is none (`--no-receipt`);
+    `--force` is confirmed (`--yes` without a terminal).
     """
+    if args.note is None or not args.note.strip():
+        return "--note is required: say what you checked (it is kept in the history)"
     response_options = args.status is not None or args.body is not None or args.header
+    if args.no_receipt and (not args.applied or response_options or args.empty_body):
+        return "--no-receipt goes with --applied alone: no --status, --body or --header"
+    if args.applied and args.status is None and not args.no_receipt:
+        return (
+            "--applied needs the response retries should get: --status N with --body TEXT "
+            "(or --empty-body), or --no-receipt to complete it without one (retries then "
+            "get 409 receipt-not-retained until a receipt is attached)"
+        )
+    if args.empty_body and (args.status is None or args.body):
+        return "--empty-body goes with --applied --status N and no --body"
+    if args.applied and args.status is not None and not args.body and not args.empty_body:
+        return (
+            "--applied --status with no --body stores an empty answer for every retry: "
+            "give --body TEXT, or --empty-body if the tool's answer really had none"
+        )
     if args.not_applied and response_options:
         return "--status, --body and --header go with --applied, not --not-applied"
     if args.status is None and (args.body is not None or args.header):
@@ -352,6 +403,10 @@ def _resolve_usage_problem(args: argparse.Namespace) -> str | None:
             return f"--header {header!r}: expected 'Name: value'"
     if args.force and not args.not_applied:
         return "--force goes with --not-applied"
+    if args.yes and not args.force:
+        return "--yes confirms --force: without --force there is nothing to confirm"
+    if args.force:
+        return no_terminal_problem("release with force", args.yes)
     if args.share_with_owner and args.note is None:
         return "--share-with-owner shares the --note: give one"
     return None

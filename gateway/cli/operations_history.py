@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -34,6 +33,7 @@ from gateway.cli.admin_client import (
     find_operation,
     operation_path,
 )
+from gateway.cli.confirm import confirm_by_key, no_terminal_problem
 from gateway.config.units import parse_duration
 
 __all__ = [
@@ -526,24 +526,9 @@ def _still_running(route: str, job: Mapping[str, Any], timeout: float) -> str:
 async def _redact(client: AdminClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     operation = await find_operation(client, args.id, args.scope)
     if not args.yes:
-        await _confirm(operation, err)
+        confirm_by_key(operation, confirmation_prompt(operation), "nothing was erased", err)
     document = await client.post(f"{operation_path(operation)}/redact", {"reason": args.reason})
     out.write(json.dumps(document, indent=2) + "\n")
-
-
-async def _confirm(operation: Mapping[str, Any], err: TextIO) -> None:
-    """Ask for the key itself, not y/n: a redaction cannot be undone, and a key is
-    typed only by someone who read which operation it is."""
-    err.write(confirmation_prompt(operation))
-    err.flush()
-    # Read on the loop's thread, blocking it on purpose: nothing else runs while the
-    # operator types, and Ctrl-C ends the command at once (a reading worker thread would
-    # keep the process alive until Enter).
-    answer = sys.stdin.readline()
-    if answer.rstrip("\r\n") != operation.get("key"):
-        raise CommandFailed(
-            "not confirmed (the key typed does not match): nothing was erased", exit_code=1
-        )
 
 
 def confirmation_prompt(operation: Mapping[str, Any]) -> str:
@@ -553,8 +538,6 @@ def confirmation_prompt(operation: Mapping[str, Any]) -> str:
     ...                               "state": "completed"})
     >>> print(prompt.splitlines()[0])
     This erases the recorded request body, and the receipt's headers and body, of op_1 (key 'k', scope s, completed). It cannot be undone.
-    >>> prompt.endswith("\\nType the key to confirm: ")
-    True
     """  # noqa: E501
     state = operation.get("state")
     erased = "the recorded request body" + (
@@ -563,7 +546,7 @@ def confirmation_prompt(operation: Mapping[str, Any]) -> str:
     return (
         f"This erases {erased} of {cell(operation.get('id'))} (key "
         f"{_quoted(operation.get('key'))}, scope {cell(operation.get('scope'))}, "
-        f"{cell(state)}). It cannot be undone.\nType the key to confirm: "
+        f"{cell(state)}). It cannot be undone."
     )
 
 
@@ -593,12 +576,7 @@ def _probe_problem(args: argparse.Namespace) -> str | None:
 def _redact_problem(args: argparse.Namespace) -> str | None:
     if not args.reason.strip():
         return "--reason is kept in the history: give one"
-    if not args.yes and not sys.stdin.isatty():
-        return (
-            "refusing to redact without confirmation: standard input is not a terminal to "
-            "type the key on; pass --yes to redact without asking"
-        )
-    return None
+    return no_terminal_problem("redact", args.yes)
 
 
 def _duration(text: str) -> float:

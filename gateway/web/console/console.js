@@ -204,7 +204,24 @@ function settle(event) {
   }
   if (!requireText("resolve-note", "A note is required: say what you checked.")) return;
   const body = resolveBody(shown.op);
+  if (!receiptSaysEnough(body)) return;
   act("resolve", body, (op) => settledWords(op, body));
+}
+
+/** An applied receipt with an empty body is replayed to every retry for ever: the page sends
+ * one only when the operator said the tool's answer really had none (as the CLI's --empty-body). */
+function receiptSaysEnough(body) {
+  if (body.outcome !== "applied") return true;
+  if (body.result) {
+    return requireText("result-text", "The tool result text is empty: write what the tool answered.");
+  }
+  if (body.response.body.trim() || $("receipt-empty").checked) return true;
+  warn(
+    "The receipt's body is empty: every retry would get an empty answer. Write the body the " +
+      "tool answered, or tick \"The tool's answer really had no body\".",
+  );
+  $("receipt-body").focus();
+  return false;
 }
 
 function settledWords(op, sent) {
