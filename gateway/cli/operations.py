@@ -37,7 +37,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO
 
-from gateway.cli import operations_history
+from gateway.cli import operations_attach, operations_history
 from gateway.cli.admin_client import (
     ACTOR_ENV_VAR,
     AdminClient,
@@ -57,6 +57,7 @@ from gateway.cli.admin_client import (
     with_client,
 )
 from gateway.cli.confirm import confirm_by_key, no_terminal_problem
+from gateway.cli.receipt_options import add_receipt_arguments, receipt_document, receipt_problem
 from gateway.engine.models import State
 
 __all__ = [
@@ -125,6 +126,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     show.set_defaults(operations_handler=_show, operations_parser=show)
 
     _register_resolve(verbs, common)
+    operations_attach.register(verbs, common)
     operations_history.register(verbs, common)
 
 
@@ -159,28 +161,12 @@ def _register_resolve(
         action="store_true",
         help="the effect did not happen: release the key so a retry is forwarded",
     )
-    resolve.add_argument(
-        "--status", type=_status, help="with --applied: the response status replays get"
-    )
-    resolve.add_argument("--body", help="with --applied --status: the response body (UTF-8)")
-    resolve.add_argument(
-        "--empty-body",
-        action="store_true",
-        help="with --applied --status: the tool's answer really had no body (without it, an "
-        "empty --body is refused: every retry would get that empty answer)",
-    )
+    add_receipt_arguments(resolve, when="with --applied: ")
     resolve.add_argument(
         "--no-receipt",
         action="store_true",
         help="with --applied: complete it without a response. Retries then get 409 "
         "receipt-not-retained until a receipt is attached (operations attach)",
-    )
-    resolve.add_argument(
-        "--header",
-        action="append",
-        default=[],
-        metavar="'NAME: VALUE'",
-        help="with --applied --status: a response header; repeatable",
     )
     resolve.add_argument("--note", help="why (required): kept verbatim in the operation's history")
     resolve.add_argument(
@@ -241,12 +227,7 @@ def resolve_body(args: argparse.Namespace) -> dict[str, Any]:
     else:
         body = {"outcome": "applied"}
         if args.status is not None:
-            body["response"] = {
-                "status": args.status,
-                "headers": _headers(args.header),
-                "body": args.body or "",
-                "body_encoding": "utf-8",
-            }
+            body["response"] = receipt_document(args)
     if args.note is not None:
         body["note"] = args.note
     # Sent only when asked: a gateway without them refuses unknown members.
@@ -378,6 +359,8 @@ def _resolve_usage_problem(args: argparse.Namespace) -> str | None:
     if args.note is None or not args.note.strip():
         return "--note is required: say what you checked (it is kept in the history)"
     response_options = args.status is not None or args.body is not None or args.header
+    if args.not_applied and (response_options or args.empty_body):
+        return "--status, --body and --header go with --applied, not --not-applied"
     if args.no_receipt and (not args.applied or response_options or args.empty_body):
         return "--no-receipt goes with --applied alone: no --status, --body or --header"
     if args.applied and args.status is None and not args.no_receipt:
@@ -386,21 +369,8 @@ def _resolve_usage_problem(args: argparse.Namespace) -> str | None:
             "(or --empty-body), or --no-receipt to complete it without one (retries then "
             "get 409 receipt-not-retained until a receipt is attached)"
         )
-    if args.empty_body and (args.status is None or args.body):
-        return "--empty-body goes with --applied --status N and no --body"
-    if args.applied and args.status is not None and not args.body and not args.empty_body:
-        return (
-            "--applied --status with no --body stores an empty answer for every retry: "
-            "give --body TEXT, or --empty-body if the tool's answer really had none"
-        )
-    if args.not_applied and response_options:
-        return "--status, --body and --header go with --applied, not --not-applied"
-    if args.status is None and (args.body is not None or args.header):
-        return "--body and --header describe a response: give its --status too"
-    for header in args.header:
-        name, colon, _ = header.partition(":")
-        if not colon or not name.strip() or name != name.strip():
-            return f"--header {header!r}: expected 'Name: value'"
+    if (problem := receipt_problem(args)) is not None:
+        return problem
     if args.force and not args.not_applied:
         return "--force goes with --not-applied"
     if args.yes and not args.force:
@@ -415,22 +385,3 @@ def _resolve_usage_problem(args: argparse.Namespace) -> str | None:
 def _search_problem(args: argparse.Namespace) -> str | None:
     """An empty TEXT would be every operation's prefix: that is `list`."""
     return None if args.text else "TEXT is empty: it would match every operation (use list)"
-
-
-def _headers(options: list[str]) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for option in options:
-        name, _, value = option.partition(":")
-        lower, value = name.lower(), value.strip()
-        headers[lower] = f"{headers[lower]}, {value}" if lower in headers else value
-    return headers
-
-
-def _status(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an HTTP status, got {text!r}") from None
-    if not 100 <= value <= 599:
-        raise argparse.ArgumentTypeError(f"expected an HTTP status (100-599), got {text!r}")
-    return value

@@ -684,6 +684,26 @@ class IdempotencyEngine:
             share_with_owner=share_with_owner,
         )
 
+    async def attach(
+        self,
+        operation: Operation,
+        response: StoredResponse,
+        *,
+        note: str,
+        actor: str,
+        expected_version: int | None = None,
+        share_with_owner: bool = False,
+    ) -> Operation:
+        """Attach the receipt an `applied` settlement went without, once (`Settler.attach`)."""
+        return await self._settler.attach(
+            operation,
+            response,
+            note=note,
+            actor=actor,
+            expected_version=expected_version,
+            share_with_owner=share_with_owner,
+        )
+
     def release_window(self, operation: Operation) -> ReleaseWindow | None:
         """Until when the tool may still apply the operation's last send (`Settler`)."""
         return self._settler.release_window(operation)

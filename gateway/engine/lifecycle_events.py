@@ -102,6 +102,18 @@ def resolved_event(
     )
 
 
+def receipt_attached_event(
+    *, actor: str, status: int, note: str, share_with_owner: bool = False
+) -> NewEvent:
+    """The receipt an operator's `applied` went without, attached later (once)."""
+    return new_event(
+        "receipt-attached",
+        actor,
+        {"status": status, "share_with_owner": share_with_owner},
+        erasable={"note": note},
+    )
+
+
 def probe_event(
     verdict: str, *, status: int | None, detail: str, seen: dict[str, Any] | None = None
 ) -> NewEvent:

@@ -21,6 +21,7 @@ from gateway.engine.history import OPERATOR, NewEvent, iso_seconds
 from gateway.engine.lifecycle_events import (
     probe_blind_event,
     probe_event,
+    receipt_attached_event,
     released_event,
     resolved_event,
 )
@@ -239,6 +240,68 @@ class Settler:
                    "state": resolved.state.value},
         )  # fmt: skip
         return resolved
+
+    async def attach(
+        self,
+        operation: Operation,
+        response: StoredResponse,
+        *,
+        note: str,
+        actor: str,
+        expected_version: int | None = None,
+        share_with_owner: bool = False,
+    ) -> Operation:
+        """Attach the receipt an owner's or operator's `applied` went without: retries got
+        `409 receipt-not-retained`, and get this response from now on. Once: a
+        settlement is otherwise final, and a receipt is never replaced."""
+        attachable = (
+            operation.state is State.COMPLETED
+            and operation.response is None
+            and operation.resolution is not None
+            and operation.resolution.by in ("owner", "admin")
+        )
+        if expected_version is not None and operation.version != expected_version:
+            raise PreconditionFailed(
+                "the operation changed since it was read (If-Match did not match)",
+                key=operation.key,
+                state=operation.state.value,
+                operation_id=operation.id,
+            )
+        if not attachable:
+            raise NotResolvable(_NOT_ATTACHABLE, key=operation.key,
+                                state=operation.state.value, operation_id=operation.id)  # fmt: skip
+        event = receipt_attached_event(
+            actor=actor, status=response.status, note=note, share_with_owner=share_with_owner
+        )
+        attached = await self._timed(
+            "attach_receipt",
+            self._store.attach_receipt(
+                operation.id,
+                response,
+                expected_version=expected_version,
+                body_retained=True,
+                retention_seconds=self._settings.retention,
+                tombstone_seconds=self._settings.tombstone_retention,
+                events=(event,),
+            ),
+        )
+        if attached is None:
+            current = await self._store.get_by_id(operation.id) or operation
+            if expected_version is not None and current.version != operation.version:
+                raise PreconditionFailed(
+                    "the operation changed since it was read (If-Match did not match)",
+                    key=operation.key,
+                    state=current.state.value,
+                    operation_id=operation.id,
+                )
+            raise NotResolvable(_NOT_ATTACHABLE, key=operation.key,
+                                state=operation.state.value, operation_id=operation.id)  # fmt: skip
+        log.info(
+            "receipt attached",
+            extra={"event": "receipt_attached", "operation_id": operation.id,
+                   "key": operation.key, "actor": actor, "status": response.status},
+        )  # fmt: skip
+        return attached
 
     def release_window(
         self, operation: Operation, *, grace: float | None = None
@@ -534,6 +597,12 @@ class Settler:
             if page.next_cursor is None:
                 return settled
             cursor = page.next_cursor
+
+
+_NOT_ATTACHABLE = (
+    "only an operation settled applied without a receipt can get one attached, once; "
+    "this one has a receipt, or was not settled by an owner or an operator"
+)
 
 
 def _limit_name(route: RouteSettings) -> str:

@@ -229,6 +229,22 @@ class Store(Protocol):
         without a receipt gets this one attached. Anything else: `None` (the caller
         keeps it as evidence). The token grows."""
 
+    async def attach_receipt(
+        self,
+        operation_id: str,
+        response: StoredResponse,
+        *,
+        expected_version: int | None,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        """Attach the receipt an operator's `applied` went without (`ATTACHABLE`): once,
+        since the row then has one; at `expected_version` when given. The resolution
+        stays; the receipt and the tombstone expire counted from now. `None`: the
+        operation is not (or no longer) one to attach to, or not at that version."""
+
     async def mark_unknown(
         self,
         operation_id: str,

@@ -110,6 +110,7 @@ from gateway.store.postgres_statements import (
     hmac_pads,
 )
 from gateway.store.rows import (
+    ATTACHABLE,
     LEGACY_SINCE,
     LEGACY_UNSETTLED,
     UPGRADES,
@@ -544,10 +545,44 @@ class PostgresStore(PostgresConnection):
             f"resolution_note = CASE WHEN {released} THEN NULL ELSE resolution_note END, "
             f"lease_owner = NULL, token = token + 1, updated_at = {NOW}, "
             "version = version + 1 WHERE id = $1 AND attempts = $2 AND (state = 'released' "
-            "OR (state = 'completed' AND response_status IS NULL "
-            f"AND resolution_by IN ('owner', 'admin'))) {_OUTCOME_RETURNING}",
+            f"OR {ATTACHABLE}) {_OUTCOME_RETURNING}",
             operation_id,
             attempt,
+            response.status,
+            sealed.headers,
+            sealed.body,
+            sealed.storage,
+            body_retained,
+            retention_seconds,
+            max(tombstone_seconds, retention_seconds),
+            stored=as_stored(response, body_retained=body_retained),
+        )
+
+    async def attach_receipt(
+        self,
+        operation_id: str,
+        response: StoredResponse,
+        *,
+        expected_version: int | None,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        sealed = seal_receipt(
+            response, response.body if body_retained else None, operation_id, self._cipher
+        )
+        return await self._changed(
+            "attach",
+            events,
+            "UPDATE operations SET response_status = $3, response_headers = $4, "
+            "response_body = $5, storage = $6, body_retained = $7, "
+            f"expires_at = {NOW} + {SECONDS.format('$8')}, "
+            f"forgotten_at = {NOW} + {SECONDS.format('$9')}, updated_at = {NOW}, "
+            f"version = version + 1 WHERE id = $1 AND ($2::bigint IS NULL OR version = $2) "
+            f"AND {ATTACHABLE} {_OUTCOME_RETURNING}",
+            operation_id,
+            expected_version,
             response.status,
             sealed.headers,
             sealed.body,

@@ -156,6 +156,13 @@ def scope_secret_lost() -> StoreUnavailable:
     )
 
 
+ATTACHABLE = (
+    "(state = 'completed' AND response_status IS NULL AND resolution_by IN ('owner', 'admin'))"
+)
+"""Where a receipt may still be attached (`Store.attach_receipt`, a late answer): an
+operation completed by an owner's or an operator's `applied` without one. SQL both stores
+run as it is."""
+
 LEGACY_MARGIN = 3600.0
 """Seconds past a guard's window after the upgrade during which twins are still looked up
 by the old fingerprint form: room for the gateway host's clock to disagree with the store's."""

@@ -76,6 +76,7 @@ from gateway.store.history_rows import (
     read_rows,
 )
 from gateway.store.rows import (
+    ATTACHABLE,
     UPGRADES,
     WITNESS_PREFIX,
     LegacyFingerprints,
@@ -392,6 +393,34 @@ class SqliteStore(SqliteConnection):
                 "lease_owner = NULL, token = token + 1, updated_at = ?, version = version + 1 "
                 f"WHERE id = ? AND attempts = ? AND {_LATE_WRITABLE} {_OUTCOME_RETURNING}",
                 (*receipt_values(now), now, now, operation_id, attempt),
+            ).fetchone()
+            return self._append_row(c, row, events, stored=stored)
+
+        stored = as_stored(response, body_retained=body_retained)
+        return await self._writer.run(job)
+
+    async def attach_receipt(
+        self,
+        operation_id: str,
+        response: StoredResponse,
+        *,
+        expected_version: int | None,
+        body_retained: bool,
+        retention_seconds: float,
+        tombstone_seconds: float,
+        events: Sequence[NewEvent] = (),
+    ) -> Operation | None:
+        receipt_values = self._receipt_values(
+            operation_id, response, body_retained, retention_seconds, tombstone_seconds
+        )
+
+        def job(c: sqlite3.Connection) -> Operation | None:
+            now = self._clock.time()
+            row = c.execute(
+                f"UPDATE operations SET {_RECEIPT_COLUMNS}, updated_at = ?, "
+                f"version = version + 1 WHERE id = ? AND {ATTACHABLE} "
+                f"AND (? IS NULL OR version = ?) {_OUTCOME_RETURNING}",
+                (*receipt_values(now), now, operation_id, expected_version, expected_version),
             ).fetchone()
             return self._append_row(c, row, events, stored=stored)
 

@@ -47,6 +47,7 @@ from gateway.store.history_rows import (
     key_since_record,
 )
 from gateway.store.rows import (
+    ATTACHABLE,
     LEGACY_SINCE,
     LEGACY_UNSETTLED,
     NO_LEGACY,
@@ -92,10 +93,7 @@ _RECEIPT_COLUMNS = (
 )
 """What a receipt writes (`complete`, `complete_late`): its status, its sealed headers and
 body, and when the receipt and the tombstone expire."""
-_LATE_WRITABLE = (
-    "(state = 'released' OR (state = 'completed' AND response_status IS NULL "
-    "AND resolution_by IN ('owner', 'admin')))"
-)
+_LATE_WRITABLE = f"(state = 'released' OR {ATTACHABLE})"
 """Where a stale attempt's answer is still recorded (`Store.complete_late`): a release it
 proves wrong, or an operator's `applied` that has no receipt."""
 

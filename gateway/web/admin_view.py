@@ -42,7 +42,7 @@ from gateway.web.operation_document import HISTORY_PAGE, forwarded_key
 from gateway.web.operation_json import operation_json
 from gateway.web.operations_view import expected_version, operation_response, read_operator_body
 from gateway.web.probe_jobs import PARALLEL, job_url
-from gateway.web.resolve_body import StorableText, parse_resolve_body
+from gateway.web.resolve_body import StorableText, parse_attach_body, parse_resolve_body
 
 log = logging.getLogger("gateway.admin")
 
@@ -197,6 +197,24 @@ async def resolve_operation(request: web.Request) -> web.Response:
         share_with_owner=body.share_with_owner,
     )
     return await _admin_response(request, resolved)
+
+
+async def attach_receipt(request: web.Request) -> web.Response:
+    """Attach the receipt an `applied` settlement went without (retries got `409
+    receipt-not-retained`), once; the history says who, when and why."""
+    require_admin(request)
+    actor = actor_of(request)
+    body = parse_attach_body(await read_operator_body(request))
+    operation = await _operation_by_id(request)
+    attached = await request.app[ENGINE].attach(
+        operation,
+        body.receipt_for(operation),
+        note=body.note,
+        actor=actor,
+        expected_version=expected_version(request, operation),
+        share_with_owner=body.share_with_owner,
+    )
+    return await _admin_response(request, attached)
 
 
 class RedactBody(BaseModel):

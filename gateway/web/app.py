@@ -54,6 +54,7 @@ from gateway.upstream.forwarder import Forwarder
 from gateway.upstream.spool import Spooler
 from gateway.web.access_log import AccessLog, access_log_for
 from gateway.web.admin_view import (
+    attach_receipt,
     list_operations,
     operation_history,
     overview,
@@ -169,6 +170,7 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app.router.add_get("/admin/operations/{id}/history", operation_history)
     app.router.add_get("/admin/operations/{id}/verify", verify_operation)
     app.router.add_post("/admin/operations/{id}/resolve", resolve_operation)
+    app.router.add_post("/admin/operations/{id}/receipt", attach_receipt)
     app.router.add_post("/admin/operations/{id}/redact", redact_operation)
     app.router.add_post("/admin/operations/{id}/probe", probe_operation)
     app.router.add_get("/admin/probe-jobs/{route}", probe_job)

@@ -115,6 +115,7 @@ _RESOLVE = (*_LOOKUP, NotResolvable, TooEarly, PreconditionFailed, PayloadTooLar
 _ADMIN = (InvalidRequest, Unauthorized, NotFound, NoRoute, StoreUnavailable)
 _ADMIN_RESOLVE = (*_ADMIN, NotResolvable, TooEarly, PreconditionFailed, PayloadTooLarge)
 _ADMIN_REDACT = (*_ADMIN, PreconditionFailed, PayloadTooLarge)
+_ADMIN_ATTACH = (*_ADMIN, NotResolvable, PreconditionFailed, PayloadTooLarge)
 _ADMIN_PROBE = (*_ADMIN, NotResolvable)
 _RETRY_AFTER: tuple[type[GatewayError], ...] = (TooEarly,)
 """Problems that carry `Retry-After` besides every 503."""
@@ -573,6 +574,28 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": _ok("The settled operation.", admin_operation, _OPERATION_HEADERS),
                     **_problems(_ADMIN_RESOLVE),
+                },
+            }
+        },
+        "/admin/operations/{id}/receipt": {
+            "post": {
+                "summary": "Attach the receipt an `applied` settlement went without, once",
+                "description": "For an operation completed by an owner's or an operator's "
+                "`applied` without a response (its retries get 409 `receipt-not-retained`): "
+                "the response retries get from now on. Once; any other operation is 409 "
+                "`not-resolvable`. The history records who attached it and the note.",
+                "operationId": "adminAttachReceipt",
+                "security": admin,
+                "parameters": [op_id, _IF_MATCH, _ADMIN_ACTOR_PARAMETER, _REQUEST_ID_PARAMETER],
+                "requestBody": {
+                    "required": True,
+                    "content": {JSON: {"schema": ref("AttachRequest")}},
+                },
+                "responses": {
+                    "200": _ok(
+                        "The operation with its receipt.", admin_operation, _OPERATION_HEADERS
+                    ),
+                    **_problems(_ADMIN_ATTACH),
                 },
             }
         },

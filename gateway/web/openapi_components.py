@@ -17,7 +17,7 @@ from gateway.web.admin_view import ADMIN_ACTOR, RedactBody
 from gateway.web.operation_document import HISTORY_PAGE, RECEIPT_SOURCES
 from gateway.web.probes_view import ProbeCheck, ProbeKinds, ProbeKindState, TrustBody
 from gateway.web.request_log import REQUEST_ID
-from gateway.web.resolve_body import ResolveBody
+from gateway.web.resolve_body import AttachBody, ResolveBody
 
 __all__ = ["components", "header", "nullable", "ref"]
 
@@ -139,6 +139,7 @@ EVENT_TYPES = (
     "lease-expired",
     "probe",
     "resolved",
+    "receipt-attached",
     "released",
     "redacted",
     "expired",
@@ -461,6 +462,9 @@ def components() -> dict[str, Any]:
     resolve_schema, schemas = _resolve_request_schema()
     schemas["ResolveRequest"] = resolve_schema
     schemas["RedactRequest"] = {**RedactBody.model_json_schema(), "title": "RedactRequest"}
+    attach = AttachBody.model_json_schema(ref_template=SCHEMAS + "{model}")
+    schemas.update(attach.pop("$defs", {}))
+    schemas["AttachRequest"] = {**attach, "title": "AttachRequest"}
     schemas["OperationRecord"] = _record_schema()
     schemas["Operation"] = _operation_schema()
     schemas["HistoryEvent"] = _history_event_schema()

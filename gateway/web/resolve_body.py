@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -131,25 +131,68 @@ class ResolveBody(BaseModel):
 
     def receipt_for(self, operation: Operation) -> StoredResponse | None:
         """The receipt to store, in the form the operation's front end replays."""
-        if operation.method == TOOL_CALL:
-            if self.response is not None:
-                raise InvalidRequest(
-                    'an MCP operation is resolved with a "result" (the tool result), '
-                    'not a "response"'
-                )
-            return stored_result(self.result) if self.result is not None else None
-        if self.result is not None:
-            raise InvalidRequest('an HTTP operation is resolved with a "response", not a "result"')
-        return self.response.stored() if self.response else None
+        return _receipt(operation, self.response, self.result)
+
+
+class AttachBody(BaseModel):
+    """`{"response": {...}, "note": ...}` (or `"result"` for an MCP operation): the receipt
+    an `applied` settlement went without, and why it is known now."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    response: ResolveResponse | None = None
+    result: dict[str, Any] | None = None
+    note: StorableText = Field(min_length=1, max_length=2000)
+    share_with_owner: bool = False
+
+    @model_validator(mode="after")
+    def _one_receipt(self) -> AttachBody:
+        if (self.response is None) == (self.result is None):
+            raise ValueError("send the receipt: a response (HTTP operation) or a result (MCP)")
+        if not self.note.strip():
+            raise ValueError("a note is required: say where the response comes from")
+        return self
+
+    def receipt_for(self, operation: Operation) -> StoredResponse:
+        receipt = _receipt(operation, self.response, self.result)
+        assert receipt is not None  # one of the two is set (`_one_receipt`)
+        return receipt
+
+
+def _receipt(
+    operation: Operation, response: ResolveResponse | None, result: dict[str, Any] | None
+) -> StoredResponse | None:
+    """The receipt to store, in the form the operation's front end replays."""
+    if operation.method == TOOL_CALL:
+        if response is not None:
+            raise InvalidRequest(
+                'an MCP operation is resolved with a "result" (the tool result), not a "response"'
+            )
+        return stored_result(result) if result is not None else None
+    if result is not None:
+        raise InvalidRequest('an HTTP operation is resolved with a "response", not a "result"')
+    return response.stored() if response else None
 
 
 def parse_resolve_body(raw: bytes) -> ResolveBody:
     """Parse and validate, turning every problem into one `400 invalid-request`."""
+    return _parsed(ResolveBody, raw, "resolve")
+
+
+def parse_attach_body(raw: bytes) -> AttachBody:
+    """Parse and validate, turning every problem into one `400 invalid-request`."""
+    return _parsed(AttachBody, raw, "attach")
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _parsed(model: type[_Model], raw: bytes, what: str) -> _Model:
     try:
-        return ResolveBody.model_validate_json(raw or b"null")
+        return model.model_validate_json(raw or b"null")
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
             for error in exc.errors()
         )
-        raise InvalidRequest(f"invalid resolve request: {problems}") from exc
+        raise InvalidRequest(f"invalid {what} request: {problems}") from exc

@@ -235,6 +235,11 @@ function eventDetails(event) {
         ...(event.force ? ["FORCED before the tool's grace ended"] : []),
         ...(event.share_with_owner ? ["note shown to the caller"] : []),
       ];
+    case "receipt-attached":
+      return [
+        `receipt attached: retries get status ${event.status} from now on`,
+        ...(event.share_with_owner ? ["note shown to the caller"] : []),
+      ];
     case "released":
       return [...attempt(event), ...(event.detail ? [event.detail] : []), "the key may be sent again"];
     case "redacted":
