@@ -911,3 +911,42 @@ async def test_an_empty_receipt_is_stored_only_when_said_so(
     assert [event["type"] for event in operation["history"]].count("resolved") == 1
     # The browser's log is shared by the tests of one browser: only this operation's lines.
     assert [line for line in await page.console_errors() if op_id in line] == []
+
+
+async def test_the_operation_shows_every_request_of_its_key(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """The agent's replays and a reused key's 422 are lines under the history, each with
+    the request id the agent logged, so an operator can match the two logs; at 1280 and
+    390 px."""
+    for request_id, title in (("agent-1", "a"), ("agent-2", "a"), ("agent-3", "other")):
+        await console_gateway.post(
+            "/tickets/issues", key="seen-1", json_body={"title": title},
+            headers={"X-Request-Id": request_id},
+        )  # fmt: skip
+    op_id = (await (await console_gateway.get("/operations/seen-1")).json())["id"]
+    async with asyncio.timeout(30):  # the log is written once a second
+        while (await admin_operation(console_gateway, op_id))["requests"]["total"] < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+
+    await page.open(f"#/op/{op_id}")
+    await page.sign_in(ADMIN_TOKEN, actor="carol")
+    summary = await page.wait_text("requests-summary", "3 requests with this key")
+    assert "1 answered from the receipt, 1 refused" in summary
+    lines = (await page.detail_text("requests")).splitlines()
+    assert len(lines) == 3, lines
+    assert "201 sent to the tool" in lines[0]
+    assert "agent-1" in lines[0]
+    assert "answered from the receipt" in lines[1]
+    assert "agent-2" in lines[1]
+    assert "422 refused: another request under this key key-mismatch" in lines[2]
+    assert "agent-3" in lines[2]
+    await page.screenshot("requests-1280")
+    try:
+        assert await page.window(390, 844) == 390
+        width = await page.script("return document.documentElement.scrollWidth")
+        assert width <= 390, f"the operation's page is {width} px wide"
+        await page.screenshot("requests-390")
+    finally:
+        await page.window(1280, 1000)
+    assert [line for line in await page.console_errors() if op_id in line] == []

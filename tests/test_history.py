@@ -425,6 +425,8 @@ async def test_an_operation_from_before_the_history_gets_a_reconstructed_one(
         db.execute("DROP TABLE probe_calibrations")
         for table in ("history_keyed_since", "history_checkpoints", "history_checkpoint_log"):
             db.execute(f"DROP TABLE {table}")  # and version 8's
+        for table in ("request_log", "request_counts"):
+            db.execute(f"DROP TABLE {table}")  # and version 10's
         db.execute("DELETE FROM gateway_meta WHERE name = 'fingerprint_v2_since'")
         for column in ("history_seq", "history_head", "request_kept", "request_kind"):
             db.execute(f"ALTER TABLE operations DROP COLUMN {column}")

@@ -171,11 +171,15 @@ def _plain(body: bytes, query: str = "", *, version: int) -> str:
     return v2 if version == 2 else v1
 
 
-def _downgrade(store_url: str | None) -> str:
-    """The statement that sets the schema back to the version before keyed fingerprints."""
+LATER_TABLES = ("DROP TABLE request_log", "DROP TABLE request_counts")
+"""What the versions after keyed fingerprints added (the request log)."""
+
+
+def _downgrade(store_url: str | None) -> list[str]:
+    """The statements that set the schema back to the version before keyed fingerprints."""
     if store_url is None:
-        return "UPDATE schema_version SET version = 8"
-    return "UPDATE gateway_schema_version SET version = 9"
+        return [*LATER_TABLES, "UPDATE schema_version SET version = 8"]
+    return [*LATER_TABLES, "UPDATE gateway_schema_version SET version = 9"]
 
 
 async def test_an_upgraded_store_keeps_no_plain_fingerprint_and_every_promise(
@@ -209,7 +213,7 @@ async def test_an_upgraded_store_keeps_no_plain_fingerprint_and_every_promise(
                 f"UPDATE operations SET fingerprint = '{value}' WHERE key = '{key}'"
                 for key, value in plain.items()
             ),
-            _downgrade(store_url),
+            *_downgrade(store_url),
         ],
     )
     again = await gateway_factory(upstream.url, store_url=store_url)
@@ -315,7 +319,7 @@ async def test_a_derived_key_and_an_mcp_fingerprint_are_keyed_and_older_calls_st
         [
             f"UPDATE operations SET key = '{plain_key}', fingerprint = '{plain_fingerprint}'",
             "DELETE FROM gateway_meta WHERE name = 'derived_keys_keyed_since'",
-            "UPDATE schema_version SET version = 8",
+            *_downgrade(None),
         ],
     )
     again = await _mcp_gateway(gateway_factory, server)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
-from gateway.engine.errors import StoreUnavailable
+from gateway.engine.errors import GatewayError, StoreUnavailable
 from gateway.engine.headers import without
 from gateway.engine.models import State, StoredResponse
 
@@ -90,6 +90,16 @@ class RequestTrace:
     upstream_seconds: float | None = None
     error: str | None = None
     """What went wrong inside (a host, driver text): for the log line only."""
+    problem: str | None = None
+    """The problem type the request was answered with (`key-mismatch`), if one."""
+    problem_status: int | None = None
+    """That problem's status: an MCP refusal is a result inside a 200, and the key's
+    request log says what it refused with."""
+
+    def refused(self, error: GatewayError) -> None:
+        """The request was answered with `error`'s problem."""
+        self.problem = error.problem_type
+        self.problem_status = error.status
 
     def saw(self, operation: Operation) -> None:
         """The operation this request is answered about (the log line and the span name it)."""

@@ -225,6 +225,7 @@ async def _tool_call(
                     reply = await execute_detached(app, proxy_request._replace(headers=headers))
         except GatewayError as error:
             trace.outcome, trace.state = outcome_of(error), error.state
+            trace.refused(error)
             metrics.request(route.name, trace.outcome)
             request_id = log_internal(request, error)
             problem = problem_document(

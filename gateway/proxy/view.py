@@ -218,6 +218,7 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
             reply = await execute_detached(app, proxy_request._replace(headers=headers))
     except GatewayError as error:
         trace.outcome, trace.state = outcome_of(error), error.state
+        trace.refused(error)
         metrics.request(route.name, trace.outcome)
         error.concerning(key)
         raise

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         State,
         StoredResponse,
     )
+    from gateway.engine.request_lines import RequestBatch, RequestLog
     from gateway.store.history_rows import CheckpointEntry, HistorySeal
 
 
@@ -244,6 +245,16 @@ class Store(Protocol):
         since the row then has one; at `expected_version` when given. The resolution
         stays; the receipt and the tombstone expire counted from now. `None`: the
         operation is not (or no longer) one to attach to, or not at that version."""
+
+    async def append_request_lines(self, batches: Sequence[RequestBatch]) -> None:
+        """Add each operation's lines of one interval to its request log, numbered on from
+        its last (`seq`; lines the batch coalesced take their numbers too), add its counts,
+        and keep its first `FIRST` and last `LAST` lines only. Lines of an operation the
+        store no longer holds are dropped."""
+
+    async def request_log(self, operation_id: str, *, lines: bool = True) -> RequestLog:
+        """An operation's request log as kept: its lines by `seq` (none read unless
+        `lines`), and the counts of all."""
 
     async def mark_unknown(
         self,

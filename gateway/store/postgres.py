@@ -59,6 +59,14 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
+from gateway.engine.request_lines import (
+    FIRST,
+    LAST,
+    RequestBatch,
+    RequestLine,
+    RequestLog,
+    numbered,
+)
 from gateway.engine.twins import BINDING_SWEEP_SLACK
 from gateway.store import postgres_calibration as calibration_rows
 from gateway.store.base import (
@@ -593,6 +601,67 @@ class PostgresStore(PostgresConnection):
             stored=as_stored(response, body_retained=body_retained),
         )
 
+    async def append_request_lines(self, batches: Sequence[RequestBatch]) -> None:
+        async with (
+            _translated("request_log"),
+            self._require_pool().acquire() as connection,
+            connection.transaction(),
+        ):
+            # In id order, so that two replicas writing lines of the same operations never
+            # wait for each other's row locks in turn.
+            for batch in sorted(batches, key=lambda b: b.operation_id):
+                total = await connection.fetchval(
+                    "INSERT INTO request_counts (operation_id, total, replays, refusals) "
+                    "SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM operations WHERE id = $1) "
+                    "ON CONFLICT (operation_id) DO UPDATE SET "
+                    "total = request_counts.total + excluded.total, "
+                    "replays = request_counts.replays + excluded.replays, "
+                    "refusals = request_counts.refusals + excluded.refusals RETURNING total",
+                    batch.operation_id,
+                    batch.total,
+                    batch.replays,
+                    batch.refusals,
+                )
+                if total is None:
+                    continue
+                await connection.executemany(
+                    "INSERT INTO request_log (operation_id, seq, at, request_id, status, "
+                    "outcome, replayed, problem) VALUES ($1, $2, to_timestamp($3), $4, $5, $6, "
+                    "$7, $8)",
+                    [
+                        (batch.operation_id, seq, line.at, line.request_id, line.status,
+                         line.outcome, line.replayed, line.problem)
+                        for seq, line in numbered(batch, total=total)
+                    ],
+                )  # fmt: skip
+                await connection.execute(
+                    "DELETE FROM request_log WHERE operation_id = $1 AND seq > $2 AND seq <= $3",
+                    batch.operation_id,
+                    FIRST,
+                    total - LAST,
+                )
+
+    async def request_log(self, operation_id: str, *, lines: bool = True) -> RequestLog:
+        counts = await self._fetchrow(
+            "request_log",
+            "SELECT total, replays, refusals FROM request_counts WHERE operation_id = $1",
+            operation_id,
+        )
+        if counts is None:
+            return RequestLog()
+        if not lines:
+            return RequestLog(total=counts[0], replays=counts[1], refusals=counts[2])
+        rows = await self._fetch(
+            "request_log",
+            "SELECT seq, extract(epoch from at)::float8, request_id, status, outcome, replayed, "
+            "problem FROM request_log WHERE operation_id = $1 ORDER BY seq",
+            operation_id,
+        )
+        kept = tuple(
+            (row[0], RequestLine(row[1], row[2], row[3], row[4], row[5], row[6])) for row in rows
+        )
+        return RequestLog(kept, total=counts[0], replays=counts[1], refusals=counts[2])
+
     async def _run_completes(self, receipts: Sequence[_Receipt]) -> list[Operation | None]:
         """One statement for a batch of receipts, each fenced by its own token, with their
         events chained by the database (`_COMPLETES_CHAINED`); receipts with other events
@@ -1014,6 +1083,10 @@ class PostgresStore(PostgresConnection):
                 "WHERE c.operation_id = due.id), "
                 "keyed AS (DELETE FROM history_keyed_since k USING due "
                 "WHERE k.operation_id = due.id), "
+                "requests AS (DELETE FROM request_log r USING due "
+                "WHERE r.operation_id = due.id), "
+                "counts AS (DELETE FROM request_counts n USING due "
+                "WHERE n.operation_id = due.id), "
                 "gone AS (DELETE FROM operations o USING due WHERE o.seq = due.seq "
                 "RETURNING 1) SELECT count(*) FROM gone",
                 batch,

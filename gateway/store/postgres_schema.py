@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -410,6 +410,30 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # Secrets stay secret: stored fingerprints are keyed per scope (`_key_fingerprints`).
     10: (),
+    # The key's request log (gateway.engine.request_lines): kept lines, and counts of all.
+    11: (
+        """
+        CREATE TABLE request_log (
+            operation_id text NOT NULL,
+            seq bigint NOT NULL,
+            at timestamptz NOT NULL,
+            request_id text NOT NULL,
+            status integer NOT NULL,
+            outcome text NOT NULL,
+            replayed boolean NOT NULL,
+            problem text,
+            PRIMARY KEY (operation_id, seq)
+        )
+        """,
+        """
+        CREATE TABLE request_counts (
+            operation_id text PRIMARY KEY,
+            total bigint NOT NULL,
+            replays bigint NOT NULL,
+            refusals bigint NOT NULL
+        )
+        """,
+    ),
 }
 
 

@@ -47,7 +47,7 @@ from gateway.store.postgres_schema import (
     REQUEST_LOCK_KEY,
     columns_of,
 )
-from gateway.store.rows import is_forgotten
+from gateway.store.rows import OPERATION_TABLES, is_forgotten
 
 NOW = "clock_timestamp()"
 SECONDS = "make_interval(secs => {})"
@@ -385,7 +385,7 @@ async def _claim_existing(
         raise StoreUnavailable("the key changed under three concurrent claims; retry")
     current = decode(row)
     if is_forgotten(current):
-        for table in ("operation_events", "history_checkpoints", "history_keyed_since"):
+        for table in OPERATION_TABLES:
             await connection.execute(f"DELETE FROM {table} WHERE operation_id = $1", current.id)
         await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
         refused, twin = await _twins(connection, request, decode, legacy)

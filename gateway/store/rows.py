@@ -156,6 +156,15 @@ def scope_secret_lost() -> StoreUnavailable:
     )
 
 
+OPERATION_TABLES = (
+    "operation_events",
+    "history_checkpoints",
+    "history_keyed_since",
+    "request_log",
+    "request_counts",
+)
+"""The tables whose rows belong to one operation (`operation_id`): deleted with it."""
+
 ATTACHABLE = (
     "(state = 'completed' AND response_status IS NULL AND resolution_by IN ('owner', 'admin'))"
 )

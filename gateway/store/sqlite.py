@@ -51,6 +51,14 @@ from gateway.engine.models import (
     State,
     StoredResponse,
 )
+from gateway.engine.request_lines import (
+    FIRST,
+    LAST,
+    RequestBatch,
+    RequestLine,
+    RequestLog,
+    numbered,
+)
 from gateway.engine.twins import BINDING_SWEEP_SLACK
 from gateway.store import sqlite_calibration as calibration
 from gateway.store.base import (
@@ -77,6 +85,7 @@ from gateway.store.history_rows import (
 )
 from gateway.store.rows import (
     ATTACHABLE,
+    OPERATION_TABLES,
     UPGRADES,
     WITNESS_PREFIX,
     LegacyFingerprints,
@@ -426,6 +435,58 @@ class SqliteStore(SqliteConnection):
 
         stored = as_stored(response, body_retained=body_retained)
         return await self._writer.run(job)
+
+    async def append_request_lines(self, batches: Sequence[RequestBatch]) -> None:
+        def job(c: sqlite3.Connection) -> None:
+            for batch in batches:
+                # Counted first: the counts row numbers the lines, and none is made for an
+                # operation the store no longer holds.
+                row = c.execute(
+                    "INSERT INTO request_counts (operation_id, total, replays, refusals) "
+                    "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM operations WHERE id = ?1) "
+                    "ON CONFLICT (operation_id) DO UPDATE SET total = total + excluded.total, "
+                    "replays = replays + excluded.replays, "
+                    "refusals = refusals + excluded.refusals RETURNING total",
+                    (batch.operation_id, batch.total, batch.replays, batch.refusals),
+                ).fetchone()
+                if row is None:
+                    continue
+                c.executemany(
+                    "INSERT INTO request_log (operation_id, seq, at, request_id, status, "
+                    "outcome, replayed, problem) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (batch.operation_id, seq, line.at, line.request_id, line.status,
+                         line.outcome, line.replayed, line.problem)
+                        for seq, line in numbered(batch, total=row[0])
+                    ],
+                )  # fmt: skip
+                c.execute(
+                    "DELETE FROM request_log WHERE operation_id = ? AND seq > ? AND seq <= ?",
+                    (batch.operation_id, FIRST, row[0] - LAST),
+                )
+
+        await self._writer.run(job)
+
+    async def request_log(self, operation_id: str, *, lines: bool = True) -> RequestLog:
+        counts = await self._read(
+            "SELECT total, replays, refusals FROM request_counts WHERE operation_id = ?",
+            (operation_id,),
+        )
+        if not counts:
+            return RequestLog()
+        total, replays, refusals = counts[0]
+        if not lines:
+            return RequestLog(total=total, replays=replays, refusals=refusals)
+        rows = await self._read(
+            "SELECT seq, at, request_id, status, outcome, replayed, problem FROM request_log "
+            "WHERE operation_id = ? ORDER BY seq",
+            (operation_id,),
+        )
+        kept = tuple(
+            (seq, RequestLine(at, request_id, status, outcome, bool(replayed), problem))
+            for seq, at, request_id, status, outcome, replayed, problem in rows
+        )
+        return RequestLog(kept, total=total, replays=replays, refusals=refusals)
 
     async def mark_unknown(
         self,
@@ -863,7 +924,7 @@ class SqliteStore(SqliteConnection):
                 "AND state IN ('completed', 'released') LIMIT ?"
             )
             ids = [row[0] for row in c.execute(doomed, (now, batch))]
-            for table in ("operation_events", "history_checkpoints", "history_keyed_since"):
+            for table in OPERATION_TABLES:
                 c.executemany(f"DELETE FROM {table} WHERE operation_id = ?", [(i,) for i in ids])
             forgotten = c.executemany(
                 "DELETE FROM operations WHERE id = ?", [(i,) for i in ids]

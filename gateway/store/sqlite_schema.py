@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.store.rows import COLUMN_NAMES
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 SETTLED_FUNCTION = "gateway_settled"
 """An SQL function the writer connection registers: `gateway_settled(id)` notes that a
@@ -198,6 +198,30 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # Secrets stay secret: stored fingerprints are keyed per scope (`_key_fingerprints`).
     9: (),
+    # The key's request log (gateway.engine.request_lines): kept lines, and counts of all.
+    10: (
+        """
+        CREATE TABLE request_log (
+            operation_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            at REAL NOT NULL,
+            request_id TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            outcome TEXT NOT NULL,
+            replayed INTEGER NOT NULL,
+            problem TEXT,
+            PRIMARY KEY (operation_id, seq)
+        ) WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE request_counts (
+            operation_id TEXT PRIMARY KEY,
+            total INTEGER NOT NULL,
+            replays INTEGER NOT NULL,
+            refusals INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+    ),
 }
 
 

@@ -51,6 +51,7 @@ from gateway.store.rows import (
     LEGACY_SINCE,
     LEGACY_UNSETTLED,
     NO_LEGACY,
+    OPERATION_TABLES,
     LegacyFingerprints,
     claim_changes,
     is_forgotten,
@@ -145,7 +146,7 @@ def _claim(
     if not claim_changes(current, request):
         return Existing(current)
     if is_forgotten(current):
-        for table in ("operation_events", "history_checkpoints", "history_keyed_since"):
+        for table in OPERATION_TABLES:
             c.execute(f"DELETE FROM {table} WHERE operation_id = ?", (current.id,))
         c.execute("DELETE FROM operations WHERE id = ?", (current.id,))
         return _claim_new(c, request, now, decode, append, cipher, seal, legacy)

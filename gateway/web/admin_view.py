@@ -321,6 +321,14 @@ async def operation_history(request: web.Request) -> web.Response:
     return web.json_response(document, headers=NO_STORE)
 
 
+async def operation_requests(request: web.Request) -> web.Response:
+    """The key's request log: its first and last lines (oldest first) and the counts."""
+    require_admin(request)
+    operation = await _operation_by_id(request)
+    log_kept = await request.app[STORE].request_log(operation.id)
+    return web.json_response(log_kept.as_json(), headers=NO_STORE)
+
+
 async def verify_operation(request: web.Request) -> web.Response:
     """Check one operation's hash chain: intact, or the first broken event."""
     require_admin(request)

@@ -34,6 +34,7 @@ from gateway.engine.graces import GraceClock, start_witness
 from gateway.engine.leases import LeaseKeeper
 from gateway.engine.probes import Prober
 from gateway.engine.quotas import ScopeQuotas
+from gateway.engine.request_lines import RequestRecorder
 from gateway.engine.scopes import ScopeResolver
 from gateway.engine.sweeper import Sweeper
 from gateway.mcp.cancellations import Cancellations
@@ -57,6 +58,7 @@ from gateway.web.admin_view import (
     attach_receipt,
     list_operations,
     operation_history,
+    operation_requests,
     overview,
     probe_job,
     probe_operation,
@@ -81,6 +83,7 @@ from gateway.web.appkeys import (
     OFFLOADER,
     PROBE_JOBS,
     QUOTAS,
+    REQUESTS,
     ROUTES,
     SCOPES,
     SETTINGS,
@@ -171,6 +174,7 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     app.router.add_get("/admin/operations/{id}/verify", verify_operation)
     app.router.add_post("/admin/operations/{id}/resolve", resolve_operation)
     app.router.add_post("/admin/operations/{id}/receipt", attach_receipt)
+    app.router.add_get("/admin/operations/{id}/requests", operation_requests)
     app.router.add_post("/admin/operations/{id}/redact", redact_operation)
     app.router.add_post("/admin/operations/{id}/probe", probe_operation)
     app.router.add_get("/admin/probe-jobs/{route}", probe_job)
@@ -241,6 +245,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     await sweeper.start()
     checkpointer = Checkpointer(store)
     await checkpointer.start()
+    requests = app[REQUESTS] = RequestRecorder(store)
+    await requests.start()
     app[STORE] = store
     app[FORWARDER] = forwarder
     app[ENGINE] = engine
@@ -279,6 +285,7 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(witness, return_exceptions=True)
         await keeper.stop()
         await forwarder.close()
+        await requests.stop()  # the lines of the drained requests too
         await checkpointer.stop()  # last before the store: the heads of everything above
         await store.close()
         await tracer.close()  # last: the drained calls' spans are flushed too

@@ -11,6 +11,7 @@ from gateway.config import Settings
 from gateway.engine.engine import IdempotencyEngine
 from gateway.engine.exchange import RequestTrace
 from gateway.engine.quotas import ScopeQuotas
+from gateway.engine.request_lines import RequestRecorder
 from gateway.engine.scopes import ScopeResolver
 from gateway.mcp.cancellations import Cancellations
 from gateway.mcp.derived_keys import DerivedKeys
@@ -45,6 +46,7 @@ OFFLOADER = web.AppKey("offloader", Offloader)
 """What each MCP route's server says is read-only, learned from its `tools/list` answers."""
 MCP_SESSIONS = web.AppKey("mcp_sessions", SessionTags)
 MCP_DERIVED_KEYS = web.AppKey("mcp_derived_keys", DerivedKeys)
+REQUESTS = web.AppKey("requests", RequestRecorder)
 """Binds MCP session ids to the scope that opened them (with `[[clients]]`)."""
 MCP_KNOWN_CALLS = web.AppKey("mcp_known_calls", KnownCalls)
 """MCP requests being handled or just handled (with workers, on any worker): what a

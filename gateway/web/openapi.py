@@ -288,6 +288,14 @@ def _admin_paths() -> dict[str, Any]:
             {"200": _ok("One page of events.", ref("HistoryPage"), _NO_STORE)},
             _ADMIN,
         ),
+        "/admin/operations/{id}/requests": _admin(
+            "get",
+            "The key's request log: every request that carried it, answered about it",
+            "adminOperationRequests",
+            [op_id],
+            {"200": _ok("The lines kept and the counts.", ref("RequestLog"), _NO_STORE)},
+            _ADMIN,
+        ),
         "/admin/operations/{id}/verify": _admin(
             "get",
             "Check an operation's hash chain",

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.engine.keys import MAX_KEY_LENGTH
 from gateway.engine.models import State
+from gateway.engine.request_lines import FIRST, LAST, LOGGED_OUTCOMES
 from gateway.web.admin_view import ADMIN_ACTOR, RedactBody
 from gateway.web.operation_document import HISTORY_PAGE, RECEIPT_SOURCES
 from gateway.web.probes_view import ProbeCheck, ProbeKinds, ProbeKindState, TrustBody
@@ -163,6 +164,7 @@ def _operation_schema() -> dict[str, Any]:
                     "history",
                     "history_next",
                     "receipt_source",
+                    "requests",
                     "last_send_age",
                     "may_apply_until",
                     "not_applied_allowed_at",
@@ -191,6 +193,7 @@ def _operation_schema() -> dict[str, Any]:
                             "in other states.",
                         }
                     ),
+                    "requests": ref("RequestCounts"),
                     "last_send_age": nullable(
                         {
                             "type": "number",
@@ -458,10 +461,56 @@ def _probe_schemas() -> dict[str, Any]:
     return found
 
 
+def _request_log_schemas() -> dict[str, Any]:
+    """The key's request log (`gateway.engine.request_lines`) and its counts."""
+    count = {"type": "integer", "minimum": 0}
+    counts = {
+        "type": "object",
+        "description": "Requests that carried the operation's key, answered about it: all "
+        "of them, the replays, and the refusals (answered 4xx by the gateway, not sent).",
+        "required": ["total", "replays", "refusals"],
+        "properties": {"total": count, "replays": count, "refusals": count},
+    }
+    line = {
+        "type": "object",
+        "required": ["seq", "request_id", "at", "status", "outcome", "replayed", "problem"],
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1},
+            "request_id": {"type": "string", "description": "`X-Request-Id` as answered"},
+            "at": _timestamp("When it was answered."),
+            "status": {
+                "type": "integer",
+                "description": "The status answered; an MCP refusal's (a result in a 200) "
+                "is its problem's",
+            },
+            "outcome": {"enum": list(LOGGED_OUTCOMES)},
+            "replayed": {"type": "boolean"},
+            "problem": nullable({"type": "string", "description": "the problem type's name"}),
+        },
+    }
+    log = {
+        "description": f"The first {FIRST} and the last {LAST} lines, oldest first, written "
+        "at most once a second; `omitted` lines between were counted, not kept.",
+        "allOf": [
+            ref("RequestCounts"),
+            {
+                "type": "object",
+                "required": ["items", "omitted"],
+                "properties": {
+                    "items": {"type": "array", "items": ref("RequestLine")},
+                    "omitted": count,
+                },
+            },
+        ],
+    }
+    return {"RequestCounts": counts, "RequestLine": line, "RequestLog": log}
+
+
 def components() -> dict[str, Any]:
     resolve_schema, schemas = _resolve_request_schema()
     schemas["ResolveRequest"] = resolve_schema
     schemas["RedactRequest"] = {**RedactBody.model_json_schema(), "title": "RedactRequest"}
+    schemas.update(_request_log_schemas())
     attach = AttachBody.model_json_schema(ref_template=SCHEMAS + "{model}")
     schemas.update(attach.pop("$defs", {}))
     schemas["AttachRequest"] = {**attach, "title": "AttachRequest"}

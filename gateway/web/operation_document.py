@@ -48,6 +48,10 @@ async def operation_document(
     ]
     document["history_next"] = events[-1].seq if len(page.events) > HISTORY_PAGE else None
     document["receipt_source"] = receipt_source(operation)
+    # How often the key was asked about since: an agent that keeps retrying shows here.
+    document["requests"] = (
+        await request.app[STORE].request_log(operation.id, lines=False)
+    ).counts()
     document.update(release_window_json(request, operation))
     if admin:
         document["request"] = request_json(events, payloads)

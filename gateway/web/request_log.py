@@ -15,8 +15,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from gateway.engine.exchange import RequestTrace
+from gateway.engine.request_lines import LOGGED_OUTCOMES, RequestLine
 from gateway.web.access_log import AccessLog
-from gateway.web.appkeys import METRICS, TRACE
+from gateway.web.appkeys import METRICS, REQUESTS, TRACE
 from gateway.web.problems import Handler
 
 _QUIET = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -58,7 +59,30 @@ def request_logging(access: AccessLog | None) -> Middleware:
             elapsed = time.monotonic() - started
             if trace.route is not None:
                 request.app[METRICS].request_time(trace.route, elapsed)
+                _note_keyed(request, trace, status)
             if access is not None and request.path not in _QUIET:
                 access.request(trace, request.method, request.path, status, elapsed=elapsed)
 
     return request_log_middleware
+
+
+_LOGGED = frozenset(LOGGED_OUTCOMES)
+
+
+def _note_keyed(request: web.Request, trace: RequestTrace, status: int) -> None:
+    """A request that carried a key, answered about its operation: a line of the key's
+    request log (`gateway.engine.request_lines`), buffered, never waited on."""
+    if trace.key is None or trace.operation_id is None or trace.outcome not in _LOGGED:
+        return
+    recorder = request.app.get(REQUESTS)
+    if recorder is None:
+        return
+    line = RequestLine(
+        at=time.time(),
+        request_id=trace.request_id,
+        status=trace.problem_status or status,
+        outcome=trace.outcome,
+        replayed=trace.outcome == "replayed",
+        problem=trace.problem,
+    )
+    recorder.add(trace.operation_id, line)

@@ -16,7 +16,7 @@
 import { ACTOR_PATTERN, actor, api, endSession, onRefused, operationPath, startSession, token } from "./api.js";
 import { $, readableTime, show } from "./dom.js";
 import { listAddress, listHash, listQuery, loadMore, loadOverview, showKey, showList } from "./list.js";
-import { historyItems, renderOperation } from "./operation.js";
+import { historyItems, renderOperation, renderRequests } from "./operation.js";
 
 // --- what the last action did: at the top of the page -----------------------------
 
@@ -105,6 +105,15 @@ async function loadDetail(id) {
     return;
   }
   display(answer);
+  await loadRequests(id);
+}
+
+async function loadRequests(id) {
+  try {
+    renderRequests((await api(operationPath(id, "requests"))).document);
+  } catch (error) {
+    if (error.status !== 401) $("requests-summary").textContent = `The requests could not be read: ${error.message}`;
+  }
 }
 
 function display(answer) {

@@ -163,6 +163,42 @@ function renderRequest(request) {
 // --- history -------------------------------------------------------------------------
 
 /** The events as list items, oldest first: time, what happened, who, details, the note verbatim. */
+/** The key's request log: every request that carried it, what it was answered, and the
+ * caller's request id to match against the agent's own log. */
+export function renderRequests(log) {
+  const counts = `${log.total} request${log.total === 1 ? "" : "s"} with this key: ` +
+    `${log.replays} answered from the receipt, ${log.refusals} refused`;
+  $("requests-summary").textContent = log.omitted
+    ? `${counts}. ${log.omitted} in the middle are counted, not listed.`
+    : `${counts}.`;
+  $("requests").replaceChildren(
+    ...log.items.map((line) =>
+      el(
+        "li",
+        { class: `request ${line.outcome}`, data: { seq: String(line.seq) } },
+        time(line.at),
+        " ",
+        el("span", { class: "status", text: String(line.status) }),
+        " ",
+        el("span", { class: "type", text: REQUEST_OUTCOMES[line.outcome] ?? line.outcome }),
+        ...(line.problem ? [" ", el("span", { class: "details", text: line.problem })] : []),
+        " ",
+        el("code", { class: "request-id", title: "X-Request-Id", text: line.request_id }),
+      ),
+    ),
+  );
+}
+
+const REQUEST_OUTCOMES = {
+  forwarded: "sent to the tool",
+  replayed: "answered from the receipt",
+  released: "sent; the tool proved it did nothing",
+  in_progress: "refused: still in flight",
+  unknown: "outcome unknown",
+  mismatch: "refused: another request under this key",
+  rejected: "refused",
+};
+
 export function historyItems(events) {
   return events.map((event) => {
     const item = el(
