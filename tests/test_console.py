@@ -840,6 +840,7 @@ async def test_admin_api_behind_the_console(
     assert overview == {
         "counts": {"in_flight": 0, "completed": 1, "unknown": 0, "released": 0},
         "routes": ["tickets"],
+        "you": {"name": None, "role": "admin", "actor": "admin"},  # the shared token
     }
     assert (await admin("/admin/overview")).status == 401
 

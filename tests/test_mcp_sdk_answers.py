@@ -76,6 +76,7 @@ ROWS: dict[str, str] = {
     "missing-credentials": FIX,
     "unauthorized": FIX,
     "client-not-allowed": FIX,
+    "role-forbidden": FIX,
     "method-not-allowed": OTHER,
     "not-found": OTHER,
     "no-route": OTHER,

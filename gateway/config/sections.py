@@ -290,6 +290,25 @@ def guessable(token: str) -> str | None:
     return None
 
 
+AdminRole = Literal["viewer", "operator", "admin"]
+"""What a named admin token may do: `viewer` reads; `operator` also resolves (without
+force), probes and attaches receipts; `admin` also forces, redacts and trusts probes."""
+
+
+class AdminToken(BaseModel):
+    """A named admin token: the history names its holder, and its role bounds what it does.
+
+    >>> AdminToken(name="ann", token_sha256="AB" * 32, role="operator").role
+    'operator'
+    """
+
+    model_config = _SETTINGS_MODEL
+
+    name: Name
+    token_sha256: Annotated[str, AfterValidator(_sha256_hex)]
+    role: AdminRole
+
+
 class AdminSettings(BaseModel):
     """The operators' API; disabled (404) while the token is empty.
 
@@ -307,6 +326,9 @@ class AdminSettings(BaseModel):
     model_config = _SETTINGS_MODEL
 
     token: SecretStr = SecretStr("")
+    """One shared token, of role `admin` (the actor is what `X-Admin-Actor` says)."""
+    tokens: tuple[AdminToken, ...] = ()
+    """Named tokens (`[[admin.tokens]]`), each with a role; the actor is the name."""
     host: str = "127.0.0.1"
     port: int = Field(default=8081, ge=0, le=65535)
 
@@ -346,9 +368,18 @@ class AdminSettings(BaseModel):
             raise ValueError(f"is guessable ({why}): generate one with `idempotency-gateway token`")
         return token
 
+    @field_validator("tokens")
+    @classmethod
+    def _unique_names(cls, tokens: tuple[AdminToken, ...]) -> tuple[AdminToken, ...]:
+        names = [token.name for token in tokens]
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"each named token needs a name of its own: {', '.join(twice)}")
+        return tokens
+
     @property
     def enabled(self) -> bool:
-        return bool(self.token.get_secret_value())
+        """The admin endpoints are on when any admin token exists."""
+        return bool(self.token.get_secret_value()) or bool(self.tokens)
 
 
 class ClientSettings(BaseModel):

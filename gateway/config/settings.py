@@ -16,6 +16,7 @@ reach.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import socket
 from typing import TYPE_CHECKING, Self
@@ -162,6 +163,36 @@ class Settings(BaseModel):
                             "a token must identify one client"
                         ),
                     )
+        yield from self._admin_token_problems(owners)
+
+    def _admin_token_problems(self, clients: dict[str, int]) -> Iterator[tuple[_Loc, str]]:
+        """A digest names one holder: a client's token that is also an admin's would make
+        every call of that client an operator's, and two admins' one would merge them."""
+        admins: dict[str, int] = {}
+        shared = self.admin.token.get_secret_value()
+        if shared:
+            admins[hashlib.sha256(shared.encode()).hexdigest()] = -1
+        for i, token in enumerate(self.admin.tokens):
+            digest = token.token_sha256
+            if digest in clients:
+                also = f"clients[{clients[digest]}]"
+            elif digest in admins:
+                also = "[admin] token" if admins[digest] < 0 else f"admin.tokens[{admins[digest]}]"
+            else:
+                admins[digest] = i
+                continue
+            yield (
+                ("admin", "tokens", i, "token_sha256"),
+                f"this digest also belongs to {also}; a token must identify one holder",
+            )
+        if shared:
+            digest = hashlib.sha256(shared.encode()).hexdigest()
+            if digest in clients:
+                yield (
+                    ("admin", "token"),
+                    f"is also the token of clients[{clients[digest]}]; a token must identify "
+                    "one holder",
+                )
 
     def _route_problems(self) -> Iterator[tuple[_Loc, str]]:
         names: dict[str, int] = {}

@@ -198,6 +198,16 @@ class Unauthorized(GatewayError):
     safe_to_retry = False
 
 
+class RoleForbidden(GatewayError):
+    """A named admin token whose role may not do this (`[[admin.tokens]]` `role`)."""
+
+    status = 403
+    problem_type = "role-forbidden"
+    next_action: ClassVar[NextAction] = "stop"
+    title = "This admin token's role may not do this"
+    safe_to_retry = False
+
+
 class ClientNotAllowed(GatewayError):
     """The route's `clients` list does not name the caller's client."""
 

@@ -126,6 +126,7 @@ SENTENCES: dict[str, str] = {
         "The call's credentials were not accepted, so it was not made. It needs a valid token."
     ),
     "client-not-allowed": "This client may not use this tool, so the call was not made.",
+    "role-forbidden": "This token's role may not do this, so nothing was made.",
     "method-not-allowed": "The gateway does not take this kind of request here; nothing was made.",
     "not-found": "Nothing is known here under that name; nothing was made.",
     "no-route": "No tool server is configured at this address; nothing was made.",

@@ -7,7 +7,6 @@ Answers 404 when no admin token is configured (the endpoints do not exist),
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import json
 import logging
 import time
@@ -22,7 +21,6 @@ from gateway.engine.errors import (
     NotFound,
     NotResolvable,
     PreconditionFailed,
-    Unauthorized,
 )
 from gateway.engine.history import (
     OPERATOR,
@@ -35,8 +33,14 @@ from gateway.engine.history import (
 from gateway.engine.keys import operation_url
 from gateway.engine.lifecycle_events import redacted_event
 from gateway.engine.models import Evidence, Operation, State
-from gateway.engine.scopes import header_bytes
 from gateway.store import OperationFilter
+from gateway.web.admin_auth import (
+    ROLE_ADMIN,
+    ROLE_OPERATOR,
+    ROLE_VIEWER,
+    actor_of,
+    require_role,
+)
 from gateway.web.appkeys import ENGINE, PROBE_JOBS, SETTINGS, STORE
 from gateway.web.operation_document import HISTORY_PAGE, forwarded_key
 from gateway.web.operation_json import operation_json
@@ -48,29 +52,7 @@ log = logging.getLogger("gateway.admin")
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 100
-ADMIN_ACTOR = "X-Admin-Actor"
 NO_STORE = {"Cache-Control": "no-store"}
-
-
-def require_admin(request: web.Request) -> None:
-    token = request.app[SETTINGS].admin.token.get_secret_value()
-    if not token:
-        raise NotFound("the admin endpoints are disabled (no admin token is configured)")
-    scheme, _, offered = request.headers.get("Authorization", "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        header_bytes(offered.strip()), token.encode()
-    ):
-        raise Unauthorized("a valid 'Authorization: Bearer <admin token>' is required")
-
-
-def actor_of(request: web.Request) -> str:
-    """`admin`, or `admin:<name>` from `X-Admin-Actor` (the console asks for it at sign-in)."""
-    name = request.headers.get(ADMIN_ACTOR, "").strip()
-    if not name:
-        return "admin"
-    if len(name) > 64 or not all(" " <= char <= "~" for char in name):
-        raise InvalidRequest(f"{ADMIN_ACTOR} must be 1 to 64 printable ASCII characters")
-    return f"admin:{name}"
 
 
 async def _admin_response(request: web.Request, operation: Operation) -> web.Response:
@@ -88,7 +70,7 @@ async def _operation_by_id(request: web.Request) -> Operation:
 
 
 async def list_operations(request: web.Request) -> web.Response:
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     query = request.rel_url.query
     state_name = query.get("state")
     try:
@@ -160,11 +142,13 @@ def _older_than(value: str | None) -> float | None:
 
 async def overview(request: web.Request) -> web.Response:
     """What the console's first screen needs: counts by state and the route names."""
-    require_admin(request)
+    identity = require_role(request, ROLE_VIEWER)
     counts = await request.app[STORE].count_by_state()
     document = {
         "counts": {state.value: counts.get(state, 0) for state in State},
         "routes": [route.name for route in request.app[SETTINGS].routes],
+        # Who the token says the caller is: the console shows it, and what it may do.
+        "you": {"name": identity.name, "role": identity.role, "actor": actor_of(request)},
     }
     return web.Response(
         body=json.dumps(document).encode(),
@@ -174,16 +158,18 @@ async def overview(request: web.Request) -> web.Response:
 
 
 async def show_operation(request: web.Request) -> web.Response:
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     return await _admin_response(request, await _operation_by_id(request))
 
 
 async def resolve_operation(request: web.Request) -> web.Response:
     """Settle any scope's unknown operation; `force` releases despite `too-early`, on the
     record, and `share_with_owner` lets the owner read the note."""
-    require_admin(request)
+    require_role(request, ROLE_OPERATOR)
     actor = actor_of(request)
     body = parse_resolve_body(await read_operator_body(request))
+    if body.force:
+        require_role(request, ROLE_ADMIN, doing="a forced release needs the role 'admin'")
     operation = await _operation_by_id(request)
     resolved = await request.app[ENGINE].resolve(
         operation,
@@ -202,7 +188,7 @@ async def resolve_operation(request: web.Request) -> web.Response:
 async def attach_receipt(request: web.Request) -> web.Response:
     """Attach the receipt an `applied` settlement went without (retries got `409
     receipt-not-retained`), once; the history says who, when and why."""
-    require_admin(request)
+    require_role(request, ROLE_OPERATOR)
     actor = actor_of(request)
     body = parse_attach_body(await read_operator_body(request))
     operation = await _operation_by_id(request)
@@ -228,7 +214,7 @@ class RedactBody(BaseModel):
 async def redact_operation(request: web.Request) -> web.Response:
     """Erase an operation's recorded request and any receipt's headers and body (personal
     data), in any state; the key stays used, the history says who erased what and why."""
-    require_admin(request)
+    require_role(request, ROLE_ADMIN)
     actor = actor_of(request)
     raw = await read_operator_body(request)
     try:
@@ -265,7 +251,7 @@ async def redact_operation(request: web.Request) -> web.Response:
 
 async def probe_operation(request: web.Request) -> web.Response:
     """Probe one unknown operation now (**Probe now**), whatever its backoff says."""
-    require_admin(request)
+    require_role(request, ROLE_OPERATOR)
     operation = await _operation_by_id(request)
     if not request.app[ENGINE].has_probe(operation.route):
         raise InvalidRequest(f"route {operation.route!r} has no probe")
@@ -282,7 +268,7 @@ async def probe_operation(request: web.Request) -> web.Response:
 
 async def probe_route(request: web.Request) -> web.Response:
     """Start (or show) the bulk probe of every unknown operation of `?route=`: 202."""
-    require_admin(request)
+    require_role(request, ROLE_OPERATOR)
     name = request.rel_url.query.get("route", "")
     route = next((r for r in request.app[SETTINGS].routes if r.name == name), None)
     if route is None:
@@ -298,7 +284,7 @@ async def probe_route(request: web.Request) -> web.Response:
 
 
 async def probe_job(request: web.Request) -> web.Response:
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     job = request.app[PROBE_JOBS].get(request.match_info["route"])
     if job is None:
         raise NotFound(f"no probe job for route {request.match_info['route']!r}")
@@ -307,7 +293,7 @@ async def probe_job(request: web.Request) -> web.Response:
 
 async def operation_history(request: web.Request) -> web.Response:
     """A page of one operation's history: `?after=<seq>&limit=<n>`."""
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     operation = await _operation_by_id(request)
     after = _int_param(request, "after", 0, minimum=0)
     limit = _int_param(request, "limit", HISTORY_PAGE, minimum=1, maximum=1000)
@@ -323,7 +309,7 @@ async def operation_history(request: web.Request) -> web.Response:
 
 async def operation_requests(request: web.Request) -> web.Response:
     """The key's request log: its first and last lines (oldest first) and the counts."""
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     operation = await _operation_by_id(request)
     log_kept = await request.app[STORE].request_log(operation.id)
     return web.json_response(log_kept.as_json(), headers=NO_STORE)
@@ -331,7 +317,7 @@ async def operation_requests(request: web.Request) -> web.Response:
 
 async def verify_operation(request: web.Request) -> web.Response:
     """Check one operation's hash chain: intact, or the first broken event."""
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     operation = await _operation_by_id(request)
     return web.json_response(await _verified(request, operation), headers=NO_STORE)
 
@@ -339,7 +325,7 @@ async def verify_operation(request: web.Request) -> web.Response:
 async def verify_all(request: web.Request) -> web.Response:
     """Check the chains of every operation, a page at a time (`?cursor=&limit=`); the
     first page also checks the chain of checkpoints (`checkpoints`)."""
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     limit = _int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
     cursor = request.rel_url.query.get("cursor") or None
     try:

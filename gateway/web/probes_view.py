@@ -23,7 +23,14 @@ from gateway.engine.calibration import Calibration
 from gateway.engine.calibrator import CalibrationRun
 from gateway.engine.errors import InvalidRequest, NotFound
 from gateway.engine.history import iso_seconds
-from gateway.web.admin_view import NO_STORE, actor_of, require_admin
+from gateway.web.admin_auth import (
+    ROLE_ADMIN,
+    ROLE_OPERATOR,
+    ROLE_VIEWER,
+    actor_of,
+    require_role,
+)
+from gateway.web.admin_view import NO_STORE
 from gateway.web.appkeys import ENGINE, SETTINGS
 from gateway.web.operations_view import read_operator_body
 from gateway.web.resolve_body import StorableText
@@ -128,7 +135,7 @@ def _check_row(run: CalibrationRun) -> ProbeCheckRow:
 
 async def show_probe(request: web.Request) -> web.Response:
     """The route's probe: its `applies_to` and every kind's calibration."""
-    require_admin(request)
+    require_role(request, ROLE_VIEWER)
     route = _route(request)
     calibrator = request.app[ENGINE].calibrator
     rows = await calibrator.calibrations(route)
@@ -143,7 +150,7 @@ async def show_probe(request: web.Request) -> web.Response:
 
 async def check_probe(request: web.Request) -> web.Response:
     """Calibrate every kind of the route's requests now (a blind kind stays blind)."""
-    require_admin(request)
+    require_role(request, ROLE_OPERATOR)
     route = _route(request)
     runs = await request.app[ENGINE].calibrator.check(route)
     document = ProbeCheck(route=route.name, results=[_check_row(run) for run in runs])
@@ -152,7 +159,7 @@ async def check_probe(request: web.Request) -> web.Response:
 
 async def trust_probe(request: web.Request) -> web.Response:
     """Re-enable a blind probe for one kind, with a note (see `TrustBody`)."""
-    require_admin(request)
+    require_role(request, ROLE_ADMIN)
     route = _route(request)
     actor = actor_of(request)
     raw = await read_operator_body(request)

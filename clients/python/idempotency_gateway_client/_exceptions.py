@@ -19,6 +19,7 @@ and says what to do next (`next_action`) when the gateway did.
     │   ├── Unauthorized               401 unauthorized
     │   │   └── MissingCredentials     401 missing-credentials (no scope credential sent)
     │   ├── ClientNotAllowed           403 client-not-allowed (the route names other clients)
+    │   ├── RoleForbidden              403 role-forbidden (an admin token's role may not do it)
     │   ├── NotFound
     │   │   ├── NoRoute                404 no-route
     │   │   └── UnknownKey             404 unknown-key
@@ -92,6 +93,7 @@ __all__ = [
     "ReceiptNotRetained",
     "ReconciliationRequired",
     "RequestTimeout",
+    "RoleForbidden",
     "RouteSaturated",
     "RunLeaseLost",
     "RunLeased",
@@ -230,6 +232,12 @@ class ClientNotAllowed(GatewayProblem):
     """This client may not use the route (`clients = [...]` on the route names others)."""
 
     problem_type = "client-not-allowed"
+
+
+class RoleForbidden(GatewayProblem):
+    """A named admin token whose role may not do this (the admin API)."""
+
+    problem_type = "role-forbidden"
 
 
 class NotFound(GatewayProblem):
@@ -491,6 +499,7 @@ PROBLEM_CLASSES: dict[str, type[GatewayProblem]] = {
         Unauthorized,
         MissingCredentials,
         ClientNotAllowed,
+        RoleForbidden,
         NoRoute,
         NotFound,
         UnknownKey,

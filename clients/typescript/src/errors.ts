@@ -12,7 +12,7 @@
  *     ├── GatewayConnectionError         the gateway could not be reached or its answer was lost
  *     ├── GatewayProblem                 any problem+json answer from the gateway
  *     │   ├── BadRequest (MissingKey, InvalidKey, InvalidRequest, PayloadTooLarge, RequestTimeout)
- *     │   ├── Unauthorized (MissingCredentials), ClientNotAllowed
+ *     │   ├── Unauthorized (MissingCredentials), ClientNotAllowed, RoleForbidden
  *     │   ├── NotFound (NoRoute, UnknownKey)
  *     │   ├── MethodNotAllowed
  *     │   ├── KeyConflict (KeyMismatch, InProgress, ReceiptExpired, ReceiptNotRetained, NotResolvable, TooEarly,
@@ -152,6 +152,10 @@ export class MissingCredentials extends Unauthorized {
 /** This client may not use the route (`clients = [...]` on the route). */
 export class ClientNotAllowed extends GatewayProblem {
   static override readonly problemType: string = "client-not-allowed";
+}
+/** A named admin token whose role may not do this (the admin API). */
+export class RoleForbidden extends GatewayProblem {
+  static override readonly problemType: string = "role-forbidden";
 }
 export class NotFound extends GatewayProblem {
   static override readonly problemType: string = "not-found";
@@ -325,6 +329,7 @@ export const PROBLEM_CLASSES: ReadonlyMap<string, ProblemClass> = new Map(
     Unauthorized,
     MissingCredentials,
     ClientNotAllowed,
+    RoleForbidden,
     NotFound,
     NoRoute,
     UnknownKey,

@@ -15,7 +15,7 @@
 
 import { ACTOR_PATTERN, actor, api, endSession, onRefused, operationPath, startSession, token } from "./api.js";
 import { $, readableTime, show } from "./dom.js";
-import { listAddress, listHash, listQuery, loadMore, loadOverview, showKey, showList } from "./list.js";
+import { listAddress, listHash, listQuery, loadMore, loadOverview, showKey, showList, signedIn } from "./list.js";
 import { historyItems, renderOperation, renderRequests } from "./operation.js";
 
 // --- what the last action did: at the top of the page -----------------------------
@@ -78,9 +78,14 @@ function showSignedIn() {
   $("login").hidden = true;
   $("sign-out").hidden = false;
   $("search").hidden = false;
-  $("signed-in-as").textContent = actor()
-    ? `Signed in as ${actor()}`
-    : "Signed in (your actions are recorded as “admin”)";
+  const you = signedIn();
+  if (you?.name) {
+    $("signed-in-as").textContent = `Signed in as ${you.actor} (${you.role})`;
+  } else {
+    $("signed-in-as").textContent = actor()
+      ? `Signed in as ${actor()}`
+      : "Signed in (your actions are recorded as “admin”)";
+  }
   $("signed-in-as").hidden = false;
 }
 

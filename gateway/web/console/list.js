@@ -47,6 +47,11 @@ export async function loadOverview() {
   overview = (await api("/admin/overview")).document;
 }
 
+/** Who the gateway says the token belongs to: `{name, role, actor}` (name null for the shared token). */
+export function signedIn() {
+  return overview?.you ?? null;
+}
+
 function renderStates(query) {
   const nav = $("states");
   nav.replaceChildren();
