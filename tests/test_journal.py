@@ -416,6 +416,26 @@ def test_a_worker_past_its_lease_is_fenced_out_by_the_next(store: Stores) -> Non
     assert loaded.finished
 
 
+def test_a_zombie_workers_lease_is_taken_over_at_once(store: Stores) -> None:
+    """A worker killed while its parent has not reaped it is a zombie: its pid answers
+    `kill(pid, 0)`, and the check counted it alive, so a restart waited out the whole
+    lease (`RunLeased`). It runs no code and holds nothing: it is dead here."""
+    zombie = subprocess.Popen(["true"])  # exits at once; not waited for: a zombie
+    try:
+        stat = Path(f"/proc/{zombie.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_bytes().rpartition(b")")[2].split()[0] != b"Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        ghost = Worker(name="ghost", host=Worker.current().host, pid=zombie.pid)
+        store().acquire("r", "v1", ghost, duration=3600)
+        taken = store().acquire("r", "v1", Worker.current("me"), duration=30)
+        assert taken.lease is not None
+        assert (taken.lease.holder, taken.lease.token) == ("me", 2)
+    finally:
+        zombie.wait()
+
+
 def test_a_dead_workers_lease_is_taken_over_at_once(store: Stores) -> None:
     """A lease held by a process of this host that no longer exists does not block a restart."""
     dead = subprocess.Popen(["true"])

@@ -208,13 +208,29 @@ def _is_live(lease: RunLease, now: float) -> bool:
 
 
 def process_exists(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (one of another user counts)."""
+    """Whether a process with this pid is alive on this host (one of another user counts).
+
+    A worker killed while its parent does not reap it (a shell script, a supervisor
+    that waits later) stays a zombie: its pid answers signals, but it runs no code
+    and holds nothing. It is dead here, or a restart would wait out the whole lease.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # a process of another user: alive
+        pass  # a process of another user: alive, unless a zombie
     except (OverflowError, ValueError):
         return False  # no process has such a pid
-    return True
+    return not _exited(pid)
+
+
+def _exited(pid: int) -> bool:
+    """Whether the pid is a process that has exited and not been reaped (Linux `/proc`:
+    state `Z` or `X`); False where there is no `/proc` to tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return False
+    return bool(fields) and fields[0] in (b"Z", b"X")

@@ -8,6 +8,7 @@
  * worker refuses a Node worker, and the other way round.
  */
 
+import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 
 import { IncompatibleJournal, RunLeased, RunLeaseLost } from "./errors.js";
@@ -153,12 +154,33 @@ export function isLive(lease: RunLease, at: number): boolean {
   return processExists(lease.pid);
 }
 
-/** Whether a process with this pid exists on this host (a process of another user counts). */
+/**
+ * Whether a process with this pid is alive on this host (a process of another user counts).
+ *
+ * A worker killed while its parent does not reap it stays a zombie: its pid answers
+ * signals, but it runs no code and holds nothing. It is dead here, or a restart would
+ * wait out the whole lease.
+ */
 export function processExists(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
   } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
+    if ((error as NodeJS.ErrnoException).code !== "EPERM") {
+      return false;
+    }
   }
+  return !exited(pid);
+}
+
+/** Whether the pid is a process that has exited and not been reaped (Linux `/proc`: state
+ * `Z` or `X`); false where there is no `/proc` to tell. */
+function exited(pid: number): boolean {
+  let stat: string;
+  try {
+    stat = readFileSync(`/proc/${pid}/stat`, "latin1");
+  } catch {
+    return false;
+  }
+  const state = stat.slice(stat.lastIndexOf(")") + 1).trim().split(" ")[0];
+  return state === "Z" || state === "X";
 }
