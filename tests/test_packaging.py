@@ -14,6 +14,7 @@ files come from the package, the client's types reach a user's mypy.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -213,3 +214,14 @@ async def test_the_built_packages_install_into_a_fresh_venv_and_run(
         run, [*mypy, "--cache-dir", tmp_path / "mypy-cache", "agent.py"], outside
     )
     assert "idempotency_gateway_client._models.Operation | None" in revealed
+
+
+def test_a_packed_typescript_client_leaves_the_checkout_clean() -> None:
+    """`npm pack` (the TypeScript client's install step) writes its tarball into
+    clients/typescript; it was left untracked in the checkout."""
+    version = json.loads((ROOT / "clients" / "typescript" / "package.json").read_text())["version"]
+    tarball = f"clients/typescript/idempotency-gateway-client-{version}.tgz"
+    checked = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--quiet", tarball], cwd=ROOT, check=False
+    )
+    assert checked.returncode == 0, f"{tarball} is not ignored"
