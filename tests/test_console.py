@@ -354,6 +354,11 @@ async def test_probe_now_settles_and_labels_the_receipt(
     await page.open(f"#/op/{op_id}")
     await page.sign_in(ADMIN_TOKEN)
     assert await page.wait_text("probe-box", "Probe now")
+    # Too early to release: the refusal points at Probe now, not only at waiting.
+    await page.settle("not_applied", note="not in the ledger", wait=False)
+    refusal = await page.wait_text("action-error", "Not released")
+    assert "press Probe now above" in refusal, refusal
+    await page.screenshot("too-early-probe-now")
     await page.click("probe-now")
     result = await page.wait_text("action-result", "Probed run-4:0")
     assert "the upstream has the effect" in result
@@ -396,6 +401,11 @@ async def test_a_probe_that_cannot_vouch_says_so_and_what_it_asked(
     await page.open(f"#/op/{op_id}")
     await page.sign_in(ADMIN_TOKEN)
     assert await page.wait_text("probe-box", "Probe now")
+    # Too early to release: the refusal points at Probe now, not only at waiting.
+    await page.settle("not_applied", note="not in the ledger", wait=False)
+    refusal = await page.wait_text("action-error", "Not released")
+    assert "press Probe now above" in refusal, refusal
+    await page.screenshot("too-early-probe-now")
     await page.click("probe-now")
     result = await page.wait_text("action-result", "Probed run-6:0")
     assert "cannot vouch for this request" in result

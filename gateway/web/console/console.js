@@ -258,7 +258,11 @@ function tooEarly(op, problem) {
   forceAllowedAt = problem.allowed_at ?? null;
   const when = forceAllowedAt ? ` A release without force is accepted from ${readableTime(forceAllowedAt)}.` : "";
   const why = String(problem.detail || problem.title || "too early").replace(/\.$/, "");
-  warn(`Not released: ${why}.${when}`);
+  // Waiting is not the only way: the route's probe asks the tool now, and its answer settles.
+  const probe = op.probe_available === true
+    ? " Rather than wait, press Probe now above: if the tool can tell, its answer settles it."
+    : "";
+  warn(`Not released: ${why}.${when}${probe}`);
   $("force-step").hidden = false;
   $("force-ask").hidden = false;
   $("force-confirm").hidden = true;
