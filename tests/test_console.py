@@ -19,7 +19,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -961,3 +961,43 @@ async def test_the_operation_shows_every_request_of_its_key(
     finally:
         await page.window(1280, 1000)
     assert [line for line in await page.console_errors() if op_id in line] == []
+
+
+async def test_times_are_local_with_utc_on_hover_and_ages_tick(
+    page: ConsolePage, console_gateway: RunningGateway, upstream: CountingUpstream
+) -> None:
+    """Times were UTC only and ages did not tick. An instant the server gives is shown in
+    the browser's zone (UTC on hover), and "last sent N s ago" counts on from the server's
+    figure by the page's monotonic clock."""
+    op_id = await unknown_by_timeout(console_gateway, "run-tz:0", {"title": "tz"})
+    until = (await admin_operation(console_gateway, op_id))["may_apply_until"]
+    page.driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Tokyo"})
+    try:
+        await page.open(f"#/op/{op_id}")
+        await page.sign_in(ADMIN_TOKEN, actor="kenji")
+        await page.wait_text("timing", "the tool may still be working until")
+        shown = await page.script(
+            "const t = document.querySelector('#timing time');"
+            "return [t.textContent, t.title, t.dateTime];"
+        )
+        assert shown[2] == until
+        assert shown[0].endswith(" GMT+9"), shown
+        assert shown[1].endswith(" UTC"), shown
+        local = datetime.strptime(shown[0].removesuffix(" GMT+9"), "%Y-%m-%d %H:%M:%S")
+        utc = datetime.strptime(shown[1].removesuffix(" UTC"), "%Y-%m-%d %H:%M:%S")
+        assert local - utc == timedelta(hours=9)
+        await page.screenshot("local-time-tokyo")
+
+        first = await page.text_content("#timing .age")
+        async with asyncio.timeout(30):
+            while await page.text_content("#timing .age") == first:  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+        assert seconds_of(await page.text_content("#timing .age")) > seconds_of(first)
+    finally:
+        page.driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})
+
+
+def seconds_of(age: str) -> int:
+    number, unit = age.split()
+    assert unit == "s", age
+    return int(number)

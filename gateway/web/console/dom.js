@@ -1,8 +1,9 @@
-// Small DOM and wording helpers for the console: text only, no browser clock.
+// Small DOM and wording helpers for the console: text only, no browser wall clock.
 //
 // Every value from the API goes in through `textContent` or an attribute, never as
-// HTML. Times are shown as the server wrote them; "how long ago" is counted from the
-// server's own answer (its `Date` header or a field it computed), never the browser's own clock.
+// HTML. Times are the server's instants, shown in the browser's zone (UTC on hover); "how
+// long ago" is counted from the server's own answer (its `Date` header or a field it
+// computed) plus the page's monotonic clock since, never the browser's wall clock.
 
 export const $ = (id) => document.getElementById(id);
 
@@ -25,15 +26,37 @@ export function show(id, message) {
   node.hidden = !message;
 }
 
-/** "2026-12-02T06:20:30.123456Z" -> "2026-12-02 06:20:30 UTC": readable, still exact to the second. */
-export function readableTime(iso) {
+/** "2026-12-02T06:20:30.123456Z" -> "2026-12-02 06:20:30 UTC": the server's instant, exact to the second. */
+export function utcTime(iso) {
   if (!iso) return "";
   const match = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})(?:\.\d+)?Z$/.exec(iso);
   return match ? `${match[1]} ${match[2]} UTC` : iso;
 }
 
+const LOCAL = new Intl.DateTimeFormat("en-CA", {
+  year: "numeric",
+  month: "2-digit",
+  day: "2-digit",
+  hour: "2-digit",
+  minute: "2-digit",
+  second: "2-digit",
+  hourCycle: "h23",
+  timeZoneName: "short",
+});
+
+/** The same instant in the browser's zone, named ("2026-12-02 07:20:30 GMT+1"): an operator
+ * reads their own clock; `time()` keeps the UTC form on hover. Converting an instant the
+ * server gave is not reading the browser's clock. */
+export function readableTime(iso) {
+  if (!iso) return "";
+  const at = new Date(iso);
+  if (Number.isNaN(at.getTime())) return iso;
+  const part = Object.fromEntries(LOCAL.formatToParts(at).map(({ type, value }) => [type, value]));
+  return `${part.year}-${part.month}-${part.day} ${part.hour}:${part.minute}:${part.second} ${part.timeZoneName}`;
+}
+
 export function time(iso, text = readableTime(iso)) {
-  return iso ? el("time", { datetime: iso, title: iso, text }) : "";
+  return iso ? el("time", { datetime: iso, title: utcTime(iso), text }) : "";
 }
 
 /** A duration in seconds, in the unit an operator reads at a glance. */

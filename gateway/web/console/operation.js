@@ -81,19 +81,40 @@ function renderTiming(op) {
     box.replaceChildren();
     return;
   }
-  const sent = `Last sent ${duration(age)} ago`;
+  const sent = tickingAge(age);
   if (!op.may_apply_until) {
-    box.replaceChildren(`${sent}.`);
+    box.replaceChildren("Last sent ", sent, " ago.");
     return;
   }
   box.replaceChildren(
-    `${sent}; the tool may still be working until `,
+    "Last sent ",
+    sent,
+    " ago; the tool may still be working until ",
     time(op.may_apply_until),
     ". ",
     op.state === "unknown"
       ? "Releasing it (not applied) before then needs force."
       : "The gateway is still waiting for its answer.",
   );
+}
+
+// An age that ticks: the server's figure plus the page's monotonic clock since the answer
+// came (rule: never the browser's wall clock). Only a new answer from the server changes
+// what the box says about the tool; the age alone moves.
+let ticker = null;
+
+function tickingAge(serverAge) {
+  clearInterval(ticker);
+  const since = performance.now();
+  const node = el("span", { class: "age", text: duration(serverAge) });
+  ticker = setInterval(() => {
+    if (!node.isConnected) {
+      clearInterval(ticker);
+      return;
+    }
+    node.textContent = duration(serverAge + (performance.now() - since) / 1000);
+  }, 1000);
+  return node;
 }
 
 // --- summary ---------------------------------------------------------------------
