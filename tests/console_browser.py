@@ -222,14 +222,18 @@ class ConsolePage:
     async def detail_text(self, element_id: str) -> str:
         return await self._run(lambda: str(self._visible(element_id).text))
 
-    async def search(self, text: str) -> None:
-        """Search by key, id or forwarded key; returns once the results' caption names `text`."""
+    async def search(self, text: str, *, one: bool = False) -> None:
+        """Search by key, id or forwarded key; returns once the results' caption names `text`,
+        or (`one`: a single match) once that operation is open."""
 
         def step() -> None:
             field = self._visible("q")
             field.clear()
             field.send_keys(text)
             self.driver.find_element(By.CSS_SELECTOR, "#search button").click()
+            if one:
+                self._wait().until(lambda d: d.find_element(By.ID, "detail").is_displayed())
+                return
             self._wait().until(
                 lambda d: (
                     text in d.find_element(By.ID, "list-caption").text

@@ -60,7 +60,9 @@ function renderStates(query) {
       ? Object.values(overview.counts).reduce((a, b) => a + b, 0)
       : overview.counts[state] ?? 0;
     const link = el("a", { href: listHash({ ...query, state }), data: { state } });
-    link.append(el("span", { text: STATE_LABELS[state] }), " ", el("span", { class: "count", text: String(count) }));
+    link.append(el("span", { text: STATE_LABELS[state] }));
+    // The counts are the whole store's: beside a search's matches they would mislead.
+    if (!query.q) link.append(" ", el("span", { class: "count", text: String(count) }));
     if (state === query.state) link.setAttribute("aria-current", "page");
     if (state === "unknown" && count > 0) link.classList.add("attention");
     nav.append(link);
@@ -126,7 +128,13 @@ async function loadPage(query) {
     return;
   }
   if (asked !== shownList) return;
-  addRows(page.document.items, page.serverNow);
+  const items = page.document.items;
+  if (query.q && !listCursor && items.length === 1 && !page.document.next_cursor) {
+    // One match: it is what was looked for. Replaced, so Back returns before the search.
+    location.replace(`#/op/${encodeURIComponent(items[0].id)}`);
+    return;
+  }
+  addRows(items, page.serverNow);
   listCursor = page.document.next_cursor;
   $("more").hidden = !listCursor;
   show("list-empty", $("operations").tBodies[0].rows.length ? "" : emptyWords(query));
