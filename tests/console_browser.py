@@ -303,7 +303,10 @@ class ConsolePage:
         body: str | None = None,
         empty_body: bool = False,
         wait: bool = True,
+        submit: bool = True,
     ) -> None:
+        """Fill the settle form and (unless not `submit`) press Settle."""
+
         def step() -> None:
             form = self._visible("resolve-form")
             form.find_element(By.CSS_SELECTOR, f'input[name="outcome"][value="{outcome}"]').click()
@@ -318,6 +321,8 @@ class ConsolePage:
             note_field = self.driver.find_element(By.ID, "resolve-note")
             note_field.clear()
             note_field.send_keys(note)
+            if not submit:
+                return
             form.find_element(By.CSS_SELECTOR, 'button[type="submit"]').click()
             if wait:
                 self._visible("action-result")

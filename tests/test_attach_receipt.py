@@ -110,7 +110,7 @@ async def test_only_a_receipt_less_settlement_takes_one(
         status, problem = await admin_post(gateway, f"/admin/operations/{op_id}/receipt", bad)
         assert status == 400, (bad, problem)
     status, problem = await admin_post(
-        gateway, f"/admin/operations/{op_id}/receipt", body, headers={"If-Match": f'"{op_id}:1"'}
+        gateway, f"/admin/operations/{op_id}/receipt", body, headers={"If-Match": f'"{op_id}.1"'}
     )
     assert status == 412, problem
     assert (await retry(gateway, "slip-2"))[0] == 409  # still no receipt

@@ -666,7 +666,11 @@ async def test_two_operators_cannot_settle_one_operation_two_ways(
         assert other.status == 200, await other.text()
 
     await page.settle("applied", status=200, body="{}", note="operator A: it exists", wait=False)
-    assert "someone changed k-race" in await page.wait_text("action-error", "Nothing was changed")
+    conflict = await page.wait_text("action-error", "Nothing was changed")
+    # Who changed it is said (the history knows), not "someone".
+    assert "k-race changed since you read it (Resolved by admin" in conflict, conflict
+    assert "someone" not in conflict
+    assert "Your note was: “operator A: it exists”." in conflict, "typed words are not lost"
     assert "completed" in await page.detail_text("summary"), "the page shows B's outcome now"
     history = await page.history(until=lambda events: events[-1]["type"] == "resolved")
     assert any("operator B" in event["text"] for event in history)
@@ -1001,3 +1005,50 @@ def seconds_of(age: str) -> int:
     number, unit = age.split()
     assert unit == "s", age
     return int(number)
+
+
+async def test_typed_words_survive_a_probe_and_a_reload(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    chromium: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    """Clicking Probe now after filling the settle form reset note, body and outcome, and a
+    reload lost them too. The draft is kept per operation until it is settled (the
+    conflict case is `test_two_operators_cannot_settle_one_operation_two_ways`)."""
+    gateway = await gateway_factory(
+        upstream.url,
+        route={**TIMEOUT_ROUTE, "probe": effects_probe(applies_to=("POST /v1/emails",))},
+        idempotency={"sweep_interval": "1h"},
+        admin={"token": ADMIN_TOKEN, "port": 0},
+    )
+    assert gateway.admin_url is not None
+    page = ConsolePage(chromium, gateway.admin_url, tmp_path / "screenshots")
+    op_id = await unknown_by_timeout(gateway, "run-d:0", {"amount": 7})
+    upstream.effects.clear()  # the probe finds nothing, and is not declared: it settles nothing
+
+    await page.open(f"#/op/{op_id}")
+    await page.sign_in(ADMIN_TOKEN)
+    await page.wait_text("probe-box", "Probe now")
+    await page.settle(
+        "applied", status=201, body='{"id": "T-7"}', note="T-7 in the ledger", submit=False
+    )
+    await page.click("probe-now")
+    await page.wait_text("action-result", "Probed run-d:0")
+    read_form = (
+        "return [document.querySelector('input[name=outcome]:checked')?.value ?? null,"
+        " document.getElementById('receipt-status').value,"
+        " document.getElementById('receipt-body').value,"
+        " document.getElementById('resolve-note').value];"
+    )
+    typed = ["applied", "201", '{"id": "T-7"}', "T-7 in the ledger"]
+    assert await page.script(read_form) == typed, "kept across the probe"
+    await page.script("location.reload()")
+    await page.wait_text("probe-box", "Probe now")
+    assert await page.script(read_form) == typed, "kept across a reload"
+    await page.screenshot("draft-kept")
+
+    await page.script("document.querySelector('#resolve-form button[type=submit]').click()")
+    await page.wait_text("action-result", "Settled run-d:0 as applied")
+    draft = await page.script(f"return sessionStorage.getItem('idempotency-gateway:draft:{op_id}')")
+    assert draft is None, "a settled operation's draft is dropped"

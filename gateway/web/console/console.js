@@ -16,7 +16,7 @@
 import { ACTOR_PATTERN, actor, api, endSession, onRefused, operationPath, startSession, token } from "./api.js";
 import { $, readableTime, show } from "./dom.js";
 import { listAddress, listHash, listQuery, loadMore, loadOverview, showKey, showList, signedIn } from "./list.js";
-import { historyItems, renderOperation, renderRequests } from "./operation.js";
+import { changedSince, historyItems, renderOperation, renderRequests } from "./operation.js";
 
 // --- what the last action did: at the top of the page -----------------------------
 
@@ -150,6 +150,50 @@ function renderActions(op) {
   $("http-receipt").hidden = mcp;
   $("mcp-receipt").hidden = !mcp;
   $("receipt-fields").disabled = true;
+  if (op.state === "unknown") restoreDraft(op.id);
+  else dropDraft(op.id);
+}
+
+// --- drafts: what an operator typed survives a probe, a reload and a conflict --------
+// Kept in the tab's sessionStorage by operation id, dropped once the operation is settled.
+
+const draftKey = (id) => `idempotency-gateway:draft:${id}`;
+
+function saveDraft() {
+  if (!shown) return;
+  const draft = {};
+  for (const field of $("resolve-form").elements) {
+    if (!field.name) continue;
+    if (field.type === "radio") {
+      if (field.checked) draft[field.name] = field.value;
+    } else if (field.type === "checkbox") {
+      draft[field.name] = field.checked;
+    } else {
+      draft[field.name] = field.value;
+    }
+  }
+  sessionStorage.setItem(draftKey(shown.op.id), JSON.stringify(draft));
+}
+
+function restoreDraft(id) {
+  let draft;
+  try {
+    draft = JSON.parse(sessionStorage.getItem(draftKey(id)) ?? "null");
+  } catch {
+    draft = null;
+  }
+  if (!draft) return;
+  for (const field of $("resolve-form").elements) {
+    if (!field.name || !(field.name in draft)) continue;
+    if (field.type === "radio") field.checked = draft[field.name] === field.value;
+    else if (field.type === "checkbox") field.checked = draft[field.name] === true;
+    else field.value = String(draft[field.name]);
+  }
+  $("receipt-fields").disabled = draft.outcome !== "applied";
+}
+
+function dropDraft(id) {
+  sessionStorage.removeItem(draftKey(id));
 }
 
 // --- actions ------------------------------------------------------------------------
@@ -197,11 +241,20 @@ async function act(action, body, message) {
       return;
     }
     if (error.status === 409 || error.status === 412) {
-      // Another operator (or a probe, or the owner) acted first: show what is true now.
+      // Another operator (or a probe, or the owner) acted first: show what is true now,
+      // say who did what (the history knows), and keep what was typed.
+      saveDraft();
+      const typed = String(new FormData($("resolve-form")).get("note") ?? "").trim();
       await loadDetail(op.id);
+      const version = Number(/\.(\d+)"$/.exec(etag ?? "")?.[1] ?? NaN); // the ETag read: "<id>.<version>"
+      const what = shown && Number.isFinite(version) ? changedSince(shown.op, version) : null;
+      // Still unknown: the form holds the draft again. Settled: the form is gone, the words are not.
+      const kept = shown?.op.state === "unknown"
+        ? " Your draft is kept in the form."
+        : typed ? ` Your note was: “${typed}”.` : "";
       warn(
-        `Nothing was changed: someone changed ${op.key} since you read it (${error.message}). ` +
-          "It is reloaded: read it again before acting.",
+        `Nothing was changed: ${op.key} changed since you read it` +
+          `${what ? ` (${what})` : ""}: ${error.message}. It is reloaded: read it again before acting.${kept}`,
       );
       return;
     }
@@ -385,7 +438,9 @@ function start() {
   });
   $("history-more").addEventListener("click", moreHistory);
   $("probe-now").addEventListener("click", probe);
+  $("resolve-form").addEventListener("input", saveDraft);
   $("resolve-form").addEventListener("change", (event) => {
+    saveDraft();
     if (event.target.name !== "outcome") return;
     $("receipt-fields").disabled = event.target.value !== "applied";
     if (event.target.value === "applied") hideForce();

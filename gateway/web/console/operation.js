@@ -27,7 +27,19 @@ const EVENT_LABELS = {
   truncated: "Truncated",
   "distinct-twin": "Same request, marked distinct",
   "probe-blind": "Probe blind",
+  "receipt-attached": "Receipt attached",
 };
+
+/** What changed an operation since `version`: its newest events after it, said briefly
+ * ("Resolved by admin:ann"), or null when the history shown does not say. */
+export function changedSince(op, version) {
+  const newer = (op.history ?? []).filter((event) => event.version > version);
+  if (!newer.length) return null;
+  return newer
+    .slice(-2)
+    .map((event) => `${EVENT_LABELS[event.type] ?? event.type}${event.actor ? ` by ${event.actor}` : ""}`)
+    .join(", then ");
+}
 
 const VERDICTS = {
   applied: "applied: the upstream has the effect",
