@@ -24,7 +24,7 @@ from gateway.engine.errors import (
     StoreUnavailable,
 )
 from gateway.engine.exchange import ProxyRequest, Reply
-from gateway.engine.models import Operation, State
+from gateway.engine.models import RECEIPT_SOURCES, Operation, State
 
 if TYPE_CHECKING:
     from gateway.engine.clock import Clock
@@ -171,7 +171,8 @@ def answer_existing(operation: Operation, request: ProxyRequest) -> Reply:
     if operation.state is State.COMPLETED:
         if operation.receipt_available():
             assert operation.response is not None
-            return Reply.replay(operation.response, key)
+            by = operation.resolution.by if operation.resolution else "upstream"
+            return Reply.replay(operation.response, key, RECEIPT_SOURCES.get(by, "upstream"))
         if not operation.body_retained:
             resolution = operation.resolution
             if any(item.source == "redaction" for item in operation.evidence):

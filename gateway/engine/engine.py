@@ -272,7 +272,7 @@ class IdempotencyEngine:
                 request.trace.attempt = receipt.attempts
             if not request.same_request(receipt.fingerprint):
                 raise key_mismatch(request.key, State.COMPLETED.value, receipt.operation_id)
-            return Reply.replay(receipt.response, request.key)
+            return Reply.replay(receipt.response, request.key, receipt.source)
 
     async def _admit_if_new(self, request: ProxyRequest) -> None:
         """With key quotas on, a new key is charged before it is claimed (one extra read)."""

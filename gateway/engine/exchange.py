@@ -221,13 +221,17 @@ class Reply:
     similar: str | None = None
     """The lookup URL of a completed operation with the same request under another key
     (`Idempotency-Similar`), on a live answer."""
+    receipt_source: str | None = None
+    """On a replay, who made the receipt (`Idempotency-Receipt-Source`): a probe's or an
+    operator's status is theirs, not the tool's."""
     spool: Spool | None = None
     """Where `stream` comes from when the answer is spooled: the upstream is read by a
     task of its own, which ends (`Spool.when_ended`) with its last byte."""
 
     @classmethod
-    def replay(cls, response: StoredResponse, key: str) -> Reply:
-        """A completed key's receipt, answered again."""
+    def replay(cls, response: StoredResponse, key: str, source: str = "upstream") -> Reply:
+        """A completed key's receipt, answered again, saying who made it
+        (`Idempotency-Receipt-Source`): a probe's or an operator's status is theirs."""
         return cls(
             status=response.status,
             headers=response.headers,
@@ -235,6 +239,7 @@ class Reply:
             state=State.COMPLETED,
             key=key,
             replayed=True,
+            receipt_source=source,
         )
 
     def holding(self, *releases: Callable[[], None]) -> Reply:

@@ -17,6 +17,8 @@ Pairs = tuple[tuple[str, str], ...]
 IDEMPOTENCY_KEY = "Idempotency-Key"
 IDEMPOTENCY_STATUS = "Idempotency-Status"
 IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
+IDEMPOTENCY_RECEIPT_SOURCE = "Idempotency-Receipt-Source"
+"""On a replay: `upstream`, `probe` or `operator` (`gateway.engine.models.RECEIPT_SOURCES`)."""
 IDEMPOTENCY_SIMILAR = "Idempotency-Similar"
 """On a live answer: the lookup URL of a completed operation with the same request under
 another key (`gateway.engine.twins`), so a client can warn."""

@@ -44,6 +44,20 @@ class ReplayableReceipt:
     attempts: int
     fingerprint: str
     response: StoredResponse
+    source: str = "upstream"
+    """Who made the receipt (`RECEIPT_SOURCES`): said to the retry, whose status is then
+    the probe's or the operator's, not the tool's."""
+
+
+RECEIPT_SOURCES = {
+    "upstream": "upstream",
+    "probe": "probe",
+    "owner": "operator",
+    "admin": "operator",
+}
+"""Who made a completed operation's receipt, by its resolution's `by`: the tool's own
+answer, a probe's answer (a lookup's status: 200 where the tool's create said 201), or an
+operator's statement."""
 
 
 @dataclass(frozen=True, slots=True)

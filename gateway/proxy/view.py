@@ -46,6 +46,7 @@ from gateway.engine.exchange import ProxyRequest, Reply
 from gateway.engine.fingerprint import fingerprints
 from gateway.engine.headers import (
     IDEMPOTENCY_KEY,
+    IDEMPOTENCY_RECEIPT_SOURCE,
     IDEMPOTENCY_SIMILAR,
     IDEMPOTENCY_STATUS,
     IDEMPOTENT_REPLAYED,
@@ -248,6 +249,8 @@ async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
             headers[IDEMPOTENCY_STATUS] = reply.state.value
     if reply.replayed:
         headers[IDEMPOTENT_REPLAYED] = "true"
+    if reply.receipt_source is not None:
+        headers[IDEMPOTENCY_RECEIPT_SOURCE] = reply.receipt_source
     if reply.similar is not None:
         headers[IDEMPOTENCY_SIMILAR] = reply.similar
     if reply.stream is None:

@@ -42,6 +42,7 @@ from gateway.engine.errors import StoreUnavailable
 from gateway.engine.history import NewEvent, capped, micros
 from gateway.engine.lifecycle_events import LEASE_LAPSED, expired_event, lease_expired_event
 from gateway.engine.models import (
+    RECEIPT_SOURCES,
     ClaimRequest,
     ClaimResult,
     Evidence,
@@ -121,7 +122,7 @@ T = TypeVar("T")
 
 _REPLAYABLE = (
     "SELECT id, attempts, fingerprint, response_status, response_headers, response_body, "
-    "storage FROM operations WHERE scope = ?2 AND key = ?3 AND state = 'completed' "
+    "storage, resolution_by FROM operations WHERE scope = ?2 AND key = ?3 AND state = 'completed' "
     "AND body_retained AND response_status IS NOT NULL AND response_body IS NOT NULL "
     "AND (expires_at IS NULL OR expires_at > ?1) AND (forgotten_at IS NULL OR forgotten_at > ?1)"
 )
@@ -703,13 +704,17 @@ class SqliteStore(SqliteConnection):
         rows = self._read_now(_REPLAYABLE, (self._clock.time(), scope, key))
         if not rows:
             return None
-        op_id, attempts, fingerprint, status, headers, body, storage = rows[0]
+        op_id, attempts, fingerprint, status, headers, body, storage, by = rows[0]
         try:
             opened_headers, opened_body = open_receipt(headers, body, storage, op_id, self._cipher)
         except CipherError:
             return None  # the full path reports it (503): a replay never guesses
         return ReplayableReceipt(
-            op_id, attempts, fingerprint, StoredResponse(status, opened_headers, opened_body)
+            op_id,
+            attempts,
+            fingerprint,
+            StoredResponse(status, opened_headers, opened_body),
+            RECEIPT_SOURCES.get(by or "upstream", "upstream"),
         )
 
     def _unless_forgotten(self, rows: list[Any]) -> Operation | None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.engine.keys import MAX_KEY_LENGTH
-from gateway.engine.models import State
+from gateway.engine.models import RECEIPT_SOURCES, State
 from gateway.engine.request_lines import FIRST, LAST, LOGGED_OUTCOMES
 from gateway.web.admin_auth import ADMIN_ACTOR
 from gateway.web.admin_view import RedactBody
-from gateway.web.operation_document import HISTORY_PAGE, RECEIPT_SOURCES
+from gateway.web.operation_document import HISTORY_PAGE
 from gateway.web.probes_view import ProbeCheck, ProbeKinds, ProbeKindState, TrustBody
 from gateway.web.request_log import REQUEST_ID
 from gateway.web.resolve_body import AttachBody, ResolveBody

@@ -18,19 +18,12 @@ from aiohttp import web
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS
 from gateway.engine.history import COMMITMENT, EventRow, event_json, request_of
 from gateway.engine.keys import format_key_header, operation_url
-from gateway.engine.models import Operation, State
+from gateway.engine.models import RECEIPT_SOURCES, Operation, State
 from gateway.web.appkeys import ENGINE, SETTINGS, STORE
 from gateway.web.operation_json import iso, operation_json
 
 HISTORY_PAGE = 200
 """Events an operation JSON carries; `history_next` pages on from there."""
-
-RECEIPT_SOURCES = {
-    "upstream": "upstream",
-    "probe": "probe",
-    "owner": "operator",
-    "admin": "operator",
-}
 
 
 async def operation_document(

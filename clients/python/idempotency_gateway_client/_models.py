@@ -182,6 +182,14 @@ class Response:
         effect of what that operation already did. None when it noted none."""
         return self.headers.get("Idempotency-Similar")
 
+    @property
+    def receipt_source(self) -> str | None:
+        """Who made a replayed receipt (`Idempotency-Receipt-Source`): `upstream` (the tool's
+        own answer), `probe` or `operator`. A probe's or an operator's receipt has their
+        status, not the tool's: a probe's lookup answers 200 where the tool's create
+        answered 201, so read `status` with it. None for a live answer."""
+        return self.headers.get("Idempotency-Receipt-Source")
+
     def json(self) -> Any:
         """The body parsed as JSON."""
         return jsonlib.loads(self.body)

@@ -111,6 +111,13 @@ export class GatewayResponse {
    * effect of what that operation already did. Null when it noted none.
    */
   readonly similar: string | null;
+  /**
+   * Who made a replayed receipt (`Idempotency-Receipt-Source`): `upstream` (the tool's own
+   * answer), `probe` or `operator`. A probe's or an operator's receipt has their status, not
+   * the tool's: a probe's lookup answers 200 where the tool's create answered 201, so read
+   * `status` with it. Null for a live answer.
+   */
+  readonly receiptSource: string | null;
 
   constructor(status: number, headers: Headers, body: Uint8Array) {
     this.status = status;
@@ -120,6 +127,7 @@ export class GatewayResponse {
     this.state = headers.get("Idempotency-Status");
     this.replayed = (headers.get("Idempotent-Replayed") ?? "").toLowerCase() === "true";
     this.similar = headers.get("Idempotency-Similar");
+    this.receiptSource = headers.get("Idempotency-Receipt-Source");
   }
 
   /** The body as text (invalid UTF-8 replaced). */
