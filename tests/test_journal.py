@@ -142,6 +142,24 @@ async def test_a_run_plans_executes_and_records_each_turn(
     assert stored.lease.expires_at == 0.0  # released on exit
 
 
+async def test_rerunning_a_finished_run_says_it_is_finished(
+    store: Stores, gw: GatewayClient, upstream: CountingUpstream
+) -> None:
+    """A finished run started again did nothing and reported nothing, so its observer
+    printed nothing: it now reports `finished` when it opens, and plans nothing."""
+    async with open_run(store, gw) as run:
+        while not run.finished:
+            await run.step(fixed_plan([ticket("c1")]))
+    seen: list[RunEvent] = []
+    plan = fixed_plan([ticket("c9")])
+    async with open_run(store, gw, on_event=seen.append) as again:
+        assert again.finished
+        assert await again.step(plan) is None
+    assert [event.kind for event in seen] == ["finished"]
+    assert plan.calls == []  # type: ignore[attr-defined]
+    assert len(upstream.effects) == 1
+
+
 async def test_the_plan_is_durable_before_any_call_runs(
     tmp_path: Path, gw: GatewayClient, upstream: CountingUpstream
 ) -> None:

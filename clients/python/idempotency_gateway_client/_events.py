@@ -33,7 +33,8 @@ class RunEvent:
       effect exists); `result` is not in the journal yet.
     - `recorded`: the call's `result` is durably in the journal (`result.source`
       says whether it came from a response or from a receipt found by lookup).
-    - `finished`: the run is durably marked finished.
+    - `finished`: the run is durably marked finished (also when a run opens finished: a
+      rerun does nothing, and says so).
 
     The observer runs on the event loop, synchronously; an exception it
     raises propagates out of the `Run` method that reported the event.

@@ -139,6 +139,9 @@ class Run:
         )
         self._closing.clear()
         self._keeper = asyncio.create_task(self._keep_lease(), name=f"lease keeper {self.run_id}")
+        if self._document.finished:
+            # A rerun of a finished run does nothing: it says so, rather than nothing at all.
+            self._emit("finished")
         return self
 
     async def __aexit__(

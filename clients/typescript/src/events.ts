@@ -15,7 +15,8 @@ import type { PlannedCall, ToolResult } from "./records.js";
  * - `response`: the gateway answered with the tool's answer (the effect exists);
  *   `result` is not in the journal yet.
  * - `recorded`: the call's `result` is durably in the journal.
- * - `finished`: the run is durably marked finished.
+ * - `finished`: the run is durably marked finished (also when a run opens finished: a rerun
+ *   does nothing, and says so).
  */
 export type EventKind = "planned" | "lookup" | "sending" | "took_over" | "response" | "recorded" | "finished";
 

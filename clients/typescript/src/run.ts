@@ -154,6 +154,9 @@ export class Run {
     run.current = await journal.acquire(run.runId, run.flowVersion, run.worker, run.leaseDuration);
     run.keeper = setInterval(() => void run.renew(), (run.leaseDuration / 3) * 1000);
     run.keeper.unref(); // a run left open must not keep the process alive
+    if (run.current.finished) {
+      run.emit("finished"); // a rerun of a finished run does nothing: it says so, rather than nothing
+    }
     return run;
   }
 
