@@ -359,6 +359,10 @@ async def test_probe_now_settles_and_labels_the_receipt(
     refusal = await page.wait_text("action-error", "Not released")
     assert "press Probe now above" in refusal, refusal
     await page.screenshot("too-early-probe-now")
+    # The browser logs the refused release (409) as a failed load, in the log the next
+    # test of this browser reads: read it here.
+    errors = await page.console_errors()
+    assert [line for line in errors if "status of 409 (Conflict)" not in line] == [], errors
     await page.click("probe-now")
     result = await page.wait_text("action-result", "Probed run-4:0")
     assert "the upstream has the effect" in result
@@ -406,6 +410,10 @@ async def test_a_probe_that_cannot_vouch_says_so_and_what_it_asked(
     refusal = await page.wait_text("action-error", "Not released")
     assert "press Probe now above" in refusal, refusal
     await page.screenshot("too-early-probe-now")
+    # The browser logs the refused release (409) as a failed load, in the log the next
+    # test of this browser reads: read it here.
+    errors = await page.console_errors()
+    assert [line for line in errors if "status of 409 (Conflict)" not in line] == [], errors
     await page.click("probe-now")
     result = await page.wait_text("action-result", "Probed run-6:0")
     assert "cannot vouch for this request" in result

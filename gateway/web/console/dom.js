@@ -49,8 +49,8 @@ const LOCAL = new Intl.DateTimeFormat("en-CA", {
  * server gave is not reading the browser's clock. */
 export function readableTime(iso) {
   if (!iso) return "";
-  const at = new Date(iso);
-  if (Number.isNaN(at.getTime())) return iso;
+  const at = Date.parse(iso);
+  if (Number.isNaN(at)) return iso;
   const part = Object.fromEntries(LOCAL.formatToParts(at).map(({ type, value }) => [type, value]));
   return `${part.year}-${part.month}-${part.day} ${part.hour}:${part.minute}:${part.second} ${part.timeZoneName}`;
 }
