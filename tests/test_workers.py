@@ -72,10 +72,18 @@ async def state_of(session: aiohttp.ClientSession, url: str, key: str) -> dict[s
 async def settled_state(
     session: aiohttp.ClientSession, url: str, key: str, *, seconds: float
 ) -> dict[str, object]:
-    """The operation once it is no longer in flight, polled for at most `seconds`."""
+    """The operation once it is no longer in flight, polled for at most `seconds`.
+
+    A lookup whose connection the kernel queued on the listening socket of the worker
+    that just died is reset before it was sent (each worker has its own socket on the
+    shared port): a GET never sent is asked again, as a client would."""
     async with asyncio.timeout(seconds):
         while True:
-            operation = await state_of(session, url, key)
+            try:
+                operation = await state_of(session, url, key)
+            except aiohttp.ClientConnectorError:
+                await asyncio.sleep(0.05)
+                continue
             if operation["state"] != "in_flight":
                 return operation
             await asyncio.sleep(0.05)
