@@ -456,7 +456,7 @@ def summary_table(found: Defaults) -> Table:
     bare, plain = found.get(BARE, MISS), found.get(PLAIN, MISS)
     bare_c1 = found.get(BARE, MISS_C1)
     names = (
-        "miss (the issue's constant body), answers/s (409 among them)",
+        "miss (the issue's constant body), answers/s (409/429 among them)",
         "miss (the issue's constant body), 2xx/s",
         "miss, a body per key, 2xx/s",
         "replay, answers/s",
@@ -504,7 +504,7 @@ def detail_table(found: Defaults) -> Table:
         "2xx/s",
         "p50 ms",
         "p99 ms",
-        "409",
+        "409/429",
         "other non-2xx/errors, all runs",
         "replays flagged, all runs",
         "server CPU us/answer",
@@ -594,13 +594,15 @@ def section(found: Defaults, *, header: bool = True) -> list[str]:
         f"`{MISS_OWN}` is beyond the issue's harness: the same script with `distinct=1`, the "
         "key written over the body's padding (as `bench.run` sends), so that no miss has a "
         "twin; the miss target is judged on it. "
-        "`409` are `similar-operation` refusals: with one constant body every new key is "
-        "the same request as the miss in flight, so at c>1 the similar-operation guard "
-        '(docs/contract.md, "The same request under a new key") refuses nearly every '
-        "miss: never forwarded, the refused key bound to its twin in the store. `2xx/s` are "
-        "the misses that reached the upstream, about one per round of all connections; the "
-        "miss ratio uses them. `replays flagged`: 2xx replay answers that carried "
-        "`Idempotent-Replayed: true` (all: every one did). CPU is the server process's own "
+        "`409/429` are refusals: `409 similar-operation`, since with one constant body "
+        "every new key is the same request as the miss in flight, so at c>1 the similar-"
+        'operation guard (docs/contract.md, "The same request under a new key") refuses '
+        "nearly every miss: never forwarded, the refused key bound to its twin in the "
+        "store; past the scope's `max_bindings` (1,000) such refusals are `429 quota-"
+        "exceeded`. `2xx/s` are the misses that reached the upstream, about one per round"
+        " of all connections; the miss ratio uses them. `replays flagged`: 2xx replay "
+        "answers that carried `Idempotent-Replayed: true` (all: every one did). CPU is "
+        "the server process's own "
         "per answer (a gateway's includes writing its access log). `make bench`'s other "
         "HTTP rows (below) are tuned: access log off, no credential (`shared_scope = "
         "true`), a distinct body per key, the example tool API upstream; "

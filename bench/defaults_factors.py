@@ -288,7 +288,7 @@ def factor_table(found: Factors) -> Table:
         "2xx/s median vs the step before",
         "p50 ms",
         "server CPU us/answer",
-        "409",
+        "409/429",
         "other non-2xx / errors",
     )
     return Table(header, tuple(body))

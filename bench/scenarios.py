@@ -229,7 +229,7 @@ def throughput_table(rows: Rows) -> Table:
         "p99 ms",
         "server CPU us/req",
         "vs plain proxy",
-        "409",
+        "409/429",
         "other non-2xx/errors",
         "notes",
     )

@@ -171,7 +171,7 @@ def worker_table(rows: WorkerRows) -> Table:
         "CPU us/req (process tree)",
         "CPU/req vs 1 process",
         "req/s vs 1 process",
-        "409",
+        "409/429",
         "other non-2xx/errors",
         "notes",
     )
