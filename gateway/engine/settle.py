@@ -254,22 +254,6 @@ class Settler:
         """Attach the receipt an owner's or operator's `applied` went without: retries got
         `409 receipt-not-retained`, and get this response from now on. Once: a
         settlement is otherwise final, and a receipt is never replaced."""
-        attachable = (
-            operation.state is State.COMPLETED
-            and operation.response is None
-            and operation.resolution is not None
-            and operation.resolution.by in ("owner", "admin")
-        )
-        if expected_version is not None and operation.version != expected_version:
-            raise PreconditionFailed(
-                "the operation changed since it was read (If-Match did not match)",
-                key=operation.key,
-                state=operation.state.value,
-                operation_id=operation.id,
-            )
-        if not attachable:
-            raise NotResolvable(_NOT_ATTACHABLE, key=operation.key,
-                                state=operation.state.value, operation_id=operation.id)  # fmt: skip
         event = receipt_attached_event(
             actor=actor, status=response.status, note=note, share_with_owner=share_with_owner
         )
@@ -286,8 +270,10 @@ class Settler:
             ),
         )
         if attached is None:
+            # The store alone decides what may take a receipt (`rows.ATTACHABLE`): refused,
+            # say why from the row as it is now.
             current = await self._store.get_by_id(operation.id) or operation
-            if expected_version is not None and current.version != operation.version:
+            if expected_version is not None and current.version != expected_version:
                 raise PreconditionFailed(
                     "the operation changed since it was read (If-Match did not match)",
                     key=operation.key,
@@ -295,7 +281,7 @@ class Settler:
                     operation_id=operation.id,
                 )
             raise NotResolvable(_NOT_ATTACHABLE, key=operation.key,
-                                state=operation.state.value, operation_id=operation.id)  # fmt: skip
+                                state=current.state.value, operation_id=operation.id)  # fmt: skip
         log.info(
             "receipt attached",
             extra={"event": "receipt_attached", "operation_id": operation.id,
