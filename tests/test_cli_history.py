@@ -461,6 +461,51 @@ async def test_probe_one_operation_prints_its_state(
     assert await effects_for_key(upstream, probing_gateway.url, "probe-1") == 1
 
 
+async def test_show_keeps_a_repeated_probe_answer_once(
+    probing_gateway: RunningGateway,
+    upstream: CountingUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Thirteen probes that hear the same "too soon" leave the probe's words once in the
+    evidence and once in the history (one event counting the asks), not thirteen times
+    each: `show` stays short enough to read."""
+    await make_timed_out(probing_gateway, "probe-13")
+    op_id = await operation_id(probing_gateway, "probe-13")
+    for _ in range(13):
+        assert await cli(admin(probing_gateway, "probe", "probe-13")) == 0
+    capsys.readouterr()
+
+    assert await cli(admin(probing_gateway, "show", op_id)) == 0
+
+    out = capsys.readouterr().out
+    document = json.loads(out)
+    probes = [item for item in document["evidence"] if item["source"] == "probe"]
+    assert len(probes) == 1, probes
+    events = [event for event in document["history"] if event["type"] == "probe"]
+    assert [event.get("count") for event in events] == [14]  # the gateway's own first ask
+    assert out.count(probes[0]["detail"]) == 2
+    assert len(out.splitlines()) < 120
+
+
+async def test_one_instant_is_written_one_way(
+    probing_gateway: RunningGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operation's creation and its `claimed` event are the same instant, and `show`
+    writes them alike (to the microsecond, as every time in the document)."""
+    await make_timed_out(probing_gateway, "instant-1")
+    capsys.readouterr()
+
+    assert await cli(admin(probing_gateway, "show", "instant-1")) == 0
+
+    document = json.loads(capsys.readouterr().out)
+    claimed = next(event for event in document["history"] if event["type"] == "claimed")
+    assert document["created_at"] == claimed["at"]
+    times = [document[name] for name in ("created_at", "updated_at", "lease_expires_at")]
+    times += [item["at"] for item in document["evidence"]] + [document["may_apply_until"]]
+    for value in times:
+        assert len(value) == len("2026-12-04T11:09:27.050628Z"), value
+
+
 async def test_probe_refusals_exit_1(
     probing_gateway: RunningGateway,
     upstream: CountingUpstream,

@@ -567,6 +567,24 @@ async def test_add_evidence_appends(store: Store) -> None:
     assert current.state is State.UNKNOWN
 
 
+async def test_a_repeated_fact_is_kept_once(store: Store) -> None:
+    """Evidence that repeats the latest item but for its time (a background probe asking
+    every few minutes and hearing the same "too soon") is not kept again: the record
+    stays the size of what was learned, and the history's probe event counts the asks.
+    A different fact is appended, and a fact is compared with the latest one only."""
+    marked = await unknown(store, "k")
+    for _ in range(3):
+        await store.add_evidence(marked.id, evidence("probe: 404, too soon"))
+    await store.add_evidence(marked.id, evidence("probe: 500"))
+    await store.add_evidence(marked.id, evidence("probe: 404, too soon"))
+
+    current = await store.get_by_id(marked.id)
+    assert current is not None
+    added = [item.detail for item in current.evidence[len(marked.evidence) :]]
+    assert added == ["probe: 404, too soon", "probe: 500", "probe: 404, too soon"]
+    assert current.version == marked.version
+
+
 # -- release ---------------------------------------------------------------------------
 
 

@@ -574,11 +574,11 @@ def opened_payload(payload: bytes | None) -> dict[str, Any]:
 
 
 def iso_seconds(ts: float | None) -> str | None:
-    """POSIX seconds as RFC 3339 UTC with a `Z` (milliseconds), as every operation JSON
-    time is written; `None` stays `None`."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """POSIX seconds as RFC 3339 UTC to the microsecond with a `Z`, as every operation JSON
+    time is written: the form of the events' times (`iso`), so one instant (an operation's
+    creation and its `claimed` event) reads the same wherever it is shown; `None` stays
+    `None`."""
+    return None if ts is None else iso(micros(ts))
 
 
 def iso(at_us: int) -> str:

@@ -8,6 +8,7 @@ store's clock.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -86,6 +87,12 @@ class Evidence:
     detail: str
     status: int | None = None
     body_sha256: str | None = None
+
+    def repeats(self, latest: Evidence | None) -> bool:
+        """The same fact as `latest` but for its time: not kept again (a probe asking every
+        few minutes and hearing "too soon" is one fact; the history's probe event counts
+        the asks). The stores' SQL applies the same rule to the stored JSON."""
+        return latest is not None and dataclasses.replace(latest, at=self.at) == self
 
     def as_json(self) -> dict[str, object]:
         return {

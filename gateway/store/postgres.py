@@ -813,14 +813,18 @@ class PostgresStore(PostgresConnection):
     async def add_evidence(
         self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
     ) -> None:
-        """Evidence changes no version (an operator's `If-Match` survives probes)."""
+        """Evidence changes no version (an operator's `If-Match` survives probes); a fact
+        that repeats the latest one is not kept again (`Evidence.repeats`)."""
         async with (
             _translated("add_evidence"),
             self._require_pool().acquire() as connection,
             connection.transaction(),
         ):
+            # `Evidence.repeats`: the latest item but for its time is not kept again.
             row = await connection.fetchrow(
-                "UPDATE operations SET evidence = evidence || jsonb_build_array($2::jsonb) "
+                "UPDATE operations SET evidence = evidence || CASE "
+                "WHEN (evidence -> -1) - 'at' = $2::jsonb - 'at' THEN '[]'::jsonb "
+                "ELSE jsonb_build_array($2::jsonb) END "
                 f"WHERE id = $1 RETURNING {COLUMNS}",
                 operation_id,
                 json.dumps(evidence.as_json()),

@@ -102,6 +102,7 @@ from gateway.store.rows import (
 from gateway.store.sqlite_connection import SharedDatabase, SqliteConnection
 from gateway.store.sqlite_schema import COLUMNS, migrate
 from gateway.store.sqlite_statements import (
+    _EVIDENCE_UNLESS_REPEATED,
     _INSERT_EVENT,
     _LATE_RESOLUTION,
     _LATE_WRITABLE,
@@ -577,12 +578,13 @@ class SqliteStore(SqliteConnection):
     async def add_evidence(
         self, operation_id: str, evidence: Evidence, events: Sequence[NewEvent] = ()
     ) -> None:
-        """Evidence changes no version (an operator's `If-Match` survives probes)."""
+        """Evidence changes no version (an operator's `If-Match` survives probes); a fact
+        that repeats the latest one is not kept again (`Evidence.repeats`)."""
 
         def job(c: sqlite3.Connection) -> None:
             row = c.execute(
-                "UPDATE operations SET evidence = json_insert(evidence, '$[#]', json(?)) "
-                f"WHERE id = ? {_RETURNING}",
+                f"UPDATE operations SET evidence = {_EVIDENCE_UNLESS_REPEATED} "
+                f"WHERE id = ?2 {_RETURNING}",
                 (json.dumps(evidence.as_json()), operation_id),
             ).fetchone()
             if row is None:

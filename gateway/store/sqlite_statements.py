@@ -72,6 +72,15 @@ The row's `watched` is read as this write updates it: SQLite serializes
 writers, so a `watch` that committed first is seen, and one that commits after
 is followed by the waiter's own re-read of the record."""
 
+_EVIDENCE_UNLESS_REPEATED = (
+    "CASE WHEN json_remove(json_extract(evidence, '$[#-1]'), '$.at') = "
+    "json_remove(json(?1), '$.at') THEN evidence "
+    "ELSE json_insert(evidence, '$[#]', json(?1)) END"
+)
+"""The operation's evidence with the item `?1` appended, unless it repeats the latest one
+but for its time (`Evidence.repeats`; both sides are `Evidence.as_json` in one key order,
+minified by `json()` alike)."""
+
 _INSERT_EVENT = (
     f"INSERT INTO operation_events ({EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )

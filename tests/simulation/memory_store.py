@@ -662,7 +662,9 @@ class MemoryStore:
         if current is None:
             return
         now = self.db.clock()
-        noted = current._replace(evidence=(*current.evidence, evidence), observed_at=now)
+        latest = current.evidence[-1] if current.evidence else None
+        kept = current.evidence if evidence.repeats(latest) else (*current.evidence, evidence)
+        noted = current._replace(evidence=kept, observed_at=now)
         rows = self.db.events.get(operation_id, [])
         merged = probe_merge(noted, events, rows[-1] if rows else None, None)
         if merged is not None:
