@@ -310,6 +310,27 @@ class ConsolePage:
         def step() -> None:
             form = self._visible("resolve-form")
             form.find_element(By.CSS_SELECTOR, f'input[name="outcome"][value="{outcome}"]').click()
+
+        await self._run(step)
+        await self.fill_receipt(
+            note=note, status=status, body=body, empty_body=empty_body, wait=wait, submit=submit
+        )
+
+    async def fill_receipt(
+        self,
+        *,
+        note: str,
+        status: int | None = None,
+        body: str | None = None,
+        empty_body: bool = False,
+        wait: bool = True,
+        submit: bool = True,
+    ) -> None:
+        """Fill the form's receipt and note (settling `applied`, or attaching a missing
+        receipt) and (unless not `submit`) press its button."""
+
+        def step() -> None:
+            form = self._visible("resolve-form")
             if status is not None:
                 field = self.driver.find_element(By.ID, "receipt-status")
                 field.clear()
@@ -387,6 +408,20 @@ class ConsolePage:
             ]
 
         return await self._run(step)
+
+    async def screenshots(self, name: str) -> list[Path]:
+        """The page at 1280 px and at a phone's 390 px (`name-1280`, `name-390`), checking
+        the phone needs no sideways scrolling; the window is 1280 px wide again after."""
+        shots = []
+        try:
+            for width, height in ((1280, 1000), (390, 844)):
+                assert await self.window(width, height) == width
+                scroll = await self.script("return document.documentElement.scrollWidth")
+                assert scroll <= width, f"{name}: the page is {scroll} px wide at {width}"
+                shots.append(await self.screenshot(f"{name}-{width}"))
+        finally:
+            await self.window(1280, 1000)
+        return shots
 
     async def screenshot(self, name: str) -> Path:
         """The whole page (not only the window's part of it) as a PNG under `shots`."""

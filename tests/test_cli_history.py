@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -308,11 +309,15 @@ async def test_a_too_early_release_prints_the_detail_and_retry_after(
 
     out, err = capsys.readouterr()
     assert out == ""
-    first, second = err.splitlines()
+    first, second, third = err.splitlines()
     assert first.startswith("error: 409 too-early: ")
     assert second.startswith("retry after ")
     assert "force" not in second
     assert "--force" not in err
+    # The instant once (the gateway's words name it), and the way not to wait: the probe.
+    (allowed_at,) = re.findall(r"\d{4}-\d\d-\d\dT[\d:.]+Z", err)
+    assert allowed_at in first
+    assert third == f"or ask the tool now: idempotency-gateway operations probe {op_id}"
     assert await state_of(probing_gateway, op_id) == "unknown"
 
     argv = admin(

@@ -298,9 +298,10 @@ async def test_forced_release_takes_two_confirmations(
 
     await page.settle("not_applied", note="no payment 30 in the ledger", wait=False)
     refusal = await page.wait_text("action-error", "Not released")
-    assert "the tool may still be applying it until" in refusal, "the server's own words"
-    shown = re.search(r"A release without force is accepted from (\S+) (\S+) UTC\.$", refusal)
+    # The server's own words, with the instant they name once, in the page's form.
+    shown = re.search(r"the tool may still be applying it until (\S+) (\S+) UTC: ", refusal)
     assert shown is not None, refusal
+    assert refusal.count(" UTC") == 1, refusal
     allowed_at = (await admin_operation(console_gateway, op_id))["not_applied_allowed_at"]
     assert abs(seconds(f"{shown[1]}T{shown[2]}Z") - seconds(allowed_at)) < 2, refusal
     assert await page.displayed("force-step")
@@ -569,7 +570,7 @@ EVENTS_OF_EVERY_KIND = [
      "force": True, "share_with_owner": False, "note_redacted": True},
     {"type": "redacted", "actor": "admin", "erased": ["request"], "reason": "<b>gdpr</b> #12"},
     {"type": "probe", "actor": "probe", "attempt": 2, "verdict": "not_applied_too_soon",
-     "status": 404, "detail": "not found", "count": 3, "first_at": AT, "last_at": AT},
+     "status": 404, "detail": "not found", "count": 3, "last_at": AT},
     {"type": "truncated", "dropped": 12},
     {"type": "from-a-newer-gateway", "detail": "<img src=x onerror=window.__pwned=1>"},
 ]  # fmt: skip
@@ -605,7 +606,9 @@ async def test_history_marks_reconstructed_and_erased_events(
     assert "Reason: <b>gdpr</b> #12" in redacted["text"]
     assert "erased: request" in redacted["text"]
     assert "not applied, but too soon to release" in probe["text"]
-    assert "3 identical answers" in probe["text"]
+    assert (
+        "3 identical answers, 2026-12-02 06:20:30 UTC to 2026-12-02 06:20:30 UTC" in probe["text"]
+    )
     assert "12 later probe answers were not recorded" in truncated["text"]
     assert newer["type"] == "from-a-newer-gateway"
     assert "detail: <img src=x onerror=window.__pwned=1>" in newer["text"]
@@ -683,7 +686,7 @@ async def test_two_operators_cannot_settle_one_operation_two_ways(
     history = await page.history(until=lambda events: events[-1]["type"] == "resolved")
     assert any("operator B" in event["text"] for event in history)
     assert not any("operator A" in event["text"] for event in history)
-    await page.screenshot("conflict")
+    await page.screenshots("conflict")
 
 
 async def test_redaction_asks_for_a_reason_and_a_confirmation(
@@ -998,7 +1001,7 @@ async def test_times_are_local_with_utc_on_hover_and_ages_tick(
         local = datetime.strptime(shown[0].removesuffix(" GMT+9"), "%Y-%m-%d %H:%M:%S")
         utc = datetime.strptime(shown[1].removesuffix(" UTC"), "%Y-%m-%d %H:%M:%S")
         assert local - utc == timedelta(hours=9)
-        await page.screenshot("local-time-tokyo")
+        await page.screenshots("local-time-tokyo")
 
         first = await page.text_content("#timing .age")
         async with asyncio.timeout(30):
@@ -1007,6 +1010,53 @@ async def test_times_are_local_with_utc_on_hover_and_ages_tick(
         assert seconds_of(await page.text_content("#timing .age")) > seconds_of(first)
     finally:
         page.driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})
+
+
+async def test_an_instant_in_the_gateways_words_is_a_local_time_named_once(
+    gateway_factory: GatewayFactory,
+    upstream: CountingUpstream,
+    chromium: webdriver.Chrome,
+    tmp_path: Path,
+) -> None:
+    """The same instant was written in two formats: the gateway's words carry RFC 3339
+    ("until 2026-12-04T11:19:57.250309Z") beside the page's local "2026-12-04 20:19:57
+    GMT+9". Instants in the history's words and in notices are local now, a too-early
+    refusal names its instant once, and repeated probe answers say from when to when."""
+    gateway = await gateway_factory(
+        upstream.url,
+        route={"probe": effects_probe(not_applied_after="10m"), "timeout": "200ms"},
+        admin={"token": ADMIN_TOKEN, "port": 0},
+    )
+    assert gateway.admin_url is not None
+    held = await gateway.post("/tickets/v1/issues?hold=1", key="tz-2", json_body={"t": 2})
+    assert held.status == 504
+    op_id = (await admin_operation_by_key(gateway, "tz-2"))["id"]
+    for _ in range(2):
+        answer = await gateway.session.post(
+            f"{gateway.admin_url}/admin/operations/{op_id}/probe", headers=ADMIN
+        )
+        assert answer.status == 200, await answer.text()
+    page = ConsolePage(chromium, gateway.admin_url, tmp_path / "screenshots")
+    iso_instant = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d")
+    page.driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Tokyo"})
+    try:
+        await page.open(f"#/op/{op_id}")
+        await page.sign_in(ADMIN_TOKEN, actor="kenji")
+        history = await page.history(until=lambda events: events[-1]["type"] == "probe")
+        probe = history[-1]["text"]
+        assert "but a probe releases only after 20" in probe
+        assert re.search(r"identical answers, \S+ \S+ GMT\+9 to \S+ \S+ GMT\+9", probe), probe
+        assert not iso_instant.search(probe), probe
+
+        await page.settle("not_applied", note="no ticket yet", wait=False)
+        refusal = await page.wait_text("action-error", "Not released")
+        assert refusal.count("GMT+9") == 1, refusal
+        assert not iso_instant.search(refusal), refusal
+        assert "press Probe now" in refusal
+        await page.screenshots("instants-local-once")
+    finally:
+        page.driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})
+        upstream.release_held()
 
 
 def seconds_of(age: str) -> int:
@@ -1054,7 +1104,7 @@ async def test_typed_words_survive_a_probe_and_a_reload(
     await page.script("location.reload()")
     await page.wait_text("probe-box", "Probe now")
     assert await page.script(read_form) == typed, "kept across a reload"
-    await page.screenshot("draft-kept")
+    await page.screenshots("draft-kept")
 
     await page.script("document.querySelector('#resolve-form button[type=submit]').click()")
     await page.wait_text("action-result", "Settled run-d:0 as applied")

@@ -297,7 +297,12 @@ async def _resolve(client: AdminClient, args: argparse.Namespace, out: TextIO, e
         document = await client.post(f"{operation_path(operation)}/resolve", resolve_body(args))
     except AdminError as exc:
         if exc.status == 409 and exc.kind == "too-early":
-            raise CommandFailed(too_early_message(exc), exit_code=1) from exc
+            message = too_early_message(exc)
+            if operation.get("probe_available") is True:  # the way not to wait, as the console's
+                message += (
+                    f"\nor ask the tool now: idempotency-gateway operations probe {operation['id']}"
+                )
+            raise CommandFailed(message, exit_code=1) from exc
         raise
     out.write(json.dumps(document, indent=2) + "\n")
     if args.no_receipt:
@@ -324,7 +329,8 @@ def force_question(operation: Mapping[str, Any]) -> str:
 
 
 def too_early_message(error: AdminError) -> str:
-    """The gateway's too-early refusal as it gave it, and when a release will be accepted.
+    """The gateway's too-early refusal as it gave it, and when a release will be accepted
+    (the instant once: not again when the gateway's words name it).
 
     The remedy is waiting: the tool may still apply the last send until then,
     and a retry forwarded before that could apply the effect twice.
@@ -341,7 +347,8 @@ def too_early_message(error: AdminError) -> str:
         return error.message
     when = f"{retry_after} s" if retry_after.isdigit() else retry_after
     line = f"retry after {when}"
-    if allowed_at := error.problem.get("allowed_at"):
+    allowed_at = error.problem.get("allowed_at")
+    if allowed_at and str(allowed_at) not in error.message:
         line += f" (at {cell(allowed_at)})"
     age = error.problem.get("last_send_age")
     if isinstance(age, int | float) and not isinstance(age, bool):

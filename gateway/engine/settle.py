@@ -432,10 +432,12 @@ class Settler:
                 route,
                 asked,
                 "not_applied_too_soon",
-                f"probe answered {verdict.said} (not applied), but the tool may still apply "
-                f"attempt {asked.attempts}'s send until {iso_time(window.may_apply_until)} "
-                f"(the call's whole limit, {_limit_name(route)}, after its send, then "
-                "not_applied_after): kept unknown; the probe asks again then",
+                f"probe answered {verdict.said} (not applied), but a probe releases only "
+                f"after {iso_time(window.may_apply_until)}, when attempt "
+                f"{asked.attempts}'s send can no longer land by the probe's own window (the "
+                f"call's whole limit, {_limit_name(route)}, after its send, then the probe's "
+                "not_applied_after; an operator's release counts the route's): kept unknown; "
+                "the probe asks again then",
                 verdict=verdict,
             )
         if admission.refused is None:

@@ -14,8 +14,8 @@
 // it). `op=<id>` and `key=<key>` are accepted as short forms of the last two.
 
 import { ACTOR_PATTERN, actor, api, endSession, onRefused, operationPath, startSession, token } from "./api.js";
-import { $, readableTime, show } from "./dom.js";
-import { listAddress, listHash, listQuery, loadMore, loadOverview, showKey, showList, signedIn } from "./list.js";
+import { $, localText, readableTime, show } from "./dom.js";
+import { listAddress, listHash, listQuery, loadMore, loadOverview, may, showKey, showList, signedIn } from "./list.js";
 import { changedSince, historyItems, renderOperation, renderRequests } from "./operation.js";
 
 // --- what the last action did: at the top of the page -----------------------------
@@ -28,13 +28,13 @@ function clearNotices() {
 
 function notify(message) {
   clearNotices();
-  show("action-result", message);
+  show("action-result", localText(message));
   toTop("action-result");
 }
 
 function warn(message) {
   show("action-result", "");
-  show("action-error", message);
+  show("action-error", localText(message));
   toTop("action-error");
 }
 
@@ -80,7 +80,8 @@ function showSignedIn() {
   $("search").hidden = false;
   const you = signedIn();
   if (you?.name) {
-    $("signed-in-as").textContent = `Signed in as ${you.actor} (${you.role})`;
+    // The token's name and role; the history records its actor (with the typed label, if any).
+    $("signed-in-as").textContent = `Signed in as ${you.name} (${you.role}), recorded as “${you.actor}”`;
   } else {
     $("signed-in-as").textContent = actor()
       ? `Signed in as ${actor()}`
@@ -140,18 +141,51 @@ async function moreHistory() {
   }
 }
 
+/** What the form does for this operation: settle an unknown one, attach the receipt an
+ * `applied` settlement went without (once: the gateway's `ATTACHABLE`), or nothing. */
+function formMode(op) {
+  if (op.state === "unknown") return "settle";
+  const byPerson = op.resolution?.by === "admin" || op.resolution?.by === "owner";
+  return op.state === "completed" && op.response_status === null && byPerson ? "attach" : null;
+}
+
 function renderActions(op) {
   const resolve = $("resolve-form");
   resolve.reset();
   $("redact-form").reset();
   $("redact-confirm").hidden = true;
-  resolve.hidden = op.state !== "unknown";
+  const mode = formMode(op);
+  resolve.hidden = mode === null || !may("operator");
+  resolve.dataset.mode = mode ?? "";
+  const attach = mode === "attach";
+  $("resolve-title").textContent = attach ? "Attach the missing receipt" : "Settle this unknown operation";
+  $("settle-intro").hidden = attach;
+  $("attach-intro").hidden = !attach;
+  $("outcome-fields").hidden = attach;
+  $("outcome-fields").disabled = attach;
+  $("resolve-submit").textContent = attach ? "Attach receipt" : "Settle";
   const mcp = "result" in op;
   $("http-receipt").hidden = mcp;
   $("mcp-receipt").hidden = !mcp;
-  $("receipt-fields").disabled = true;
-  if (op.state === "unknown") restoreDraft(op.id);
+  $("receipt-fields").disabled = !attach;
+  if (mode !== null) restoreDraft(op.id, mode);
   else dropDraft(op.id);
+  $("probe-box").hidden ||= !may("operator");
+  $("redact-form").hidden = !may("admin");
+  renderReadOnly(mode !== null || op.state === "unknown");
+}
+
+/** Say what this token may not do here, rather than offer a button the gateway refuses. */
+function renderReadOnly(actionable) {
+  const you = signedIn();
+  let words = "";
+  if (!may("operator")) {
+    words = `Your token${you?.name ? ` (${you.name})` : ""} has the role viewer: you can read ` +
+      "everything here; settling, probing and attaching need the role operator.";
+  } else if (!may("admin") && actionable) {
+    words = "Your token has the role operator: a forced release and a redaction need the role admin.";
+  }
+  show("read-only", words);
 }
 
 // --- drafts: what an operator typed survives a probe, a reload and a conflict --------
@@ -175,7 +209,7 @@ function saveDraft() {
   sessionStorage.setItem(draftKey(shown.op.id), JSON.stringify(draft));
 }
 
-function restoreDraft(id) {
+function restoreDraft(id, mode) {
   let draft;
   try {
     draft = JSON.parse(sessionStorage.getItem(draftKey(id)) ?? "null");
@@ -189,7 +223,7 @@ function restoreDraft(id) {
     else if (field.type === "checkbox") field.checked = draft[field.name] === true;
     else field.value = String(draft[field.name]);
   }
-  $("receipt-fields").disabled = draft.outcome !== "applied";
+  if (mode === "settle") $("receipt-fields").disabled = draft.outcome !== "applied";
 }
 
 function dropDraft(id) {
@@ -198,9 +232,8 @@ function dropDraft(id) {
 
 // --- actions ------------------------------------------------------------------------
 
-function resolveBody(op) {
+function resolveBody(op, outcome = new FormData($("resolve-form")).get("outcome")) {
   const data = new FormData($("resolve-form"));
-  const outcome = data.get("outcome");
   const body = {
     outcome,
     note: String(data.get("note")).trim(),
@@ -248,8 +281,8 @@ async function act(action, body, message) {
       await loadDetail(op.id);
       const version = Number(/\.(\d+)"$/.exec(etag ?? "")?.[1] ?? NaN); // the ETag read: "<id>.<version>"
       const what = shown && Number.isFinite(version) ? changedSince(shown.op, version) : null;
-      // Still unknown: the form holds the draft again. Settled: the form is gone, the words are not.
-      const kept = shown?.op.state === "unknown"
+      // Still open to the form: it holds the draft again. Settled: the form is gone, the words are not.
+      const kept = shown && formMode(shown.op) !== null
         ? " Your draft is kept in the form."
         : typed ? ` Your note was: “${typed}”.` : "";
       warn(
@@ -264,6 +297,10 @@ async function act(action, body, message) {
 
 function settle(event) {
   event.preventDefault();
+  if ($("resolve-form").dataset.mode === "attach") {
+    attach();
+    return;
+  }
   // The page checks the form itself (`novalidate`), so that what is missing is said at the top.
   if (!new FormData($("resolve-form")).get("outcome")) {
     warn("Choose what happened first: applied or not applied.");
@@ -273,6 +310,17 @@ function settle(event) {
   const body = resolveBody(shown.op);
   if (!receiptSaysEnough(body)) return;
   act("resolve", body, (op) => settledWords(op, body));
+}
+
+/** The receipt an `applied` settlement went without: the same fields and checks as an
+ * applied settlement's, sent once to `/receipt`. */
+function attach() {
+  if (!requireText("resolve-note", "A note is required: say where this receipt comes from.")) return;
+  const { outcome, ...receipt } = resolveBody(shown.op, "applied");
+  if (!receiptSaysEnough({ outcome, ...receipt })) return;
+  act("receipt", receipt, (op) =>
+    `Attached the receipt to ${op.key}: its retries now get status ${op.response_status} ` +
+      "from it. Your note is kept in the history.");
 }
 
 /** An applied receipt with an empty body is replayed to every retry for ever: the page sends
@@ -309,12 +357,20 @@ let forceAllowedAt = null;
 
 function tooEarly(op, problem) {
   forceAllowedAt = problem.allowed_at ?? null;
-  const when = forceAllowedAt ? ` A release without force is accepted from ${readableTime(forceAllowedAt)}.` : "";
+  // The instant once: the gateway's words usually name it already.
+  const named = forceAllowedAt && String(problem.detail ?? "").includes(forceAllowedAt);
+  const when = forceAllowedAt && !named
+    ? ` A release without force is accepted from ${readableTime(forceAllowedAt)}.`
+    : "";
   const why = String(problem.detail || problem.title || "too early").replace(/\.$/, "");
   // Waiting is not the only way: the route's probe asks the tool now, and its answer settles.
   const probe = op.probe_available === true
     ? " Rather than wait, press Probe now above: if the tool can tell, its answer settles it."
     : "";
+  if (!may("admin")) {
+    warn(`Not released: ${why}.${when}${probe} A forced release needs the role admin.`);
+    return;
+  }
   warn(`Not released: ${why}.${when}${probe}`);
   $("force-step").hidden = false;
   $("force-ask").hidden = false;

@@ -55,6 +55,14 @@ export function readableTime(iso) {
   return `${part.year}-${part.month}-${part.day} ${part.hour}:${part.minute}:${part.second} ${part.timeZoneName}`;
 }
 
+const INSTANT = /\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z\b/g;
+
+/** The server's words with every instant they name in the browser's zone, as the page shows
+ * every other time: one instant is never written two ways on one screen. */
+export function localText(text) {
+  return String(text).replace(INSTANT, (iso) => readableTime(iso));
+}
+
 export function time(iso, text = readableTime(iso)) {
   return iso ? el("time", { datetime: iso, title: utcTime(iso), text }) : "";
 }

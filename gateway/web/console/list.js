@@ -52,6 +52,14 @@ export function signedIn() {
   return overview?.you ?? null;
 }
 
+const RANK = { viewer: 0, operator: 1, admin: 2 };
+
+/** Whether the token's role reaches `role`: the page offers only what the gateway would
+ * accept (it still decides, and a refusal is shown as any other). */
+export function may(role) {
+  return (RANK[signedIn()?.role ?? "admin"] ?? 0) >= RANK[role];
+}
+
 function renderStates(query) {
   const nav = $("states");
   nav.replaceChildren();

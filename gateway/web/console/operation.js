@@ -4,7 +4,7 @@
 // receipt came from, and, while the outcome is open, how long ago the last send was
 // and until when the tool may still be working (both from the server's clocks).
 
-import { $, duration, el, readableTime, time } from "./dom.js";
+import { $, duration, el, localText, readableTime, time } from "./dom.js";
 
 const RECEIPT_SOURCES = {
   upstream: "the upstream's answer",
@@ -243,7 +243,7 @@ export function historyItems(events) {
       " ",
       el("span", { class: "actor", text: event.actor ? `by ${event.actor}` : "" }),
     );
-    const details = eventDetails(event);
+    const details = eventDetails(event).map(localText);
     if (details.length) item.append(" ", el("span", { class: "details", text: details.join(" · ") }));
     if (event.reconstructed) {
       item.append(" ", el("span", { class: "mark", title: "rebuilt by the migration from an older record", text: "reconstructed" }));
@@ -291,7 +291,7 @@ function eventDetails(event) {
         ...probeAsked(event.probe),
         ...(event.detail ? [event.detail] : []),
         ...(event.count > 1
-          ? [`${event.count} identical answers, ${readableTime(event.first_at)} to ${readableTime(event.last_at)}`]
+          ? [`${event.count} identical answers, ${readableTime(event.at)} to ${readableTime(event.last_at)}`]
           : []),
       ];
     case "resolved":
