@@ -9,6 +9,7 @@ attach`, recorded in the history; every other operation refuses it. On both stor
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -150,3 +151,34 @@ async def test_the_cli_attaches_with_the_resolve_guard_rails(
     assert await cli(argv) == 1  # once
     assert "409 not-resolvable" in capsys.readouterr().err
     assert upstream.count == 1
+
+
+async def test_two_operators_attaching_at_once_store_one_receipt(
+    gateway_factory: GatewayFactory, upstream: CountingUpstream, store_url: str | None
+) -> None:
+    """Two operators attach different receipts at the same moment, neither with If-Match:
+    one is stored and replayed, the other is refused (409, nothing changed), and the
+    history holds one `receipt-attached`, the winner's."""
+    gateway = await gateway_factory(upstream.url, admin={"token": ADMIN_TOKEN}, store_url=store_url)
+    for round_ in range(5):
+        key = f"race-{round_}"
+        op_id = await settled_without_receipt(gateway, key)
+        bodies = [f'{{"id": "T-{round_}-{side}"}}' for side in ("a", "b")]
+        answers = await asyncio.gather(
+            *(
+                admin_post(
+                    gateway,
+                    f"/admin/operations/{op_id}/receipt",
+                    {"response": {**TICKET, "body": body}, "note": f"found {body}"},
+                )
+                for body in bodies
+            )
+        )
+        statuses = sorted(status for status, _ in answers)
+        assert statuses == [200, 409], answers
+        (winner,) = [document for status, document in answers if status == 200]
+        stored = winner["response"]["body"]
+        assert await retry(gateway, key) == (201, stored.encode(), "true")
+        attached = [e for e in winner["history"] if e["type"] == "receipt-attached"]
+        assert [event["note"] for event in attached] == [f"found {stored}"]
+    assert upstream.count == 5
