@@ -134,6 +134,29 @@ HttpStatus = Annotated[int, Field(ge=100, le=599)]
 Name = Annotated[str, AfterValidator(_name)]
 
 
+def _expand_env(env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    """A stdio server's environment table: names as a shell takes them, `${VAR}` in values
+    replaced from the gateway's environment."""
+    context = info.context
+    environ: Mapping[str, str] = (
+        context["environ"] if isinstance(context, dict) and "environ" in context else os.environ
+    )
+    problems: list[tuple[_Loc, str]] = []
+    expanded: dict[str, str] = {}
+    for name, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            problems.append(((name,), "not a valid environment variable name"))
+        elif missing := [var for var in _ENV_REF_RE.findall(value) if var not in environ]:
+            problems.append(((name,), f"environment variable {missing[0]} is not set"))
+        elif "\0" in value:
+            problems.append(((name,), "the value contains NUL"))
+        else:
+            expanded[name] = _ENV_REF_RE.sub(lambda match: environ[match[1]], value)
+    if problems:
+        raise _Problems(*problems)
+    return expanded
+
+
 def _expand_headers(headers: dict[str, str], info: ValidationInfo) -> dict[str, str]:
     """Check header names and values, replacing `${VAR}` from the environment."""
     context = info.context

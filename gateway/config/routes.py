@@ -34,6 +34,7 @@ from gateway.config.fields import (
     HttpStatus,
     Name,
     Size,
+    _expand_env,
     _expand_headers,
     _forward_key,
     _Loc,
@@ -349,6 +350,24 @@ class RouteSettings(BaseModel):
     """MCP routes: how long a `notifications/cancelled` naming a request id no worker
     knows yet waits for that id before it is forwarded (with workers, the cancellation
     may reach a worker before the call it names is announced there)."""
+    command: tuple[Annotated[str, Field(min_length=1)], ...] | None = Field(
+        default=None, min_length=1
+    )
+    """MCP routes: the stdio server to start instead of an `upstream` (the program and
+    its arguments): one per worker and caller scope, spoken to over its stdin/stdout."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """A stdio server's environment (`${VAR}` from the gateway's): only this, `PATH` and
+    `HOME` reach it."""
+    shared_tenants: bool = False
+    """One stdio server per worker for every caller scope (it keeps no caller's state)."""
+    shared_state: bool = False
+    """The stdio servers share what they know (a database, files): a probe's "not
+    found" from another child than the one that made the call may release it."""
+    max_children: int = Field(default=16, ge=1)
+    """Stdio servers per worker at most (one per scope); the idlest stops for a new one."""
+    run_as: str | None = None
+    """Start the stdio servers as this user (the gateway must run as root): otherwise
+    they can read whatever the gateway can, its store included."""
 
     @model_validator(mode="before")
     @classmethod
@@ -356,7 +375,10 @@ class RouteSettings(BaseModel):
         # On an MCP route a call without a key passes through unless the route
         # asks for keys: MCP clients that cannot send one must keep working.
         if isinstance(data, dict) and data.get("kind") == "mcp" and "require_key" not in data:
-            return {**data, "require_key": False}
+            data = {**data, "require_key": False}
+        # A stdio route's `upstream` is its bridge, set when a worker starts it.
+        if isinstance(data, dict) and data.get("command") is not None and "upstream" not in data:
+            data = {**data, "upstream": STDIO_UPSTREAM}
         return data
 
     @field_validator("prefix")
@@ -403,6 +425,11 @@ class RouteSettings(BaseModel):
     def _check_headers(cls, headers: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         return _expand_headers(headers, info)
 
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        return _expand_env(env, info)
+
     @model_validator(mode="after")
     def _check_combinations(self) -> Self:
         problems: list[tuple[_Loc, str]] = []
@@ -423,6 +450,14 @@ class RouteSettings(BaseModel):
 
     def _mcp_problems(self) -> list[tuple[_Loc, str]]:
         problems: list[tuple[_Loc, str]] = []
+        if self.command is not None and self.upstream != STDIO_UPSTREAM:
+            problems.append((("command",), "a route has a command or an upstream, not both"))
+        if self.command is None:
+            for name in ("env", "shared_tenants", "shared_state", "max_children", "run_as"):
+                if getattr(self, name) != RouteSettings.model_fields[name].get_default(
+                    call_default_factory=True
+                ):
+                    problems.append(((name,), "only applies to a stdio route (command = [...])"))
         if self.status_tool is not None and self.status_tool in self.protect_tools:
             problems.append(
                 (("status_tool",), "is answered by the gateway; it cannot be protected")
@@ -434,7 +469,7 @@ class RouteSettings(BaseModel):
         return [
             ((name,), 'only applies to an MCP route (kind = "mcp")')
             for name in MCP_ONLY
-            if getattr(self, name) != defaults[name].default
+            if getattr(self, name) != defaults[name].get_default(call_default_factory=True)
         ]
 
     def _probe_problems(self) -> list[tuple[_Loc, str]]:
@@ -534,7 +569,17 @@ MCP_ONLY: tuple[str, ...] = (
     "max_call",
     "max_stream",
     "cancel_hold",
+    "command",
+    "env",
+    "shared_tenants",
+    "shared_state",
+    "max_children",
+    "run_as",
 )
+
+STDIO_UPSTREAM = "http://stdio.invalid"
+"""A stdio route's `upstream` until a worker binds its bridge (`gateway.mcp.stdio_bridge`):
+`.invalid` never resolves, so nothing is sent anywhere real if that ever failed."""
 
 _FORWARDED = {
     "operation_id": "the operation id",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from gateway.config import RouteSettings
 from gateway.engine.errors import GatewayError, UpstreamError
 from gateway.engine.fairness import Lane
 from gateway.mcp.answers import EVENT_STREAM
@@ -24,6 +25,7 @@ from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
 from gateway.mcp.replies import dumps, strip_owned_meta
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import SseDecoder, encode_event
+from gateway.mcp.stdio_bridge import SCOPE_HEADER
 from gateway.proxy.view import cut_short, forward_headers
 from gateway.web.appkeys import FORWARDER, MCP_HINTS, MCP_SESSIONS, METRICS, QUOTAS, TRACE
 
@@ -65,7 +67,11 @@ async def pass_through(
         forwarder.gate(route, caller.scope, lane),
     ):
         answer = await forwarder.send(
-            route, request.method, match.upstream_url, upstream_headers(request, caller), body
+            route,
+            request.method,
+            match.upstream_url,
+            upstream_headers(request, caller, route),
+            body,
         )
         headers: CIMultiDict[str] = CIMultiDict(answer.headers)
         if caller.strips_authorization and (session := headers.get(SESSION_HEADER)) is not None:
@@ -191,9 +197,14 @@ def session_is_callers(request: web.Request, caller: CallerScope) -> bool:
     return request.app[MCP_SESSIONS].untag(caller.scope, tagged) is not None
 
 
-def upstream_headers(request: web.Request, caller: CallerScope) -> tuple[tuple[str, str], ...]:
-    """The caller's headers as forwarded, the session id with its tag removed."""
+def upstream_headers(
+    request: web.Request, caller: CallerScope, route: RouteSettings
+) -> tuple[tuple[str, str], ...]:
+    """The caller's headers as forwarded, the session id with its tag removed; to a stdio
+    route's bridge also the caller's scope, which picks the scope's child."""
     headers = forward_headers(request, caller)
+    if route.command is not None:
+        headers = (*headers, (SCOPE_HEADER, caller.scope))
     tagged = request.headers.get(SESSION_HEADER)
     if tagged is None or not caller.strips_authorization:
         return headers

@@ -45,6 +45,7 @@ from gateway.mcp.replies import PROBE_META, dumps, strip_owned_meta
 from gateway.mcp.sentences import PROBED_SENTENCE
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import SseDecoder
+from gateway.mcp.stdio_bridge import SCOPE_HEADER
 
 if TYPE_CHECKING:
     from gateway.config import ProbeSettings, RouteSettings
@@ -96,7 +97,9 @@ class McpProbe:
         assert tool is not None  # the config requires both on an MCP route
         assert pointer is not None
         arguments = fill_arguments(probe.arguments, operation, forwarded)
-        session = _ProbeSession(upstream, route, probe)
+        # A stdio route's probe asks the child of the operation's scope.
+        scope = () if route.command is None else ((SCOPE_HEADER, operation.scope),)
+        session = _ProbeSession(upstream, route, probe, scope)
         try:
             async with asyncio.timeout(route.max_call):
                 answer = await session.call(tool, arguments)
@@ -263,10 +266,17 @@ class _Unreadable(Exception):
 class _ProbeSession:
     """One probe's exchange with the server: a session of its own, or one stateless call."""
 
-    def __init__(self, upstream: Upstream, route: RouteSettings, probe: ProbeSettings) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        route: RouteSettings,
+        probe: ProbeSettings,
+        extra: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         self._upstream = upstream
         self._route = route
         self._headers: tuple[tuple[str, str], ...] = (
+            *extra,
             *probe.headers.items(),
             ("Content-Type", "application/json"),
             ("Accept", _ACCEPT),

@@ -81,7 +81,11 @@ async def list_tools_with_status(
     forwarder = app[FORWARDER]
     with app[QUOTAS].in_flight(caller.scope), forwarder.gate(route, caller.scope):
         answer = await forwarder.send(
-            route, request.method, match.upstream_url, upstream_headers(request, caller), body
+            route,
+            request.method,
+            match.upstream_url,
+            upstream_headers(request, caller, route),
+            body,
         )
         try:
             raw = await answer.read(MAX_LISTING_BYTES)

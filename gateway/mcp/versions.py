@@ -18,7 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["PROTOCOL_VERSION_HEADER", "RESULT_TYPE_SINCE", "complete_result", "protocol_version"]
+__all__ = [
+    "PROTOCOL_VERSION_HEADER",
+    "RESULT_TYPE_SINCE",
+    "complete_result",
+    "needs_result_type",
+    "protocol_version",
+]
 
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 RESULT_TYPE_SINCE = "2026-07-28"

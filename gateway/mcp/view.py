@@ -221,7 +221,7 @@ async def _tool_call(
             with known.handling(name, protected=True):
                 reply = engine.answer_from_receipt(proxy_request)
                 if reply is None:
-                    headers = upstream_headers(request, caller)
+                    headers = upstream_headers(request, caller, route)
                     reply = await execute_detached(app, proxy_request._replace(headers=headers))
         except GatewayError as error:
             trace.outcome, trace.state = outcome_of(error), error.state
@@ -277,7 +277,7 @@ def _cancellation(
     name = call_name_of(request, caller, message.params["requestId"])
     cancellations = app[MCP_CANCELLATIONS]
     if not cancellations.dropped_at_once(name, route=route.name):
-        headers = upstream_headers(request, caller)
+        headers = upstream_headers(request, caller, route)
 
         async def forward() -> None:
             await forward_unanswered(app, match, caller.scope, headers, body)
@@ -299,7 +299,7 @@ def _resumer(
         # Built here, not for every call: few calls are ever resumed.
         headers = [
             (name, value)
-            for name, value in upstream_headers(request, caller)
+            for name, value in upstream_headers(request, caller, match.route)
             if name.lower() not in replaced
         ]
         sent = (*headers, ("Accept", EVENT_STREAM), ("Last-Event-ID", last_id))

@@ -44,6 +44,8 @@ from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.probe import McpProbe
 from gateway.mcp.reading import MessageReader
 from gateway.mcp.sessions import SessionTags
+from gateway.mcp.stdio_bridge import bind_stdio_routes
+from gateway.mcp.stdio_bridge import running as stdio_bridges_running
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
@@ -87,6 +89,7 @@ from gateway.web.appkeys import (
     ROUTES,
     SCOPES,
     SETTINGS,
+    STDIO_BRIDGES,
     STORE,
     WORKER,
 )
@@ -127,6 +130,9 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
 
     >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
     """
+    # A stdio route is an HTTP MCP route to this worker's own bridge, bound first: every
+    # part below (routing, the forwarder, probes) then sees its loopback `upstream`.
+    settings, bridges = bind_stdio_routes(settings)
     access = access_log_for(settings.logging.level, settings.logging.format)
     app = web.Application(
         middlewares=[
@@ -158,6 +164,9 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     if access is not None:
         # First in, last out: the lines of every drained request are written.
         app.cleanup_ctx.append(functools.partial(_access_log, access))
+    app[STDIO_BRIDGES] = bridges
+    if bridges:
+        app.cleanup_ctx.append(_stdio_bridges)
     app.cleanup_ctx.append(_services)
 
     app.router.add_get("/healthz", healthz)
@@ -190,6 +199,13 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
 async def _close_reader(app: web.Application) -> None:
     """The helper processes that read large MCP messages end with the app."""
     app[OFFLOADER].close()
+
+
+async def _stdio_bridges(app: web.Application) -> AsyncIterator[None]:
+    """The stdio routes' bridges serve before the engine and stop (their children with
+    them) after it: a call still being recorded keeps its child until then."""
+    async with stdio_bridges_running(app[STDIO_BRIDGES]):
+        yield
 
 
 async def _services(app: web.Application) -> AsyncIterator[None]:

@@ -19,6 +19,7 @@ from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.reading import MessageReader
 from gateway.mcp.sessions import SessionTags
+from gateway.mcp.stdio_bridge import StdioBridge
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
 from gateway.upstream.forwarder import Forwarder
@@ -56,3 +57,5 @@ MCP_CANCELLATIONS = web.AppKey("mcp_cancellations", Cancellations)
 
 TRACE = web.RequestKey("trace", RequestTrace)
 """What one request's log line reports; set by the request-log middleware."""
+STDIO_BRIDGES = web.AppKey("stdio_bridges", list[StdioBridge])
+"""This worker's stdio routes' loopback endpoints and their children."""

@@ -1,0 +1,192 @@
+"""MCP servers on stdio behind the gateway (issue "MCP servers on stdio ...").
+
+Most MCP servers speak stdio only. A route with `command = [...]` has the gateway start
+the server as a child and give its calls every guarantee of an HTTP MCP route. Here a
+real stdio server on the official SDK (`tests/stdio_mcp_server.py`) runs behind a real
+gateway, and official-SDK clients call it: a keyed call runs once and its retry is
+replayed; a child killed mid-call leaves the call `unknown` and the probe by tool
+settles it; the next call gets a new child; the child sees only its route's `env`;
+its requests to the client are refused; each caller scope has a child of its own
+unless `shared_tenants`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import GatewayFactory
+from harness import ADMIN_TOKEN, RunningGateway
+from mcp_upstream import LEGACY, MODERN, call_with_key, mcp_client
+
+SERVER = str(Path(__file__).with_name("stdio_mcp_server.py"))
+PREFIX = "/fs"
+TIMEOUT = 60
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+UNUSED = "http://127.0.0.1:9"  # the harness's first route: nothing here calls it
+
+
+def stdio_route(tmp_path: Path, **options: Any) -> dict[str, Any]:
+    return {
+        "name": "fs",
+        "prefix": PREFIX,
+        "kind": "mcp",
+        "command": [sys.executable, SERVER],
+        "env": {
+            "EFFECTS_FILE": str(tmp_path / "effects.jsonl"),
+            "STARTED_FILE": str(tmp_path / "started.jsonl"),
+        },
+        **options,
+    }
+
+
+PROBE = {
+    "tool": "find_ticket",
+    "arguments": {"key": "{forwarded_key}"},
+    "applied_pointer": "/found",
+    "applies_to": ["create_ticket", "slow_ticket"],
+    "sees_all_callers": True,
+}
+
+
+def effects(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "effects.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def started_call(tmp_path: Path) -> dict[str, Any]:
+    """The first slow call's line, once the child has written it (the call is mid-way)."""
+    path = tmp_path / "started.jsonl"
+    async with asyncio.timeout(TIMEOUT):
+        while not path.exists() or not path.read_text().strip():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    line: dict[str, Any] = json.loads(path.read_text().splitlines()[0])
+    return line
+
+
+async def stdio_gateway(
+    gateway_factory: GatewayFactory, tmp_path: Path, **options: Any
+) -> RunningGateway:
+    return await gateway_factory(
+        UNUSED,
+        extra_routes=[stdio_route(tmp_path, **options)],
+        admin={"token": ADMIN_TOKEN},
+    )
+
+
+async def admin_json(gateway: RunningGateway, path: str, method: str = "GET") -> Any:
+    assert gateway.admin_url is not None
+    async with gateway.session.request(method, gateway.admin_url + path, headers=ADMIN) as answer:
+        assert answer.status == 200, await answer.text()
+        return await answer.json()
+
+
+async def whoami(url: str, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+    async with mcp_client(url, headers=headers) as client:
+        result = await client.call_tool("whoami", {})
+    assert not result.is_error, result
+    return dict(result.structured_content or {})
+
+
+async def test_a_keyed_call_on_a_stdio_server_runs_once_and_is_replayed(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """Through the SDK in both generations: the call runs once in the child, its retry on
+    a new session (or in 2026-07-28, with `resultType`) gets the stored result."""
+    gateway = await stdio_gateway(gateway_factory, tmp_path)
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT):
+        async with mcp_client(url, mode=LEGACY) as client:
+            tools = await client.list_tools()
+            assert "create_ticket" in [tool.name for tool in tools.tools]
+            first = await call_with_key(client, "create_ticket", {"title": "x"}, "run-1:0:c1")
+        async with mcp_client(url, mode=MODERN) as client:
+            again = await call_with_key(client, "create_ticket", {"title": "x"}, "run-1:0:c1")
+            assert client.protocol_version == MODERN
+    assert first.structured_content == again.structured_content
+    assert not again.is_error
+    assert dict(again.meta or {}).get("idempotencyReplayed") is True or again.meta
+    made = effects(tmp_path)
+    assert len(made) == 1, made
+    lookup = await (await gateway.get("/operations/run-1:0:c1")).json()
+    assert lookup["state"] == "completed"
+    assert made[0]["key"] == lookup["id"]  # the forwarded key is the operation id
+
+
+async def test_a_child_killed_mid_call_is_unknown_and_its_probe_settles_it(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """kill -9 of the child while a call runs: the call's answer is lost, so it is
+    `unknown` (never a failure); the next call starts a new child; the probe asks that
+    child's `find_ticket` (the children share their store) and completes the call."""
+    gateway = await stdio_gateway(
+        gateway_factory, tmp_path, probe=PROBE, shared_state=True, timeout="60s"
+    )
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT):
+        async with mcp_client(url) as client:
+            call = asyncio.create_task(
+                call_with_key(client, "slow_ticket", {"title": "y", "seconds": 120}, "k-kill")
+            )
+            started = await started_call(tmp_path)
+            os.kill(started["pid"], signal.SIGKILL)
+            result = await call
+    assert result.is_error, result
+    said = dict(result.meta or {})["idempotency"]
+    assert said["type"].endswith("upstream-connection-lost"), said  # may have happened
+    assert said.get("state") == "unknown", said
+    after = await whoami(url)
+    assert after["pid"] != started["pid"], "a new child serves the next call"
+
+    lookup = await (await gateway.get("/operations/k-kill")).json()
+    if lookup["state"] == "unknown":  # the gateway's own probe may have settled it already
+        lookup = await admin_json(gateway, f"/admin/operations/{lookup['id']}/probe", "POST")
+    operation = await admin_json(gateway, f"/admin/operations/{lookup['id']}")
+    assert (operation["state"], operation["resolution"]["by"]) == ("completed", "probe")
+    kinds = [event["type"] for event in operation["history"]]
+    assert kinds.index("connection-lost") < kinds.index("resolved"), kinds
+    assert len(effects(tmp_path)) == 1
+
+
+async def test_the_child_sees_only_its_env_and_its_requests_are_refused(
+    gateway_factory: GatewayFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing of the gateway's environment but PATH and HOME reaches the child, and a
+    sampling request from it gets a clear refusal rather than hanging."""
+    monkeypatch.setenv("GATEWAY_ONLY_SECRET", "s3cret")
+    gateway = await stdio_gateway(gateway_factory, tmp_path)
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT):
+        names = set((await whoami(url))["env"])
+        async with mcp_client(url) as client:
+            asked = await client.call_tool("ask_the_client", {})
+    assert names - {"LC_CTYPE"} == {"PATH", "HOME", "EFFECTS_FILE", "STARTED_FILE"}, names
+    refused = (asked.structured_content or {}).get("refused") or ""
+    assert "only client and answers no server requests" in refused, asked
+
+
+async def test_each_scope_has_a_child_unless_shared_tenants(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """Two callers (two credentials) get two children; with `shared_tenants` one."""
+    for shared, children in ((False, 2), (True, 1)):
+        gateway = await gateway_factory(
+            UNUSED,
+            extra_routes=[stdio_route(tmp_path, shared_tenants=shared)],
+            idempotency={"shared_scope": False},
+            store_url=f"sqlite:///{tmp_path / f'shared-{shared}.db'}",
+        )
+        url = gateway.url + PREFIX
+        async with asyncio.timeout(TIMEOUT):
+            pids = {
+                (await whoami(url, {"Authorization": f"Bearer agent-{n}-credential"}))["pid"]
+                for n in (1, 2, 1)
+            }
+        assert len(pids) == children, (shared, pids)
