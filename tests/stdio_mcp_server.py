@@ -67,8 +67,9 @@ def build() -> MCPServer:
         """Create a ticket, then take `seconds` to answer."""
         ticket = _apply("slow_ticket", title, ctx)
         if started := os.environ.get("STARTED_FILE"):
-            with open(started, "a") as file:
-                file.write(json.dumps({"pid": os.getpid(), "key": _key(ctx)}) + "\n")
+            line = json.dumps({"pid": os.getpid(), "key": _key(ctx)}) + "\n"
+            with Path(started).open("a") as file:  # noqa: ASYNC230 (a line, once)
+                file.write(line)
         await asyncio.sleep(seconds)
         return ticket
 
@@ -87,7 +88,7 @@ def build() -> MCPServer:
         """Ask the client to sample (a server-to-client request) and say what came back."""
         try:
             await ctx.session.create_message(messages=[], max_tokens=1)
-        except Exception as exc:  # noqa: BLE001 (the answer is the point)
+        except Exception as exc:  # the answer is the point
             return {"refused": str(exc)}
         return {"refused": None}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 from conftest import GatewayFactory
 from harness import ADMIN_TOKEN, RunningGateway
+from mcp.shared.exceptions import MCPError
 from mcp_upstream import LEGACY, MODERN, call_with_key, mcp_client
 
 SERVER = str(Path(__file__).with_name("stdio_mcp_server.py"))
@@ -190,3 +192,64 @@ async def test_each_scope_has_a_child_unless_shared_tenants(
                 for n in (1, 2, 1)
             }
         assert len(pids) == children, (shared, pids)
+
+
+CRASHING = [sys.executable, "-c", "import sys; sys.exit(3)"]
+
+
+async def test_a_server_that_keeps_dying_is_restarted_with_a_growing_backoff(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """A stdio server that exits at once: each call is refused without being sent (the
+    key released, never `unknown`), and the wait before the next start doubles."""
+    gateway = await gateway_factory(UNUSED, extra_routes=[stdio_route(tmp_path, command=CRASHING)])
+    url = gateway.url + PREFIX
+    waits = []
+    async with asyncio.timeout(TIMEOUT):
+        for n in range(3):
+            async with mcp_client(url, mode=MODERN) as client:
+                with pytest.raises(MCPError) as refused:
+                    await call_with_key(client, "create_ticket", {"title": "z"}, f"die-{n}")
+            text = str(refused.value)
+            match = re.search(r"(?:tried again|restarted) in ([\d.]+) s", text)
+            assert match is not None, text
+            waits.append(float(match[1]))
+            lookup = await (await gateway.get(f"/operations/die-{n}")).json()
+            assert lookup["state"] == "released", lookup
+            await asyncio.sleep(float(match[1]))
+    assert waits == sorted(waits), waits
+    assert waits[-1] > waits[0], waits
+
+
+async def test_a_probes_not_found_releases_only_with_shared_state(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """A child killed before the call reached the tool: the probe finds nothing. Without
+    `shared_state` that is evidence only (verdict `not-shared`, the call stays
+    `unknown`): another child cannot vouch for the one that took the call."""
+    gateway = await stdio_gateway(
+        gateway_factory, tmp_path, probe={**PROBE, "not_applied_after": "0s"}, max_call="1s"
+    )
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT):
+        async with mcp_client(url) as client:
+            call = asyncio.create_task(
+                call_with_key(client, "slow_ticket", {"title": "n", "seconds": 120}, "k-ns")
+            )
+            started = await started_call(tmp_path)
+            (tmp_path / "effects.jsonl").unlink()  # as if the tool had not applied it yet
+            os.kill(started["pid"], signal.SIGKILL)
+            await call
+        await whoami(url)  # a new child
+        lookup = await (await gateway.get("/operations/k-ns")).json()
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                operation = await admin_json(
+                    gateway, f"/admin/operations/{lookup['id']}/probe", "POST"
+                )
+                probes = [e for e in operation["history"] if e["type"] == "probe"]
+                if probes and probes[-1]["verdict"] == "not-shared":
+                    break
+                await asyncio.sleep(0.2)  # the window (max_call, then the lease) closes
+    assert operation["state"] == "unknown", operation
+    assert "shared_state" in probes[-1]["detail"]

@@ -425,6 +425,19 @@ class Settler:
             return await self._probe_evidence(
                 route, asked, verdict.result, verdict.evidence, verdict=verdict
             )
+        if route.command is not None and not route.shared_state:
+            # Stdio children keep what they know to themselves: the child asked now may not
+            # be the one that took the call (it was restarted, or serves another worker).
+            return await self._probe_evidence(
+                route,
+                asked,
+                "not-shared",
+                f"probe answered {verdict.said} (not applied), but this stdio route's servers "
+                "do not share their state (shared_state = false): a child other than the one "
+                "that took the call cannot vouch it did not happen. Kept unknown: check the "
+                "tool by hand, or set shared_state = true if its children share one store",
+                verdict=verdict,
+            )
         admission = self._calibrator.sighted(route, asked)
         if admission.refused is None and left > 0:
             self._schedule(asked.id, left)

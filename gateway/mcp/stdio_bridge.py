@@ -52,9 +52,34 @@ class _Slot:
 
     child: StdioChild | None = None
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    failures: int = 0
     backoff: float = 0.0
     not_before: float = 0.0
+    started_at: float = 0.0
     used: float = 0.0
+
+    def died(self, now: float) -> None:
+        """The next child starts at once after one death, then waits `BACKOFF_FIRST`,
+        doubling up to `BACKOFF_MAX` while children keep dying within that long of their
+        start; one that lived longer begins the count again."""
+        if now - self.started_at > BACKOFF_MAX:
+            self.failures = 0
+        self.failures += 1
+        self.backoff = (
+            0.0
+            if self.failures == 1
+            else min(BACKOFF_FIRST * 2 ** (self.failures - 2), BACKOFF_MAX)
+        )
+        self.not_before = now + self.backoff
+        self.child = None
+
+
+class NotSent(Exception):
+    """No child can take the call now: nothing reached a server (429, Retry-After)."""
+
+    def __init__(self, detail: str, retry_after: float) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
 
 
 class StdioBridge:
@@ -115,9 +140,13 @@ class StdioBridge:
         scope = SHARED if self.route.shared_tenants else request.headers.get(SCOPE_HEADER, "")
         try:
             child = await self._child(scope)
-        except ChildGone as exc:
+        except NotSent as exc:
+            # 429 releases the key (the route's release_statuses hold it): nothing was sent.
             return _jsonrpc(
-                message.get("id"), error={"code": -32603, "message": str(exc)}, status=503
+                message.get("id"),
+                error={"code": -32603, "message": str(exc)},
+                status=429,
+                headers={"Retry-After": str(max(1, round(exc.retry_after)))},
             )
         if "id" not in message:
             await self._notification(child, message)
@@ -159,31 +188,40 @@ class StdioBridge:
     # -- children --------------------------------------------------------------------
 
     async def _child(self, scope: str) -> StdioChild:
+        """The scope's running child, started now if there is none; `NotSent` while the
+        last one's backoff runs, when it cannot start, or when no room can be made."""
         slot = self._slots.get(scope)
         if slot is None:
             await self._make_room()
             slot = self._slots.setdefault(scope, _Slot())
         loop = asyncio.get_running_loop()
         slot.used = loop.time()
-        if slot.child is not None and not slot.child.exited.is_set():
-            return slot.child
         async with slot.starting:
             if slot.child is not None and not slot.child.exited.is_set():
                 return slot.child
-            if slot.child is not None:  # it died: wait out the backoff, then double it
-                slot.backoff = min(max(slot.backoff * 2, BACKOFF_FIRST), BACKOFF_MAX)
-                slot.not_before = loop.time() + slot.backoff
-                slot.child = None
+            if slot.child is not None:
+                slot.died(loop.time())
             wait = slot.not_before - loop.time()
             if wait > 0:
-                await asyncio.sleep(wait)
+                raise NotSent(
+                    f"the stdio server of route {self.route.name!r} exited; it is restarted "
+                    f"in {wait:.1f} s (backoff)",
+                    wait,
+                )
             child = StdioChild(
                 self.route.command or (),
                 child_environment(self.route.env),
                 label=self.route.name,
                 run_as=self.route.run_as,
             )
-            await child.start()
+            slot.started_at = loop.time()
+            try:
+                await child.start()
+            except ChildGone as exc:
+                slot.died(loop.time())
+                raise NotSent(
+                    f"{exc}; it is tried again in {slot.backoff:.1f} s", slot.backoff
+                ) from exc
             slot.child = child
             return child
 
@@ -194,9 +232,10 @@ class StdioBridge:
             return
         idle = [(slot.used, scope) for scope, slot in running if slot.child.in_flight == 0]  # type: ignore[union-attr]
         if not idle:
-            raise ChildGone(
+            raise NotSent(
                 f"all {self.route.max_children} stdio servers of the route (max_children) are "
-                "busy with calls; try again shortly"
+                "busy with calls; try again shortly",
+                1.0,
             )
         _, scope = min(idle)
         slot = self._slots.pop(scope)
@@ -245,9 +284,13 @@ def _for_the_caller(method: str, result: dict[str, Any], version: str | None) ->
     return result
 
 
-def _jsonrpc(id_: Any, *, status: int = 200, **fields: Any) -> web.Response:
+def _jsonrpc(
+    id_: Any, *, status: int = 200, headers: dict[str, str] | None = None, **fields: Any
+) -> web.Response:
     body = {"jsonrpc": "2.0", "id": id_, **fields}
-    return web.Response(status=status, body=json.dumps(body), content_type="application/json")
+    return web.Response(
+        status=status, body=json.dumps(body), content_type="application/json", headers=headers
+    )
 
 
 def bind_stdio_routes(settings: Settings) -> tuple[Settings, list[StdioBridge]]:
@@ -268,6 +311,8 @@ def bind_stdio_routes(settings: Settings) -> tuple[Settings, list[StdioBridge]]:
             update={
                 "upstream": bridge.url,
                 "upstream_headers": {**route.upstream_headers, BRIDGE_HEADER: secret},
+                # The bridge's "nothing was sent" (`NotSent`): the key is released.
+                "release_statuses": tuple(dict.fromkeys((*route.release_statuses, 429))),
             }
         )
         bridge.route = bound
