@@ -10,8 +10,8 @@ kills the child (or the gateway) in the window.
 
 Tools: `create_ticket(title)`; `slow_ticket(title, seconds)` (applies the effect, then
 takes `seconds` to answer); `find_ticket(key)` (read-only: the effect made under a
-forwarded key, or not found); `whoami()` (read-only: the child's pid and the names of
-its environment, which tests check for leaks); `ask_the_client()` (sends the client a
+forwarded key, or not found); `whoami()` (read-only: the child's pid, its parent's, its uid and the
+names of its environment, which tests check for leaks); `ask_the_client()` (sends the client a
 sampling request and reports how it was answered).
 """
 
@@ -82,7 +82,10 @@ def build() -> MCPServer:
 
     async def whoami() -> dict[str, Any]:
         """This child's pid and the names of its environment variables."""
-        return {"pid": os.getpid(), "env": sorted(os.environ)}
+        return {
+            "pid": os.getpid(), "ppid": os.getppid(), "uid": os.getuid(),
+            "env": sorted(os.environ),
+        }  # fmt: skip
 
     async def ask_the_client(ctx: Context) -> dict[str, Any]:
         """Ask the client to sample (a server-to-client request) and say what came back."""

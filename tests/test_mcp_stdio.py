@@ -13,6 +13,7 @@ unless `shared_tenants`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -24,9 +25,13 @@ from typing import Any
 
 import pytest
 from conftest import GatewayFactory
-from harness import ADMIN_TOKEN, RunningGateway
+from harness import ADMIN_TOKEN, GatewayProcess, RunningGateway, spawn
 from mcp.shared.exceptions import MCPError
 from mcp_upstream import LEGACY, MODERN, call_with_key, mcp_client
+from pydantic import ValidationError
+from worker_processes import wait_for_workers
+
+from gateway.config import RouteSettings, Settings
 
 SERVER = str(Path(__file__).with_name("stdio_mcp_server.py"))
 PREFIX = "/fs"
@@ -253,3 +258,115 @@ async def test_a_probes_not_found_releases_only_with_shared_state(
                 await asyncio.sleep(0.2)  # the window (max_call, then the lease) closes
     assert operation["state"] == "unknown", operation
     assert "shared_state" in probes[-1]["detail"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for every purpose here (its parent, the killed gateway, is gone too).
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+            return False
+    return True
+
+
+async def test_a_gateway_killed_mid_call_leaves_it_unknown_and_its_child_ends(
+    processes: list[GatewayProcess], tmp_path: Path
+) -> None:
+    """kill -9 of the gateway while its child runs a call: the child, its stdin closed,
+    ends (no orphan keeps running tools); after a restart the call is `unknown` (its
+    lease ran out), the retry is told so, and the tool ran once."""
+    options: dict[str, Any] = {
+        "extra_routes": [stdio_route(tmp_path)],
+        "idempotency": {"lease": "1s"},
+    }
+    first = spawn(processes, tmp_path, UNUSED, **options)
+    async with asyncio.timeout(300):  # two gateway starts on a loaded machine
+        with pytest.raises(BaseException):  # noqa: B017, PT011, PT012 (the gateway vanished)
+            async with mcp_client(first.url + PREFIX) as client:
+                call = asyncio.create_task(
+                    call_with_key(client, "slow_ticket", {"title": "g", "seconds": 120}, "gw-kill")
+                )
+                started = await started_call(tmp_path)
+                first.kill()
+                await call
+        while alive(started["pid"]):  # noqa: ASYNC110 (the child's own exit is the event)
+            await asyncio.sleep(0.05)
+
+        second = spawn(processes, tmp_path, UNUSED, name="gw2", **options)
+        await asyncio.sleep(1.2)  # past the dead holder's lease
+        async with mcp_client(second.url + PREFIX) as client:
+            retry = await call_with_key(
+                client, "slow_ticket", {"title": "g", "seconds": 120}, "gw-kill"
+            )
+    assert retry.is_error is True
+    assert (retry.meta or {})["idempotency"]["type"].endswith("outcome-unknown"), retry.meta
+    assert len(effects(tmp_path)) == 1
+
+
+async def test_each_worker_has_its_own_child(
+    processes: list[GatewayProcess], tmp_path: Path
+) -> None:
+    """With `[server] workers = 2`, each worker starts and speaks to its own child: a
+    child's parent is the worker that serves it, and no worker has two (one scope)."""
+    gateway = spawn(
+        processes, tmp_path, UNUSED, extra_routes=[stdio_route(tmp_path)],
+        server={"workers": 2},
+    )  # fmt: skip
+    assert gateway.process is not None
+    workers = set(await wait_for_workers(gateway.process.pid, 2, seconds=60))
+    children: dict[int, set[int]] = {}
+    async with asyncio.timeout(120):
+        for _ in range(16):  # new connections: the kernel spreads them over both workers
+            seen = await whoami(gateway.url + PREFIX)
+            children.setdefault(seen["ppid"], set()).add(seen["pid"])
+            if len(children) == 2:
+                break
+    assert set(children) == workers, (children, workers)
+    assert all(len(pids) == 1 for pids in children.values()), children
+
+
+async def test_the_status_tool_and_the_similar_guard_work_on_a_stdio_route(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """The gateway's own status tool answers for a stdio route's calls, and the same call
+    under a new key is refused (`similar_guard = "all"`) without reaching the child."""
+    gateway = await stdio_gateway(
+        gateway_factory, tmp_path, status_tool="operation_status", similar_guard="all"
+    )
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT), mcp_client(url) as client:
+        tools = [tool.name for tool in (await client.list_tools()).tools]
+        assert "operation_status" in tools
+        await call_with_key(client, "create_ticket", {"title": "s"}, "st-1")
+        status = await client.call_tool("operation_status", {"key": "st-1"})
+        again = await call_with_key(client, "create_ticket", {"title": "s"}, "st-2")
+    assert (status.structured_content or {}).get("state") == "completed", status
+    assert again.is_error
+    assert (again.meta or {})["idempotency"]["type"].endswith("similar-operation"), again.meta
+    assert len(effects(tmp_path)) == 1
+
+
+def test_a_stdio_routes_settings_are_checked() -> None:
+    """`command` or `upstream`, not both; the stdio keys only with a command; `${VAR}` in
+    `env` from the environment; a program that cannot be found is a warning."""
+    base = {"name": "fs", "prefix": "/fs", "kind": "mcp"}
+    route = RouteSettings.model_validate(
+        {**base, "command": ["prog", "--flag"], "env": {"TOKEN": "${STDIO_T}"}},
+        context={"environ": {"STDIO_T": "t0k"}},
+    )
+    assert (route.command, route.env) == (("prog", "--flag"), {"TOKEN": "t0k"})
+    for bad, where in (
+        ({**base, "command": ["prog"], "upstream": "http://127.0.0.1:1"}, "command"),
+        ({**base, "upstream": "http://127.0.0.1:1", "shared_tenants": True}, "shared_tenants"),
+        ({**base, "command": []}, "command"),
+        ({**base, "command": ["prog"], "env": {"BAD-NAME": "x"}}, "env"),
+        ({"name": "h", "prefix": "/h", "command": ["prog"]}, "command"),
+    ):
+        with pytest.raises(ValidationError) as refused:
+            RouteSettings.model_validate(bad, context={"environ": {}})
+        assert where in str(refused.value), (bad, refused.value)
+    settings = Settings.model_validate({"routes": [{**base, "command": ["no-such-program-x"]}]})
+    assert any("no-such-program-x" in warning for warning in settings.warnings())

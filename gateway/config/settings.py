@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import shutil
 import socket
 from typing import TYPE_CHECKING, Self
 from urllib.parse import urlsplit
@@ -120,13 +121,21 @@ class Settings(BaseModel):
     def warnings(self) -> tuple[str, ...]:
         """What serves but may not do what the operator meant (check-config prints them,
         `serve` logs them at start)."""
-        return tuple(
+        blind = (
             f'route "{route.name}": its probe has no applies_to, so its "not found" never '
             'releases a key (only its "found" settles); list the requests it can see, '
             'e.g. applies_to = ["POST /v1/issues"]'
             for route in self.routes
             if route.probe is not None and not route.probe.applies_to
         )
+        # A stdio server is started at the first call: a wrong program shows here first.
+        missing = (
+            f'route "{route.name}": its command {route.command[0]!r} is not an executable '
+            "file nor found on PATH; every call will be refused until it is"
+            for route in self.routes
+            if route.command is not None and shutil.which(route.command[0]) is None
+        )
+        return (*blind, *missing)
 
     def _listener_problems(self) -> Iterator[tuple[_Loc, str]]:
         port = self.admin.port

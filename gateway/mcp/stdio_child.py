@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import os
+import pwd
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -85,16 +86,15 @@ class StdioChild:
         """Start the process and run the `initialize` handshake; `ChildGone` if it fails."""
         try:
             self._process = await asyncio.create_subprocess_exec(
-                *self._command,
+                *as_user(self._command, self._run_as),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self._env,
                 limit=MAX_LINE,
                 close_fds=True,
-                user=self._run_as,
             )
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, KeyError) as exc:
             self.exited.set()
             raise ChildGone(
                 f"the stdio server {self._command[0]!r} could not start: {exc}"
@@ -263,3 +263,16 @@ def child_environment(
     of the gateway's environment (its store URL, its keys) reaches the child."""
     inherited = {name: parent[name] for name in ("PATH", "HOME") if name in parent}
     return {**inherited, **env}
+
+
+def as_user(command: Sequence[str], user: str | None) -> tuple[str, ...]:
+    """`command`, run as `user` through util-linux's `setpriv` (its uid, group and
+    supplementary groups) when one is named: every event loop can start that, and no
+    Python code runs between fork and exec in a process with threads."""
+    if user is None:
+        return tuple(command)
+    entry = pwd.getpwnam(user)
+    return (
+        "setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--",
+        *command,
+    )  # fmt: skip
