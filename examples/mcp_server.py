@@ -31,6 +31,10 @@ answers by default, ``--stateless`` and ``--json-response`` to change that.
 Run it with::
 
     python -m examples.mcp_server --host 127.0.0.1 --port 9100
+
+or, with ``--stdio``, as a stdio server (one message a line on stdin and stdout): the
+form most MCP servers take, which a gateway route with ``command = [...]`` starts
+itself (``config/gateway.toml``, route ``mcp-stdio``).
 """
 
 from __future__ import annotations
@@ -257,7 +261,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stateless", action="store_true", help="no sessions: every POST stands alone"
     )
+    parser.add_argument(
+        "--stdio",
+        action="store_true",
+        help="speak MCP on stdin/stdout instead (a stdio route's command starts it so)",
+    )
     args = parser.parse_args(argv)
+    if args.stdio:
+        create_server().run("stdio")
+        return 0
     try:
         sock = _listen(args.host, args.port)
     except OSError as exc:

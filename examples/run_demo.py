@@ -2,6 +2,8 @@
 
 The ticket API (plain HTTP, :9000) and the MCP server (Streamable HTTP,
 :9100/mcp) run as child processes (they are separate services in real life);
+the same MCP server on stdio is started by the gateway itself (route
+`mcp-stdio`), with this venv's `python3` first on PATH;
 the gateway runs in this process with the given config, exactly as
 `idempotency-gateway serve` would. Ctrl-C stops all three. A tool that cannot
 start (its port taken) stops the demo with one line instead of leaving the
@@ -64,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ):
             for line in admin_hint(settings, args.config, made_token=made_token):
                 print(line, flush=True)
+            # The stdio route's `python3` is this one (the venv is not on PATH otherwise).
+            os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
             return run(settings)
     except ToolDidNotStart as exc:
         print(f"make run: {exc}", file=sys.stderr)

@@ -773,7 +773,14 @@ async def make_run(cwd: Path, config: str | None = None) -> AsyncIterator[MakeRu
         }
         if config is None:
             config_path = ROOT / "config" / "gateway.toml"
-            overrides.update({"routes[0].upstream": tool_api_url, "routes[1].upstream": mcp_url})
+            overrides.update(
+                {
+                    "routes[0].upstream": tool_api_url,
+                    "routes[1].upstream": mcp_url,
+                    # `make run` puts its venv's python3 first on PATH; here it is this one.
+                    "routes[2].command": [sys.executable, "-m", "examples.mcp_server", "--stdio"],
+                }
+            )
         else:
             config_path = cwd / "served.toml"
             config_path.write_text(_served_upstreams(config, tool_api_url, mcp_url))

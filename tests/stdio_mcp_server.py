@@ -1,11 +1,12 @@
 """A stdio MCP server on the official `mcp` SDK, for the gateway to start as a child.
 
-Run as `python tests/stdio_mcp_server.py`. Every effect is a line appended to the
-JSON-lines file named by `$EFFECTS_FILE` (`{"key", "tool", "title", "pid", "id"}`,
+Run as `python tests/stdio_mcp_server.py EFFECTS [STARTED]` (paths on the command line:
+a subprocess gateway's config masks a route's `env`). Every effect is a line appended to
+the JSON-lines file EFFECTS (`{"key", "tool", "title", "pid", "id"}`,
 `key` the `_meta.idempotencyKey` the call carried), so a test counts effects across
 children and restarts, and a probe tool reads them back (the children share state,
-as a server on one database would: `shared_state = true`). `$STARTED_FILE`, when
-set, gets a line `{"pid", "key"}` as a slow call begins: a test waits for it, then
+as a server on one database would: `shared_state = true`). STARTED, when
+given, gets a line `{"pid", "key"}` as a slow call begins: a test waits for it, then
 kills the child (or the gateway) in the window.
 
 Tools: `create_ticket(title)`; `slow_ticket(title, seconds)` (applies the effect, then
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -42,7 +44,7 @@ def _key(ctx: Context) -> str | None:
 
 
 def _effects() -> list[dict[str, Any]]:
-    path = Path(os.environ["EFFECTS_FILE"])
+    path = Path(sys.argv[1])
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line]
@@ -51,7 +53,7 @@ def _effects() -> list[dict[str, Any]]:
 def _apply(tool: str, title: str, ctx: Context) -> Ticket:
     ticket = Ticket(id=f"T-{len(_effects()) + 1}", title=title, pid=os.getpid())
     line = {"key": _key(ctx), "tool": tool, **ticket}
-    with open(os.environ["EFFECTS_FILE"], "a") as effects:
+    with open(sys.argv[1], "a") as effects:
         effects.write(json.dumps(line) + "\n")
     return ticket
 
@@ -66,7 +68,8 @@ def build() -> MCPServer:
     async def slow_ticket(title: str, seconds: float, ctx: Context) -> Ticket:
         """Create a ticket, then take `seconds` to answer."""
         ticket = _apply("slow_ticket", title, ctx)
-        if started := os.environ.get("STARTED_FILE"):
+        if len(sys.argv) > 2:
+            started = sys.argv[2]
             line = json.dumps({"pid": os.getpid(), "key": _key(ctx)}) + "\n"
             with Path(started).open("a") as file:  # noqa: ASYNC230 (a line, once)
                 file.write(line)

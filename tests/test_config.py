@@ -18,7 +18,7 @@ from gateway.config import (
     load_settings,
     render_effective,
 )
-from gateway.config.routes import MCP_ONLY
+from gateway.config.routes import MCP_ONLY, STDIO_ONLY
 from gateway.engine.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -110,7 +110,11 @@ def test_example_file_loads() -> None:
     settings = load_settings(EXAMPLE, environ={})
     assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
     assert settings.store.url == "sqlite:///./data/gateway.db"
-    route, mcp = settings.routes
+    route, mcp, stdio = settings.routes
+    assert (stdio.kind, stdio.prefix, stdio.shared_tenants, stdio.shared_state) == (
+        "mcp", "/mcp-stdio", False, False,
+    )  # fmt: skip
+    assert stdio.command == ("python3", "-m", "examples.mcp_server", "--stdio")
     assert (route.name, route.prefix, route.upstream) == (
         "tickets",
         "/tickets",
@@ -893,12 +897,17 @@ def test_the_effective_config_shows_no_mcp_keys_on_an_http_route() -> None:
                     "upstream": "http://127.0.0.1:9100/mcp",
                     "kind": "mcp",
                 },
+                {"name": "fs", "prefix": "/fs", "kind": "mcp", "command": ["fs-server"]},
             ]
         }
     )
     text = render_effective(settings)
-    http_part, mcp_part = text.split("[[routes]]")[1:3]
+    http_part, mcp_part, stdio_part = text.split("[[routes]]")[1:4]
     for key in MCP_ONLY:
         assert f"\n{key} =" not in http_part, key
-        assert f"\n{key} =" in mcp_part or key == "status_tool", key
+        stdio_key = key in ("command", *STDIO_ONLY)
+        assert (f"\n{key} =" in mcp_part) is not stdio_key or key == "status_tool", key
+        assert f"\n{key} =" in stdio_part or key in ("status_tool", "run_as"), key
+    # A stdio route has no upstream of its own to show (its bridge's is made at start).
+    assert "\nupstream =" not in stdio_part
     assert Settings.model_validate(tomllib.loads(text.replace('"***"', '""'))) == settings

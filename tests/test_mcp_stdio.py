@@ -45,11 +45,13 @@ def stdio_route(tmp_path: Path, **options: Any) -> dict[str, Any]:
         "name": "fs",
         "prefix": PREFIX,
         "kind": "mcp",
-        "command": [sys.executable, SERVER],
-        "env": {
-            "EFFECTS_FILE": str(tmp_path / "effects.jsonl"),
-            "STARTED_FILE": str(tmp_path / "started.jsonl"),
-        },
+        "command": [
+            sys.executable,
+            SERVER,
+            str(tmp_path / "effects.jsonl"),
+            str(tmp_path / "started.jsonl"),
+        ],
+        "env": {"ROUTE_ONLY": "${HOME}"},
         **options,
     }
 
@@ -174,7 +176,7 @@ async def test_the_child_sees_only_its_env_and_its_requests_are_refused(
         names = set((await whoami(url))["env"])
         async with mcp_client(url) as client:
             asked = await client.call_tool("ask_the_client", {})
-    assert names - {"LC_CTYPE"} == {"PATH", "HOME", "EFFECTS_FILE", "STARTED_FILE"}, names
+    assert names - {"LC_CTYPE"} == {"PATH", "HOME", "ROUTE_ONLY"}, names
     refused = (asked.structured_content or {}).get("refused") or ""
     assert "only client and answers no server requests" in refused, asked
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, SecretStr
 
 from gateway.config.fields import _BARE_KEY_RE, _SECRET_KEYS, _mask_url
 from gateway.config.loader import ENV_PREFIX
-from gateway.config.routes import MCP_ONLY, RouteSettings
+from gateway.config.routes import MCP_ONLY, STDIO_ONLY, RouteSettings
 from gateway.config.sections import TestingSettings
 from gateway.config.settings import Settings
 from gateway.config.units import format_duration, format_size, parse_duration, parse_size
@@ -47,8 +47,16 @@ def render_effective(settings: Settings) -> str:
 
 def _emit_table(lines: list[str], model: BaseModel, path: str) -> None:
     tables: list[tuple[str, list[BaseModel], bool]] = []
-    # An HTTP route has no MCP-only keys: printing their defaults would say it has.
-    skipped = MCP_ONLY if isinstance(model, RouteSettings) and model.kind == "http" else ()
+    # An HTTP route has no MCP-only keys, an MCP route on a URL no stdio keys, and a stdio
+    # route no upstream: printing their defaults would say they have.
+    skipped: tuple[str, ...] = ()
+    if isinstance(model, RouteSettings):
+        if model.kind == "http":
+            skipped = MCP_ONLY
+        elif model.command is None:
+            skipped = STDIO_ONLY
+        else:
+            skipped = ("upstream",)
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)
         dotted = f"{path}.{name}" if path else name
@@ -63,7 +71,8 @@ def _emit_table(lines: list[str], model: BaseModel, path: str) -> None:
                 value = "***" if value.get_secret_value() else ""
             elif name in _SECRET_KEYS and isinstance(value, tuple):
                 value = ["***"] * len(value)
-            elif name in _SECRET_KEYS and isinstance(value, dict):
+            elif (name in _SECRET_KEYS or name == "env") and isinstance(value, dict):
+                # A stdio server's environment is where its credentials go.
                 value = dict.fromkeys(value, "***")
             elif _validated_by(field.metadata, parse_duration):
                 value = format_duration(value)

@@ -453,7 +453,7 @@ class RouteSettings(BaseModel):
         if self.command is not None and self.upstream != STDIO_UPSTREAM:
             problems.append((("command",), "a route has a command or an upstream, not both"))
         if self.command is None:
-            for name in ("env", "shared_tenants", "shared_state", "max_children", "run_as"):
+            for name in STDIO_ONLY:
                 if getattr(self, name) != RouteSettings.model_fields[name].get_default(
                     call_default_factory=True
                 ):
@@ -576,6 +576,9 @@ MCP_ONLY: tuple[str, ...] = (
     "max_children",
     "run_as",
 )
+
+STDIO_ONLY: tuple[str, ...] = ("env", "shared_tenants", "shared_state", "max_children", "run_as")
+"""Keys of a stdio MCP route (`command = [...]`) only."""
 
 STDIO_UPSTREAM = "http://stdio.invalid"
 """A stdio route's `upstream` until a worker binds its bridge (`gateway.mcp.stdio_bridge`):

@@ -110,7 +110,12 @@ class StdioBridge:
         app = web.Application(client_max_size=self.route.max_body + (1 << 16))
         app.router.add_post("/", self._post)
         app.router.add_route("*", "/", self._not_offered)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A request the gateway abandons (its caller's passed-through call closed, a silence
+        # past `timeout`) cancels its handler, and so the call at the child, as a closed
+        # request would at a server reached directly.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
 
