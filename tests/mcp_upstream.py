@@ -32,7 +32,9 @@ Tools (each records an effect unless said otherwise):
 - ``chatty_ticket(title, notes, note_size)``: creates a ticket, then sends ``notes``
   progress notifications of ``note_size`` characters each before answering;
 - ``large_ticket(title, size)``: creates a ticket whose title is padded to ``size``
-  characters (a large answer).
+  characters (a large answer);
+- ``until_cancelled(title)``: no effect; reports progress, then works until the server
+  cancels the call, which ``cancelled`` records.
 
 Transport modes, as the SDK's ``streamable_http_app`` offers them:
 
@@ -232,6 +234,8 @@ class CountingMcpServer:
         """Every ticket created, in order (``lookup_ticket`` reads them)."""
         self.emails: list[Email] = []
         """Every email sent, in order."""
+        self.cancelled: list[str] = []
+        """The titles of ``until_cancelled`` calls the server cancelled, in order."""
         self.spared = 0
         """How many of the next ``lose_connection`` calls are answered, not cut (a call of
         that tool that completed: what a probe is calibrated against)."""
@@ -352,6 +356,7 @@ class CountingMcpServer:
         for name, tool in effects:
             mcp.add_tool(tool, name=name, structured_output=True)
         mcp.add_tool(self._failing_tool, name="failing_tool")
+        mcp.add_tool(self._until_cancelled, name="until_cancelled")
         mcp.add_tool(
             self._lookup_ticket,
             name="lookup_ticket",
@@ -398,6 +403,26 @@ class CountingMcpServer:
         """Create a ticket; the connection is then cut before the answer is written."""
         self._seen(ctx)
         return self._new_ticket(title, ctx)
+
+    async def _until_cancelled(self, title: str, ctx: Context) -> str:
+        """Report progress, then work until the server cancels the call (no effect); the
+        cancellation is recorded in ``cancelled``."""
+        self._seen(ctx)
+        await ctx.report_progress(0, 1, "started")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(title)
+            self._changed.set()
+            raise
+        return title  # never reached
+
+    async def wait_for_cancelled(self, title: str, *, seconds: float) -> None:
+        """Wait until the server cancelled the ``until_cancelled`` call named ``title``."""
+        async with asyncio.timeout(seconds):
+            while title not in self.cancelled:
+                self._changed.clear()
+                await self._changed.wait()
 
     async def _failing_tool(self, ctx: Context) -> CallToolResult:
         """Apply an effect, then fail as a tool (a result with isError: true)."""

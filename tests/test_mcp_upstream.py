@@ -70,6 +70,7 @@ async def test_initialize_and_list_tools(server: CountingMcpServer) -> None:
         "send_email",
         "chatty_ticket",
         "large_ticket",
+        "until_cancelled",
     }
     annotations = listed["lookup_ticket"].annotations
     assert annotations is not None

@@ -28,6 +28,7 @@ from gateway.mcp.sse import SseDecoder, encode_event
 from gateway.mcp.stdio_bridge import SCOPE_HEADER
 from gateway.proxy.view import cut_short, forward_headers
 from gateway.web.appkeys import FORWARDER, MCP_HINTS, MCP_SESSIONS, METRICS, QUOTAS, TRACE
+from gateway.web.caller import CallerLeft, until_caller_leaves
 
 if TYPE_CHECKING:
     from gateway.engine.scopes import CallerScope
@@ -72,6 +73,9 @@ async def pass_through(
             match.upstream_url,
             upstream_headers(request, caller, route),
             body,
+            # A server's GET stream is silent while the server has nothing to say:
+            # `timeout` bounds calls, `max_stream` (below) this.
+            may_idle=request.method == "GET",
         )
         headers: CIMultiDict[str] = CIMultiDict(answer.headers)
         if caller.strips_authorization and (session := headers.get(SESSION_HEADER)) is not None:
@@ -84,7 +88,8 @@ async def pass_through(
         listing = (
             ToolListing(tools_listed_by, stream=stream) if tools_listed_by is not None else None
         )
-        try:
+
+        async def relay() -> None:
             async with asyncio.timeout(route.max_stream):
                 await response.prepare(request)
                 async for chunk in answer.rest():
@@ -94,9 +99,15 @@ async def pass_through(
                 if guard is not None:
                     await response.write(guard.finish())
                 await response.write_eof()
+
+        try:
+            # A caller that closes its request (how a 2026-07-28 client cancels) closes
+            # the gateway's to the server too, as going direct would: nothing here is
+            # recorded, so nothing is lost by stopping.
+            await until_caller_leaves(request, relay())
         except TimeoutError:
             await _end_at_max_stream(request, response, route.name, route.max_stream)
-        except ConnectionError:
+        except (ConnectionError, CallerLeft):
             pass  # the caller left; nothing here is recorded
         except UpstreamError:
             cut_short(request)

@@ -173,8 +173,14 @@ class Forwarder:
         url: str,
         headers: Sequence[tuple[str, str]],
         body: bytes,
+        *,
+        may_idle: bool = False,
     ) -> UpstreamReply:
-        """Send the request once; raise `UpstreamUnreachable` only when nothing was sent."""
+        """Send the request once; raise `UpstreamUnreachable` only when nothing was sent.
+
+        `may_idle`: the answer is a server's stream, silent for as long as the server has
+        nothing to say, so the route's silence limit does not apply to it (the caller
+        bounds it, with `max_stream`)."""
         session = self._sessions[route.name]
         try:
             response = await session.request(
@@ -185,6 +191,7 @@ class Forwarder:
                 data=body if body or method not in ("GET", "HEAD") else None,
                 allow_redirects=False,
                 compress=None,
+                timeout=_idle_stream(route) if may_idle else session.timeout,
             )
         except _NOT_SENT as exc:
             raise UpstreamUnreachable(
@@ -204,6 +211,11 @@ def _timeout(route: RouteSettings) -> aiohttp.ClientTimeout:
     if route.kind == "mcp":
         return aiohttp.ClientTimeout(total=None, connect=route.timeout, sock_read=route.timeout)
     return aiohttp.ClientTimeout(total=route.timeout)
+
+
+def _idle_stream(route: RouteSettings) -> aiohttp.ClientTimeout:
+    """A server stream: connecting is bounded, silence is not."""
+    return aiohttp.ClientTimeout(total=None, connect=route.timeout, sock_read=None)
 
 
 def _with_route_headers(
