@@ -55,10 +55,15 @@ from gateway.engine.exchange import (
 from gateway.engine.graces import GraceClock
 from gateway.engine.headers import IDEMPOTENCY_KEY, Pairs, header_value
 from gateway.engine.keys import operation_url
-from gateway.engine.lifecycle_events import request_claimed
+from gateway.engine.lifecycle_events import (
+    CANCELLATION_HELD,
+    cancellation_held_event,
+    request_claimed,
+)
 from gateway.engine.models import (
     ClaimRequest,
     ClaimResult,
+    Evidence,
     Existing,
     NewAttempt,
     Operation,
@@ -707,6 +712,24 @@ class IdempotencyEngine:
     def release_window(self, operation: Operation) -> ReleaseWindow | None:
         """Until when the tool may still apply the operation's last send (`Settler`)."""
         return self._settler.release_window(operation)
+
+    async def cancellation_held(self, scope: str, key: str) -> bool:
+        """Record that a client's cancellation of the protected call under `key` was held
+        back: the history says so (the client meant it to stop; the call ran on), and the
+        log names the key and the operation. Changes no version. False when the key has
+        no operation (yet)."""
+        operation = await self._store.get(scope, key)
+        if operation is None:
+            return False
+        event = cancellation_held_event(attempt=operation.attempts)
+        evidence = Evidence(at=self._clock.time(), source="client", detail=CANCELLATION_HELD)
+        await self._store.add_evidence(operation.id, evidence, (event,))
+        log.info(
+            "cancellation of a protected call held back",
+            extra={"event": "mcp_cancel", "route": operation.route, "key": key,
+                   "operation_id": operation.id},
+        )  # fmt: skip
+        return True
 
     def has_probe(self, route_name: str) -> bool:
         return any(r.name == route_name and r.probe is not None for r in self._routes)

@@ -114,6 +114,20 @@ def receipt_attached_event(
     )
 
 
+CANCELLATION_HELD = (
+    "the client cancelled this call (notifications/cancelled); the gateway held the "
+    "cancellation back, so the call runs to its end and its answer is the receipt: a "
+    "cancelled call may still have taken effect"
+)
+
+
+def cancellation_held_event(*, attempt: int) -> NewEvent:
+    """A client's cancellation of a protected call, not forwarded (`gateway.mcp`)."""
+    return new_event(
+        "cancellation-held", "gateway", {"attempt": attempt, "detail": CANCELLATION_HELD}
+    )
+
+
 def probe_event(
     verdict: str, *, status: int | None, detail: str, seen: dict[str, Any] | None = None
 ) -> NewEvent:

@@ -81,7 +81,7 @@ class Cancellations:
         """Drop the cancellation now if it names a known protected call (no task needed)."""
         if self._calls.known(name) is not Known.PROTECTED:
             return False
-        _dropped(route)
+        self._calls.held_back(name)
         return True
 
     def decide(
@@ -132,7 +132,7 @@ class Cancellations:
         await self._calls.until_known(name, hold)
         known = self._calls.known(name)
         if known is Known.PROTECTED:
-            _dropped(route)
+            self._calls.held_back(name)
             return
         if known is None:
             log.info(
@@ -148,10 +148,3 @@ class Cancellations:
                 exc_info=True,
                 extra={"event": "mcp_cancel_unsent", "route": route},
             )
-
-
-def _dropped(route: str) -> None:
-    log.info(
-        "cancellation of a protected call held back",
-        extra={"event": "mcp_cancel", "route": route},
-    )

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Final, Protocol
 
 KEPT_SECONDS = 10.0
 """How long a name stays known after the last worker handling it is done."""
@@ -64,9 +64,19 @@ class CallAnnouncer(Protocol):
     def listen_calls(self, on_call: Callable[[str, bool], None]) -> None: ...
 
 
+HELD: Final = "C"
+"""The announcement that a worker held back a cancellation of a protected call: the worker
+handling that call (which alone knows its key) records it."""
+
+CallRef = tuple[str, str]
+"""A protected call's (scope, key), known only to the worker that handles it."""
+
+
 @dataclass(slots=True)
 class _Entry:
     kind: Known
+    ref: CallRef | None = None
+    """The protected call's (scope, key), when this worker handles (or handled) it."""
     here: int = 0
     """Requests of this name this worker handles now."""
     elsewhere: int = 0
@@ -103,6 +113,7 @@ class KnownCalls:
         self._ended: deque[tuple[float, str]] = deque()
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._announcer: CallAnnouncer | None = None
+        self._record_held: Callable[[CallRef], object] | None = None
 
     def share(self, announcer: CallAnnouncer) -> None:
         """As one of a gateway's workers: announce this worker's requests, hear the others'."""
@@ -110,18 +121,22 @@ class KnownCalls:
         announcer.listen_calls(self._heard)
 
     @contextmanager
-    def handling(self, name: str, *, protected: bool) -> Iterator[None]:
+    def handling(self, name: str, *, protected: bool, ref: CallRef | None = None) -> Iterator[None]:
         """`with calls.handling(name, protected=...):` around a request's whole handling,
-        entered before it is sent on."""
-        self.started(name, protected=protected)
+        entered before it is sent on; `ref`, a protected call's (scope, key), names it
+        when its cancellation is held back (`held_back`)."""
+        self.started(name, protected=protected, ref=ref)
         try:
             yield
         finally:
             self.ended(name)
 
-    def started(self, name: str, *, protected: bool) -> None:
+    def started(self, name: str, *, protected: bool, ref: CallRef | None = None) -> None:
         kind = Known.PROTECTED if protected else Known.UNPROTECTED
-        self._start(name, kind).here += 1
+        entry = self._start(name, kind)
+        entry.here += 1
+        if ref is not None:
+            entry.ref = ref
         if self._announcer is not None:
             self._announcer.announce_call(kind.value + name, started=True)
 
@@ -132,6 +147,20 @@ class KnownCalls:
             self._maybe_forget(name, entry)
         if self._announcer is not None:
             self._announcer.announce_call(Known.UNPROTECTED.value + name, started=False)
+
+    def on_held_back(self, record: Callable[[CallRef], object]) -> None:
+        """`record(ref)` for each held-back cancellation of a call this worker handles."""
+        self._record_held = record
+
+    def held_back(self, name: str) -> None:
+        """A cancellation of the protected call `name` was held back here: recorded here
+        when this worker handles the call, else announced to the one that does."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.ref is not None:
+            if self._record_held is not None:
+                self._record_held(entry.ref)
+        elif self._announcer is not None:
+            self._announcer.announce_call(HELD + name, started=True)
 
     def known(self, name: str) -> Known | None:
         """PROTECTED when any request of this name was a protected call, UNPROTECTED when
@@ -192,6 +221,11 @@ class KnownCalls:
                 del self._entries[name]
 
     def _heard(self, call: str, started: bool) -> None:
+        if call[:1] == HELD:
+            entry = self._entries.get(call[1:])
+            if entry is not None and entry.ref is not None and self._record_held is not None:
+                self._record_held(entry.ref)
+            return
         try:
             kind, name = Known(call[:1]), call[1:]
         except ValueError:

@@ -15,6 +15,7 @@ with the problem in `error.data`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 from collections.abc import Awaitable, Callable
@@ -59,13 +60,13 @@ from gateway.mcp.replies import dumps, refusal_result
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import encode_event
 from gateway.mcp.status_view import is_status_call, list_tools_with_status, status_call
-from gateway.mcp.versions import protocol_version
+from gateway.mcp.versions import needs_result_type, protocol_version
 from gateway.proxy.request_body import read_in_time
 from gateway.proxy.view import (
-    execute_detached,
     outcome_of,
     outcome_of_reply,
     read_body,
+    start_detached,
 )
 from gateway.web.appkeys import (
     ENGINE,
@@ -81,11 +82,14 @@ from gateway.web.appkeys import (
     STORE,
     TRACE,
 )
+from gateway.web.background import in_background
+from gateway.web.caller import CallerLeft, until_caller_leaves
 from gateway.web.caller_writes import respond
 from gateway.web.problems import log_internal, problem_document
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
+    from gateway.engine.engine import IdempotencyEngine
     from gateway.engine.scopes import CallerScope
     from gateway.proxy.routing import RouteMatch
 
@@ -218,11 +222,14 @@ async def _tool_call(
         try:
             # Known as protected before it is sent (and while a replay or a refusal is
             # answered): its cancellation, on whichever worker, is never forwarded.
-            with known.handling(name, protected=True):
+            with known.handling(name, protected=True, ref=(caller.scope, key)):
                 reply = engine.answer_from_receipt(proxy_request)
                 if reply is None:
                     headers = upstream_headers(request, caller, route)
-                    reply = await execute_detached(app, proxy_request._replace(headers=headers))
+                    call_task = start_detached(app, proxy_request._replace(headers=headers))
+                    reply = await _unless_closed(request, call_task, caller.scope, key)
+                    if reply is None:
+                        return web.Response(status=204)  # nobody is left to read it
         except GatewayError as error:
             trace.outcome, trace.state = outcome_of(error), error.state
             trace.refused(error)
@@ -248,6 +255,31 @@ async def _tool_call(
     finally:
         if live is not None:
             live.close()  # a writer still waiting for events it will never get
+
+
+async def _unless_closed(
+    request: web.Request, call: asyncio.Task[Reply], scope: str, key: str
+) -> Reply | None:
+    """The protected call's reply; None when a 2026-07-28 caller closed its request first
+    (its way to cancel): the call runs on detached, cancelled at nothing, and its history
+    records the held-back cancellation."""
+    if not needs_result_type(protocol_version(request.headers)):
+        return await asyncio.shield(call)
+    try:
+        return await until_caller_leaves(request, asyncio.shield(call))
+    except CallerLeft:
+        in_background(request.app, _record_held(request.app[ENGINE], call, scope, key))
+        return None
+
+
+async def _record_held(
+    engine: IdempotencyEngine, call: asyncio.Task[Reply], scope: str, key: str
+) -> None:
+    """As soon as the call has its operation (at once, unless the caller closed before
+    the claim was written: then once the call ends)."""
+    if not await engine.cancellation_held(scope, key):
+        await asyncio.wait({call})
+        await engine.cancellation_held(scope, key)
 
 
 def _read_spec(request: web.Request, route: RouteSettings) -> ReadSpec:

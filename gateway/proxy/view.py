@@ -15,9 +15,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
 from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_address
-from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -60,7 +58,6 @@ from gateway.proxy.request_body import read_in_time, read_limited
 from gateway.proxy.routing import RouteMatch
 from gateway.upstream.headers import end_to_end, forwarded, forwarded_for
 from gateway.web.appkeys import (
-    BACKGROUND,
     ENGINE,
     FORWARDER,
     METRICS,
@@ -72,6 +69,7 @@ from gateway.web.appkeys import (
     STORE,
     TRACE,
 )
+from gateway.web.background import in_background
 from gateway.web.caller_writes import respond, stream_to_caller
 
 log = logging.getLogger("gateway.proxy")
@@ -229,11 +227,15 @@ async def serve_http(request: web.Request, match: RouteMatch) -> web.StreamRespo
     return await write_reply(request, reply)
 
 
+def start_detached(app: web.Application, proxy_request: ProxyRequest) -> asyncio.Task[Reply]:
+    """The engine's work on the request in a task of its own: a caller that goes away
+    cancels nothing."""
+    return in_background(app, app[ENGINE].execute(proxy_request))
+
+
 async def execute_detached(app: web.Application, proxy_request: ProxyRequest) -> Reply:
-    """Run the engine in its own task: a caller that goes away cancels nothing."""
-    task: asyncio.Task[Reply] = asyncio.ensure_future(app[ENGINE].execute(proxy_request))
-    _keep_until_done(app, task)
-    return await asyncio.shield(task)
+    """`start_detached`, and its reply."""
+    return await asyncio.shield(start_detached(app, proxy_request))
 
 
 async def write_reply(request: web.Request, reply: Reply) -> web.StreamResponse:
@@ -404,24 +406,6 @@ def _from_trusted_proxy(
     if isinstance(ip, IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return any(ip in network for network in proxies)
-
-
-def _keep_until_done(app: web.Application, task: asyncio.Task[Reply]) -> None:
-    """Hold a reference (and let shutdown wait) while the caller may have gone."""
-    background = app[BACKGROUND]
-    background.add(task)
-    task.add_done_callback(_forget(background))
-
-
-def _forget(background: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Reply]], None]:
-    def done(task: asyncio.Task[Reply]) -> None:
-        background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            error = task.exception()
-            if not isinstance(error, GatewayError):
-                log.error("engine task failed", exc_info=error)
-
-    return done
 
 
 def outcome_of_reply(reply: Reply) -> str:

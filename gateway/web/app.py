@@ -93,6 +93,7 @@ from gateway.web.appkeys import (
     STORE,
     WORKER,
 )
+from gateway.web.background import in_background
 from gateway.web.console_view import add_console_routes
 from gateway.web.dispatch import proxy
 from gateway.web.listeners import (
@@ -266,6 +267,10 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
     app[STORE] = store
     app[FORWARDER] = forwarder
     app[ENGINE] = engine
+    # A held-back cancellation is written by the worker that handles its call.
+    app[MCP_KNOWN_CALLS].on_held_back(
+        lambda ref: in_background(app, engine.cancellation_held(*ref))
+    )
     app[QUOTAS] = quotas
     app[TRACER] = tracer
     normalised_since = await store.upgraded_since(SCOPES_NORMALISED_SINCE)

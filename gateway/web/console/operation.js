@@ -28,6 +28,7 @@ const EVENT_LABELS = {
   "distinct-twin": "Same request, marked distinct",
   "probe-blind": "Probe blind",
   "receipt-attached": "Receipt attached",
+  "cancellation-held": "Cancellation held back",
 };
 
 /** What changed an operation since `version`: its newest events after it, said briefly
@@ -304,6 +305,8 @@ function eventDetails(event) {
         ...(event.force ? ["FORCED before the tool's grace ended"] : []),
         ...(event.share_with_owner ? ["note shown to the caller"] : []),
       ];
+    case "cancellation-held":
+      return [...attempt(event), event.detail ?? "the client's cancellation was held back"];
     case "receipt-attached":
       return [
         `receipt attached: retries get status ${event.status} from now on`,
