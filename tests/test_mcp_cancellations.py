@@ -161,14 +161,20 @@ async def test_a_late_cancellation_of_a_finished_protected_call_is_dropped(
     gateway_factory: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A cancellation that arrives after its protected call was answered is still matched
-    (names are kept a while) and dropped at once, not held and forwarded."""
+    (names are kept a while) and dropped at once, not held and forwarded; the held-back
+    cancellation is written to the call's history, and logged with its key."""
+    caplog.set_level(logging.INFO, logger="gateway")
     async with CancelRecordingServer(tool_seconds=0) as server:
         gateway = await gateway_factory(server.url, route=mcp_route(server))
         url = gateway.url + PREFIX
         async with asyncio.timeout(20), fresh_connections() as session:
             assert await post(session, url, tool_call(5, "create_ticket", key="late")) == 200
-            with caplog.at_level(logging.INFO, logger="gateway.mcp"):
-                assert await post(session, url, cancellation(5)) == 202
-    events = [str(getattr(record, "event", "")) for record in caplog.records]
-    assert [event for event in events if event.startswith("mcp_cancel")] == ["mcp_cancel"]
+            assert await post(session, url, cancellation(5)) == 202
+            while True:  # written in the background
+                lookup = await (await gateway.get("/operations/late")).json()
+                if "cancellation-held" in [event["type"] for event in lookup["history"]]:
+                    break
+                await asyncio.sleep(0.05)
+    held = [r for r in caplog.records if str(getattr(r, "event", "")).startswith("mcp_cancel")]
+    assert [getattr(record, "key", None) for record in held] == ["late"]
     assert server.cancellations == {}

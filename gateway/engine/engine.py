@@ -89,6 +89,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.lifecycle")
 
+_CLAIM_WAITS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+"""Waits before each look for a held-back cancellation's operation (`cancellation_held`)."""
+
 _CLAIMS_ON_A_STEPPING_CLOCK = 3
 """Claims a request tries while the store's clock steps under each before it gives up
 (503 store-unavailable, nothing sent, safe to retry)."""
@@ -713,13 +716,20 @@ class IdempotencyEngine:
         """Until when the tool may still apply the operation's last send (`Settler`)."""
         return self._settler.release_window(operation)
 
-    async def cancellation_held(self, scope: str, key: str) -> bool:
+    async def cancellation_held(self, scope: str, key: str, fingerprint: str) -> bool:
         """Record that a client's cancellation of the protected call under `key` was held
         back: the history says so (the client meant it to stop; the call ran on), and the
-        log names the key and the operation. Changes no version. False when the key has
-        no operation (yet)."""
-        operation = await self._store.get(scope, key)
-        if operation is None:
+        log names the key and the operation. Changes no version.
+
+        A cancellation can overtake the claim by moments, so the operation is looked for
+        again a few times (about 6 s in all); one of another request under the key (a
+        refused reuse) is not this call's. False when none was found."""
+        for delay in _CLAIM_WAITS:
+            await asyncio.sleep(delay)
+            operation = await self._store.get(scope, key)
+            if operation is not None and operation.fingerprint == fingerprint:
+                break
+        else:
             return False
         event = cancellation_held_event(attempt=operation.attempts)
         evidence = Evidence(at=self._clock.time(), source="client", detail=CANCELLATION_HELD)

@@ -68,15 +68,16 @@ HELD: Final = "C"
 """The announcement that a worker held back a cancellation of a protected call: the worker
 handling that call (which alone knows its key) records it."""
 
-CallRef = tuple[str, str]
-"""A protected call's (scope, key), known only to the worker that handles it."""
+CallRef = tuple[str, str, str]
+"""A protected call's (scope, key, fingerprint), known only to the worker that handles it."""
 
 
 @dataclass(slots=True)
 class _Entry:
     kind: Known
     ref: CallRef | None = None
-    """The protected call's (scope, key), when this worker handles (or handled) it."""
+    """The protected call's (scope, key, fingerprint), when this worker handles (or
+    handled) it."""
     here: int = 0
     """Requests of this name this worker handles now."""
     elsewhere: int = 0
@@ -123,7 +124,8 @@ class KnownCalls:
     @contextmanager
     def handling(self, name: str, *, protected: bool, ref: CallRef | None = None) -> Iterator[None]:
         """`with calls.handling(name, protected=...):` around a request's whole handling,
-        entered before it is sent on; `ref`, a protected call's (scope, key), names it
+        entered before it is sent on; `ref`, a protected call's (scope, key, fingerprint),
+        names it
         when its cancellation is held back (`held_back`)."""
         self.started(name, protected=protected, ref=ref)
         try:

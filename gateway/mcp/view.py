@@ -89,7 +89,6 @@ from gateway.web.problems import log_internal, problem_document
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
-    from gateway.engine.engine import IdempotencyEngine
     from gateway.engine.scopes import CallerScope
     from gateway.proxy.routing import RouteMatch
 
@@ -222,12 +221,13 @@ async def _tool_call(
         try:
             # Known as protected before it is sent (and while a replay or a refusal is
             # answered): its cancellation, on whichever worker, is never forwarded.
-            with known.handling(name, protected=True, ref=(caller.scope, key)):
+            ref = (caller.scope, key, proxy_request.fingerprint)
+            with known.handling(name, protected=True, ref=ref):
                 reply = engine.answer_from_receipt(proxy_request)
                 if reply is None:
                     headers = upstream_headers(request, caller, route)
                     call_task = start_detached(app, proxy_request._replace(headers=headers))
-                    reply = await _unless_closed(request, call_task, caller.scope, key)
+                    reply = await _unless_closed(request, call_task, ref)
                     if reply is None:
                         return web.Response(status=204)  # nobody is left to read it
         except GatewayError as error:
@@ -258,7 +258,7 @@ async def _tool_call(
 
 
 async def _unless_closed(
-    request: web.Request, call: asyncio.Task[Reply], scope: str, key: str
+    request: web.Request, call: asyncio.Task[Reply], ref: tuple[str, str, str]
 ) -> Reply | None:
     """The protected call's reply; None when a 2026-07-28 caller closed its request first
     (its way to cancel): the call runs on detached, cancelled at nothing, and its history
@@ -268,18 +268,8 @@ async def _unless_closed(
     try:
         return await until_caller_leaves(request, asyncio.shield(call))
     except CallerLeft:
-        in_background(request.app, _record_held(request.app[ENGINE], call, scope, key))
+        in_background(request.app, request.app[ENGINE].cancellation_held(*ref))
         return None
-
-
-async def _record_held(
-    engine: IdempotencyEngine, call: asyncio.Task[Reply], scope: str, key: str
-) -> None:
-    """As soon as the call has its operation (at once, unless the caller closed before
-    the claim was written: then once the call ends)."""
-    if not await engine.cancellation_held(scope, key):
-        await asyncio.wait({call})
-        await engine.cancellation_held(scope, key)
 
 
 def _read_spec(request: web.Request, route: RouteSettings) -> ReadSpec:
