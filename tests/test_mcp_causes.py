@@ -186,3 +186,23 @@ async def test_the_recorded_cause_is_the_real_one(
     assert (retry["type"], retry["state"]) == ("outcome-unknown", "unknown")
     assert (scripted.effects, scripted.posts) == (1, 1)
     assert scripted.resumed_with == (["1"] if form == RESUMED else [])
+
+
+async def test_the_first_caller_of_a_cancelled_call_reads_what_happened_to_it(
+    gateway_factory: GatewayFactory, scripted: ScriptedServer
+) -> None:
+    """After a server's -32800 the first caller read "An earlier attempt of this call was
+    sent", the retry's sentence. It now reads that the server cancelled its call, which
+    may have taken effect; the retry still reads of the earlier attempt."""
+    scripted.form, scripted.failure = JSON, CANCELLED
+    route = {"name": "tools", "prefix": PREFIX, "upstream": scripted.url, "kind": "mcp"}
+    gateway = await gateway_factory(scripted.url, route={**route, "timeout": GENEROUS_TIMEOUT})
+    first = (await call(gateway.url + PREFIX, "cancelled-1"))["result"]
+    retry = (await call(gateway.url + PREFIX, "cancelled-1"))["result"]
+    (first_text,) = [part["text"] for part in first["content"]]
+    (retry_text,) = [part["text"] for part in retry["content"]]
+    assert first["_meta"]["idempotency"]["type"] == "outcome-unknown"
+    assert "earlier attempt" not in first_text
+    assert first_text.startswith("The tool's server cancelled this call"), first_text
+    assert "Do not call it again" in first_text
+    assert retry_text.startswith("An earlier attempt of this call was sent"), retry_text

@@ -137,3 +137,29 @@ async def test_a_derived_key_is_not_guarded_but_is_a_twin_of_an_explicit_one(
         assert twin["key"].startswith("d:")
         await running
     assert len(server.tickets) == 1
+
+
+async def test_a_refusal_after_the_twin_completed_says_it_took_effect(
+    gateway_factory: GatewayFactory, server: CountingMcpServer
+) -> None:
+    """The same call under key 2 is refused while key 1's call runs; asked again once key
+    1's call completed, the refusal no longer says "has not finished or its outcome is
+    unknown": it says the earlier call took effect, and still names it."""
+    gateway = await _gateway(gateway_factory, server)
+    url = gateway.url + PREFIX
+    async with mcp_client(url) as first, mcp_client(url) as second:
+        running = asyncio.ensure_future(call_with_key(first, "slow_ticket", SLOW, "tw-1:0:c1"))
+        await server.wait_for_count(1, seconds=30)
+        early = await call_with_key(second, "slow_ticket", SLOW, "tw-2:0:c1")
+        await running
+        late = await call_with_key(second, "slow_ticket", SLOW, "tw-2:0:c1")
+    (early_text,) = [part.text for part in early.content if part.type == "text"]
+    (late_text,) = [part.text for part in late.content if part.type == "text"]
+    assert "has not finished or its outcome is unknown" in early_text
+    assert late.is_error is True
+    assert late.meta is not None
+    assert late.meta["idempotency"]["similar_operation"]["state"] == "completed"
+    assert "not finished" not in late_text
+    assert "already took effect" in late_text
+    assert '"tw-1:0:c1"' in late_text
+    assert len(server.tickets) == 1

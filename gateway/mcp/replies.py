@@ -111,8 +111,10 @@ def refusal_result(
     version: str | None = None,
     *,
     status_tool: str | None = None,
+    sentence: str | None = None,
 ) -> dict[str, Any]:
-    """A tool result that tells the model, in its type's one sentence, what happened
+    """A tool result that tells the model, in its type's one sentence (or `sentence`, for
+    a case its type's does not fit), what happened
     and what to do (`gateway.mcp.sentences`); the problem (type, state, key,
     operation, safe_to_retry) in `_meta.idempotency` for code that reads it; valid
     for the protocol `version` the request speaks.
@@ -127,8 +129,13 @@ def refusal_result(
     meta = {name: problem[name] for name in _PROBLEM_FIELDS if name in problem}
     meta["type"] = kind
     twin = problem.get("similar_operation")
-    if isinstance(twin, dict):
-        text = similar_sentence(str(twin.get("key")), status_tool)
+    if sentence is not None:
+        text = sentence
+    elif isinstance(twin, dict):
+        state = twin.get("state")
+        text = similar_sentence(
+            str(twin.get("key")), status_tool, state if isinstance(state, str) else None
+        )
     else:
         text = sentence_for(kind)
     result = {

@@ -24,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "PROBED_SENTENCE",
     "SENTENCES",
+    "SERVER_CANCELLED_SENTENCE",
     "UNKNOWN_OUTCOME_TYPES",
     "sentence_for",
     "similar_sentence",
@@ -40,6 +41,13 @@ _MAY_HAVE = (
     "not under a new one: look the call up with its key (or ask the user or an operator "
     "to check the tool) until its outcome is settled."
 )
+
+SERVER_CANCELLED_SENTENCE = (
+    "The tool's server cancelled this call while it ran, without saying whether it had "
+    f"already done what was asked. {_MAY_HAVE}"
+)
+"""What the caller whose call the server cancelled (`-32800`) reads; its type is
+`outcome-unknown`, whose own sentence is a retry's ("An earlier attempt...")."""
 
 UNKNOWN_OUTCOME_TYPES = frozenset(
     {"upstream-timeout", "upstream-connection-lost", "outcome-unknown"}
@@ -165,15 +173,26 @@ def sentence_for(problem_type: str) -> str:
     return SENTENCES.get(kind, SENTENCES["internal-error"])
 
 
-def similar_sentence(twin_key: str, status_tool: str | None) -> str:
+def similar_sentence(twin_key: str, status_tool: str | None, state: str | None = None) -> str:
     """The `similar-operation` sentence, naming the earlier call's key (and the route's
     status tool, when it has one): what the model must look up instead of calling again.
+    What it says of the earlier call follows that call's `state` now: a refusal repeated
+    after it completed says it took effect, not that it may still be running.
 
     >>> similar_sentence("run-7:0:c1", "operation_status").endswith(
     ...     'the tool operation_status with key "run-7:0:c1".')
     True
+    >>> "already took effect" in similar_sentence("run-7:0:c1", None, "completed")
+    True
     """
     how = f"the tool {status_tool} with key" if status_tool else "its key,"
+    if state == "completed":
+        return (
+            "This exact call, with the same arguments, was already made under another key "
+            f'("{twin_key}") and already took effect, so this one was not made: it would do '
+            "the same thing twice. Do not call it again, not under this key and not under a "
+            f'new one. Get the earlier call\'s result with {how} "{twin_key}".'
+        )
     return (
         "This exact call, with the same arguments, was already made under another key "
         f'("{twin_key}") and has not finished or its outcome is unknown, so this one was not '

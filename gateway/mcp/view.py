@@ -28,6 +28,7 @@ from gateway.engine.errors import (
     ClientNotAllowed,
     GatewayError,
     MissingKey,
+    UpstreamCancelled,
 )
 from gateway.engine.exchange import ProxyRequest, Reply, UpstreamAnswer
 from gateway.engine.headers import IDEMPOTENCY_KEY, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED
@@ -57,6 +58,7 @@ from gateway.mcp.passthrough import (
 )
 from gateway.mcp.reading import PostReading, ReadSpec
 from gateway.mcp.replies import dumps, refusal_result
+from gateway.mcp.sentences import SERVER_CANCELLED_SENTENCE
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import encode_event
 from gateway.mcp.status_view import is_status_call, list_tools_with_status, status_call
@@ -245,7 +247,14 @@ async def _tool_call(
                 problem["retry_after"] = max(1, math.ceil(error.retry_after))
                 refused["Retry-After"] = str(problem["retry_after"])
             refusal = refusal_result(
-                call.id, problem, protocol_version(request.headers), status_tool=route.status_tool
+                call.id,
+                problem,
+                protocol_version(request.headers),
+                status_tool=route.status_tool,
+                # The call the server cancelled is this caller's own, not an earlier one.
+                sentence=(
+                    SERVER_CANCELLED_SENTENCE if isinstance(error, UpstreamCancelled) else None
+                ),
             )
             return await _answer(request, live, refusal, refused)
         trace.outcome = outcome_of_reply(reply)
