@@ -21,7 +21,7 @@ bench/PROFILE.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +35,7 @@ __all__ = [
     "sqlite_url",
     "write_gateway_config",
     "write_mcp_gateway_config",
+    "write_mcp_stdio_gateway_config",
 ]
 
 ROUTE_PREFIX = "/tickets"
@@ -91,6 +92,21 @@ def write_mcp_gateway_config(
         "name": "tools",
         "prefix": MCP_PREFIX,
         "upstream": upstream,
+        "kind": "mcp",
+        "timeout": "10s",
+    }
+    return _write(path, route, store_url, log_level)
+
+
+def write_mcp_stdio_gateway_config(
+    path: Path, *, command: Sequence[str], store_url: str, log_level: LogLevel = "warning"
+) -> Path:
+    """Like `write_mcp_gateway_config`, the route's server a stdio child the gateway
+    starts (`command`), with the stdio defaults (a child per scope; one scope here)."""
+    route = {
+        "name": "tools",
+        "prefix": MCP_PREFIX,
+        "command": list(command),
         "kind": "mcp",
         "timeout": "10s",
     }

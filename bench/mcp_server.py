@@ -104,7 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="answer a request with application/json instead of an event stream",
     )
+    parser.add_argument(
+        "--stdio",
+        action="store_true",
+        help="speak MCP on stdin/stdout instead (a gateway stdio route starts it so)",
+    )
     args = parser.parse_args(argv)
+    if args.stdio:
+        build().run("stdio")
+        return 0
     _serve(args.host, args.port, json_response=args.json_response)
     return 0
 

@@ -908,6 +908,6 @@ def test_the_effective_config_shows_no_mcp_keys_on_an_http_route() -> None:
         stdio_key = key in ("command", *STDIO_ONLY)
         assert (f"\n{key} =" in mcp_part) is not stdio_key or key == "status_tool", key
         assert f"\n{key} =" in stdio_part or key in ("status_tool", "run_as"), key
-    # A stdio route has no upstream of its own to show (its bridge's is made at start).
+    # A stdio route has no upstream URL to show: its requests go to its children.
     assert "\nupstream =" not in stdio_part
     assert Settings.model_validate(tomllib.loads(text.replace('"***"', '""'))) == settings

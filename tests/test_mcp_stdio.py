@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 from conftest import GatewayFactory
 from harness import ADMIN_TOKEN, GatewayProcess, RunningGateway, spawn
-from mcp.shared.exceptions import MCPError
 from mcp_upstream import LEGACY, MODERN, call_with_key, mcp_client
 from pydantic import ValidationError
 from worker_processes import wait_for_workers
@@ -207,17 +206,21 @@ CRASHING = [sys.executable, "-c", "import sys; sys.exit(3)"]
 async def test_a_server_that_keeps_dying_is_restarted_with_a_growing_backoff(
     gateway_factory: GatewayFactory, tmp_path: Path
 ) -> None:
-    """A stdio server that exits at once: each call is refused without being sent (the
-    key released, never `unknown`), and the wait before the next start doubles."""
+    """A stdio server that exits at once: each call is refused as not made
+    (`upstream-unreachable`: the key released, never `unknown`), and the wait before the
+    next start doubles."""
     gateway = await gateway_factory(UNUSED, extra_routes=[stdio_route(tmp_path, command=CRASHING)])
     url = gateway.url + PREFIX
     waits = []
     async with asyncio.timeout(TIMEOUT):
         for n in range(3):
             async with mcp_client(url, mode=MODERN) as client:
-                with pytest.raises(MCPError) as refused:
-                    await call_with_key(client, "create_ticket", {"title": "z"}, f"die-{n}")
-            text = str(refused.value)
+                refused = await call_with_key(client, "create_ticket", {"title": "z"}, f"die-{n}")
+            said = dict(refused.meta or {})["idempotency"]
+            assert refused.is_error, refused
+            assert said["type"].endswith("upstream-unreachable"), said  # not sent: retry
+            assert "not made" in str(refused.content), refused.content
+            text = said["detail"]
             match = re.search(r"(?:tried again|restarted) in ([\d.]+) s", text)
             assert match is not None, text
             waits.append(float(match[1]))
@@ -372,3 +375,20 @@ def test_a_stdio_routes_settings_are_checked() -> None:
         assert where in str(refused.value), (bad, refused.value)
     settings = Settings.model_validate({"routes": [{**base, "command": ["no-such-program-x"]}]})
     assert any("no-such-program-x" in warning for warning in settings.warnings())
+
+
+async def test_a_silent_child_past_the_routes_timeout_leaves_the_call_unknown(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """A child that says nothing for the route's `timeout` while a call runs: the call is
+    `unknown` (`upstream-timeout`: it was sent, and may have run), never failed."""
+    gateway = await stdio_gateway(gateway_factory, tmp_path, timeout="500ms")
+    async with asyncio.timeout(TIMEOUT), mcp_client(gateway.url + PREFIX) as client:
+        result = await call_with_key(
+            client, "slow_ticket", {"title": "quiet", "seconds": 30}, "k-quiet"
+        )
+    said = dict(result.meta or {})["idempotency"]
+    assert said["type"].endswith("upstream-timeout"), said
+    lookup = await (await gateway.get("/operations/k-quiet")).json()
+    assert lookup["state"] == "unknown"
+    assert len(effects(tmp_path)) == 1

@@ -376,7 +376,7 @@ class RouteSettings(BaseModel):
         # asks for keys: MCP clients that cannot send one must keep working.
         if isinstance(data, dict) and data.get("kind") == "mcp" and "require_key" not in data:
             data = {**data, "require_key": False}
-        # A stdio route's `upstream` is its bridge, set when a worker starts it.
+        # A stdio route has no URL: its requests go to its children (`gateway.mcp.stdio_upstream`).
         if isinstance(data, dict) and data.get("command") is not None and "upstream" not in data:
             data = {**data, "upstream": STDIO_UPSTREAM}
         return data
@@ -581,8 +581,9 @@ STDIO_ONLY: tuple[str, ...] = ("env", "shared_tenants", "shared_state", "max_chi
 """Keys of a stdio MCP route (`command = [...]`) only."""
 
 STDIO_UPSTREAM = "http://stdio.invalid"
-"""A stdio route's `upstream` until a worker binds its bridge (`gateway.mcp.stdio_bridge`):
-`.invalid` never resolves, so nothing is sent anywhere real if that ever failed."""
+"""A stdio route's `upstream`: its requests go to its children, in process
+(`gateway.mcp.stdio_upstream`), never to a URL; `.invalid` never resolves, so nothing
+could be sent anywhere real through it."""
 
 _FORWARDED = {
     "operation_id": "the operation id",

@@ -25,7 +25,7 @@ from gateway.mcp.jsonrpc import JsonRpcError, RequestId, parse_object
 from gateway.mcp.replies import dumps, strip_owned_meta
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import SseDecoder, encode_event
-from gateway.mcp.stdio_bridge import SCOPE_HEADER
+from gateway.mcp.stdio_upstream import SCOPE_HEADER
 from gateway.proxy.view import cut_short, forward_headers
 from gateway.web.appkeys import FORWARDER, MCP_HINTS, MCP_SESSIONS, METRICS, QUOTAS, TRACE
 from gateway.web.caller import CallerLeft, until_caller_leaves
@@ -212,7 +212,8 @@ def upstream_headers(
     request: web.Request, caller: CallerScope, route: RouteSettings
 ) -> tuple[tuple[str, str], ...]:
     """The caller's headers as forwarded, the session id with its tag removed; to a stdio
-    route's bridge also the caller's scope, which picks the scope's child."""
+    route's children also the caller's scope, which picks the scope's child (the header
+    never leaves the process)."""
     headers = forward_headers(request, caller)
     if route.command is not None:
         headers = (*headers, (SCOPE_HEADER, caller.scope))

@@ -45,7 +45,7 @@ from gateway.mcp.replies import PROBE_META, dumps, strip_owned_meta
 from gateway.mcp.sentences import PROBED_SENTENCE
 from gateway.mcp.sessions import SESSION_HEADER
 from gateway.mcp.sse import SseDecoder
-from gateway.mcp.stdio_bridge import SCOPE_HEADER
+from gateway.mcp.stdio_upstream import SCOPE_HEADER
 
 if TYPE_CHECKING:
     from gateway.config import ProbeSettings, RouteSettings

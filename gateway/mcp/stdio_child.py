@@ -73,6 +73,8 @@ class StdioChild:
         self.initialize_result: dict[str, Any] = {}
         self.exited = asyncio.Event()
         self._stopping = False
+        self._last_heard = 0.0
+        """When the child last wrote a line (the loop's clock): what `silence` counts from."""
 
     @property
     def pid(self) -> int | None:
@@ -99,6 +101,7 @@ class StdioChild:
             raise ChildGone(
                 f"the stdio server {self._command[0]!r} could not start: {exc}"
             ) from exc
+        self._last_heard = asyncio.get_running_loop().time()
         self._tasks = [
             asyncio.create_task(self._read_stdout(), name=f"stdio-out:{self._label}"),
             asyncio.create_task(self._read_stderr(), name=f"stdio-err:{self._label}"),
@@ -125,23 +128,43 @@ class StdioChild:
                    "protocol_version": result.get("protocolVersion")},
         )  # fmt: skip
 
-    async def call(self, message: Mapping[str, Any]) -> dict[str, Any]:
+    async def call(
+        self, message: Mapping[str, Any], *, silence: float | None = None
+    ) -> dict[str, Any]:
         """Send a request (its `id` replaced by the child's own) and await the answer,
         given back without an `id` (the caller puts its own). `ChildGone` when the child
-        exits first; cancelling the wait sends the child `notifications/cancelled`."""
+        exits first; `TimeoutError` once the child has said nothing at all (no answer, no
+        notification) for `silence` seconds. A wait given up on, by a timeout or a
+        cancellation, sends the child `notifications/cancelled` for the request."""
         child_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[child_id] = future
+        given_up = True
         try:
             await self._write({**message, "jsonrpc": "2.0", "id": child_id})
-            return await future
-        except asyncio.CancelledError:
-            if not self.exited.is_set():
-                with contextlib.suppress(ChildGone):
-                    await asyncio.shield(self._cancelled(child_id))
-            raise
+            answer = await self._answer(future, silence)
+            given_up = False
+            return answer
         finally:
             self._pending.pop(child_id, None)
+            if given_up and not self.exited.is_set():
+                with contextlib.suppress(ChildGone):
+                    await asyncio.shield(self._cancelled(child_id))
+
+    async def _answer(
+        self, future: asyncio.Future[dict[str, Any]], silence: float | None
+    ) -> dict[str, Any]:
+        if silence is None:
+            return await future
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        while True:
+            left = max(asked, self._last_heard) + silence - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({future}, timeout=left)
+            if done:
+                return future.result()
 
     async def notify(self, message: Mapping[str, Any]) -> None:
         await self._write({**message, "jsonrpc": "2.0"})
@@ -196,6 +219,7 @@ class StdioChild:
         reason = "exited"
         try:
             while line := await stdout.readline():
+                self._last_heard = asyncio.get_running_loop().time()
                 self._dispatch(line)
         except (ValueError, asyncio.LimitOverrunError):
             reason = f"wrote a message longer than {MAX_LINE} bytes"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 from yarl import URL
@@ -43,6 +43,16 @@ from gateway.upstream.headers import end_to_end
 
 if TYPE_CHECKING:
     from gateway.config import RouteSettings
+    from gateway.engine.exchange import UpstreamAnswer
+
+
+class StdioExchange(Protocol):
+    """A stdio MCP route's upstream (`gateway.mcp.stdio_upstream.StdioUpstream`)."""
+
+    async def exchange(
+        self, method: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> UpstreamAnswer: ...
+
 
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 """The only client errors raised before any byte of the request was written."""
@@ -121,9 +131,12 @@ class Forwarder:
         *,
         tracer: Tracer = NO_TRACER,
         tenant_routes: Collection[str] = (),
+        stdio: Mapping[str, StdioExchange] | None = None,
     ) -> None:
         self._tracer = tracer
         self._routes = {route.name: route for route in routes}
+        self._stdio = dict(stdio or {})
+        """Stdio MCP routes' upstreams by route name: their requests go there, in process."""
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._slots = {
             route.name: RouteSlots(
@@ -140,6 +153,8 @@ class Forwarder:
 
     async def start(self) -> None:
         for route in self._routes.values():
+            if route.name in self._stdio:
+                continue
             connector = aiohttp.TCPConnector(
                 # The gate refuses past the slots, so no exchange ever waits here for a
                 # connection that another holds: calls, and an MCP route's streams besides.
@@ -175,12 +190,15 @@ class Forwarder:
         body: bytes,
         *,
         may_idle: bool = False,
-    ) -> UpstreamReply:
+    ) -> UpstreamAnswer:
         """Send the request once; raise `UpstreamUnreachable` only when nothing was sent.
 
         `may_idle`: the answer is a server's stream, silent for as long as the server has
         nothing to say, so the route's silence limit does not apply to it (the caller
         bounds it, with `max_stream`)."""
+        stdio = self._stdio.get(route.name)
+        if stdio is not None:
+            return await stdio.exchange(method, headers, body)
         session = self._sessions[route.name]
         try:
             response = await session.request(

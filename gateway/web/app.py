@@ -44,8 +44,7 @@ from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.probe import McpProbe
 from gateway.mcp.reading import MessageReader
 from gateway.mcp.sessions import SessionTags
-from gateway.mcp.stdio_bridge import bind_stdio_routes
-from gateway.mcp.stdio_bridge import running as stdio_bridges_running
+from gateway.mcp.stdio_upstream import stdio_upstreams
 from gateway.proxy.method_guard import method_guard_middleware
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
@@ -89,7 +88,7 @@ from gateway.web.appkeys import (
     ROUTES,
     SCOPES,
     SETTINGS,
-    STDIO_BRIDGES,
+    STDIO_UPSTREAMS,
     STORE,
     WORKER,
 )
@@ -131,9 +130,6 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
 
     >>> # web.run_app(create_app(load_settings("config/gateway.toml")))
     """
-    # A stdio route is an HTTP MCP route to this worker's own bridge, bound first: every
-    # part below (routing, the forwarder, probes) then sees its loopback `upstream`.
-    settings, bridges = bind_stdio_routes(settings)
     access = access_log_for(settings.logging.level, settings.logging.format)
     app = web.Application(
         middlewares=[
@@ -165,9 +161,8 @@ def create_app(settings: Settings, *, worker: RunningWorker | None = None) -> we
     if access is not None:
         # First in, last out: the lines of every drained request are written.
         app.cleanup_ctx.append(functools.partial(_access_log, access))
-    app[STDIO_BRIDGES] = bridges
-    if bridges:
-        app.cleanup_ctx.append(_stdio_bridges)
+    # A stdio route's upstream lives in this worker: its children, started at first use.
+    app[STDIO_UPSTREAMS] = stdio_upstreams(settings.routes)
     app.cleanup_ctx.append(_services)
 
     app.router.add_get("/healthz", healthz)
@@ -202,13 +197,6 @@ async def _close_reader(app: web.Application) -> None:
     app[OFFLOADER].close()
 
 
-async def _stdio_bridges(app: web.Application) -> AsyncIterator[None]:
-    """The stdio routes' bridges serve before the engine and stop (their children with
-    them) after it: a call still being recorded keeps its child until then."""
-    async with stdio_bridges_running(app[STDIO_BRIDGES]):
-        yield
-
-
 async def _services(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     metrics = app[METRICS]
@@ -226,7 +214,12 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         worker.channel.follow_workers()
         publisher = asyncio.create_task(_publish_metrics(metrics), name="metrics-snapshots")
     tracer = open_tracer()
-    forwarder = Forwarder(settings.routes, tracer=tracer, tenant_routes=settings.tenant_routes)
+    forwarder = Forwarder(
+        settings.routes,
+        tracer=tracer,
+        tenant_routes=settings.tenant_routes,
+        stdio=app[STDIO_UPSTREAMS],
+    )
     await forwarder.start()
     graces = GraceClock(SYSTEM_CLOCK)
     keeper = LeaseKeeper(
@@ -306,6 +299,8 @@ async def _services(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(witness, return_exceptions=True)
         await keeper.stop()
         await forwarder.close()
+        # The stdio children after the engine: a call still being recorded keeps its child.
+        await asyncio.gather(*(up.close() for up in app[STDIO_UPSTREAMS].values()))
         await requests.stop()  # the lines of the drained requests too
         await checkpointer.stop()  # last before the store: the heads of everything above
         await store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -19,7 +20,7 @@ from gateway.mcp.hints import ReadOnlyHints
 from gateway.mcp.known_calls import KnownCalls
 from gateway.mcp.reading import MessageReader
 from gateway.mcp.sessions import SessionTags
-from gateway.mcp.stdio_bridge import StdioBridge
+from gateway.mcp.stdio_upstream import StdioUpstream
 from gateway.proxy.routing import RouteTable
 from gateway.store.base import Store
 from gateway.upstream.forwarder import Forwarder
@@ -57,5 +58,5 @@ MCP_CANCELLATIONS = web.AppKey("mcp_cancellations", Cancellations)
 
 TRACE = web.RequestKey("trace", RequestTrace)
 """What one request's log line reports; set by the request-log middleware."""
-STDIO_BRIDGES = web.AppKey("stdio_bridges", list[StdioBridge])
-"""This worker's stdio routes' loopback endpoints and their children."""
+STDIO_UPSTREAMS = web.AppKey("stdio_upstreams", Mapping[str, StdioUpstream])
+"""This worker's stdio routes' upstreams (their children), by route name."""
