@@ -306,6 +306,31 @@ def test_mcp_profile_runs_its_variants(tmp_path: Path) -> None:
     assert [run["calls"] for run in profile["runs"]["miss"]] == [20]
 
 
+def test_mcp_stdio_runs_its_four_rows() -> None:
+    """`python -m bench.mcp_stdio` (HTTP and stdio MCP routes side by side, RESULTS.md)
+    runs a tiny series end to end: four rows, every call ok, a split for each gateway."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.mcp_stdio", "--windows", "1", "--calls", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=QUICK_RUN_SECONDS,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+        for line in completed.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| row")
+    }
+    assert set(rows) == {"HTTP direct", "HTTP gateway", "stdio direct", "stdio gateway"}
+    for name, cells in rows.items():
+        assert (cells[0], cells[-1]) == ("20", "0"), (name, cells)
+    for name in ("HTTP gateway", "stdio gateway"):
+        float(rows[name][3])  # the added p50, signed
+        assert rows[name][4] != "-", rows[name]
+
+
 def test_spool_quick_run() -> None:
     """`python -m bench.spool --quick` (spooled answers: the gateway's memory and disk while
     callers read large answers slowly) prints a row per phase and the series over time;
