@@ -41,18 +41,27 @@ async def lookup(session: aiohttp.ClientSession, gateway: GatewayProcess, key: s
 
 
 def probe_verdicts(operation: dict[str, Any]) -> list[str]:
+    """The probes' words, once each (a repeated one is not evidence again)."""
     return [item["detail"] for item in operation["evidence"] if item["source"] == "probe"]
+
+
+def probes_heard(operation: dict[str, Any]) -> int:
+    """How many probe answers the history counts (the same verdict again is one event
+    with a `count`)."""
+    return sum(
+        int(event.get("count", 1)) for event in operation["history"] if event["type"] == "probe"
+    )
 
 
 async def wait_for_probes(
     session: aiohttp.ClientSession, gateway: GatewayProcess, key: str, count: int
 ) -> dict[str, Any]:
-    """Look `key` up until `count` probe verdicts are recorded or the key left `unknown`
+    """Look `key` up until `count` probe answers are recorded or the key left `unknown`
     (a probe backs off between runs, 1 s doubling, so a lookup does not always probe)."""
     async with asyncio.timeout(120):
         while True:
             operation: dict[str, Any] = await lookup(session, gateway, key)
-            if operation["state"] != "unknown" or len(probe_verdicts(operation)) >= count:
+            if operation["state"] != "unknown" or probes_heard(operation) >= count:
                 return operation
             await asyncio.sleep(0.1)
 
