@@ -79,6 +79,22 @@ async def started_call(tmp_path: Path) -> dict[str, Any]:
     return line
 
 
+async def kill_the_child_mid_call(
+    url: str, tmp_path: Path, key: str, *, forget_the_effect: bool = False
+) -> tuple[dict[str, Any], Any]:
+    """A keyed `slow_ticket` call, its child killed (SIGKILL) once the call runs: the
+    child's started line, and the call's result."""
+    async with mcp_client(url) as client:
+        call = asyncio.create_task(
+            call_with_key(client, "slow_ticket", {"title": key, "seconds": 120}, key)
+        )
+        started = await started_call(tmp_path)
+        if forget_the_effect:
+            (tmp_path / "effects.jsonl").unlink()
+        os.kill(started["pid"], signal.SIGKILL)
+        return started, await call
+
+
 async def stdio_gateway(
     gateway_factory: GatewayFactory, tmp_path: Path, **options: Any
 ) -> RunningGateway:
@@ -139,13 +155,7 @@ async def test_a_child_killed_mid_call_is_unknown_and_its_probe_settles_it(
     )
     url = gateway.url + PREFIX
     async with asyncio.timeout(TIMEOUT):
-        async with mcp_client(url) as client:
-            call = asyncio.create_task(
-                call_with_key(client, "slow_ticket", {"title": "y", "seconds": 120}, "k-kill")
-            )
-            started = await started_call(tmp_path)
-            os.kill(started["pid"], signal.SIGKILL)
-            result = await call
+        started, result = await kill_the_child_mid_call(url, tmp_path, "k-kill")
     assert result.is_error, result
     said = dict(result.meta or {})["idempotency"]
     assert said["type"].endswith("upstream-connection-lost"), said  # may have happened
@@ -242,14 +252,8 @@ async def test_a_probes_not_found_releases_only_with_shared_state(
     )
     url = gateway.url + PREFIX
     async with asyncio.timeout(TIMEOUT):
-        async with mcp_client(url) as client:
-            call = asyncio.create_task(
-                call_with_key(client, "slow_ticket", {"title": "n", "seconds": 120}, "k-ns")
-            )
-            started = await started_call(tmp_path)
-            (tmp_path / "effects.jsonl").unlink()  # as if the tool had not applied it yet
-            os.kill(started["pid"], signal.SIGKILL)
-            await call
+        # The effect's line is removed first: as if the tool had not applied it yet.
+        await kill_the_child_mid_call(url, tmp_path, "k-ns", forget_the_effect=True)
         await whoami(url)  # a new child
         lookup = await (await gateway.get("/operations/k-ns")).json()
         async with asyncio.timeout(TIMEOUT):
