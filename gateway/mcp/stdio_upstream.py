@@ -122,14 +122,6 @@ class StdioUpstream:
         self.route = route
         self._slots: dict[str, _Slot] = {}
 
-    def children(self) -> dict[str, StdioChild]:
-        """The running children by scope key (tests read it)."""
-        return {
-            scope: slot.child
-            for scope, slot in self._slots.items()
-            if slot.child is not None and not slot.child.exited.is_set()
-        }
-
     async def close(self) -> None:
         await asyncio.gather(
             *(slot.child.stop() for slot in self._slots.values() if slot.child is not None),
