@@ -396,3 +396,64 @@ async def test_a_silent_child_past_the_routes_timeout_leaves_the_call_unknown(
     lookup = await (await gateway.get("/operations/k-quiet")).json()
     assert lookup["state"] == "unknown"
     assert len(effects(tmp_path)) == 1
+
+
+async def test_a_paused_child_leaves_its_call_unknown_and_its_late_answer_makes_no_second(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """SIGSTOP of the child mid-call: silent past the route's timeout, the call is
+    `unknown` and its retry is refused; resumed (SIGCONT), the child's late answer does not
+    make the tool run again. One effect."""
+    gateway = await stdio_gateway(gateway_factory, tmp_path, timeout="500ms")
+    url = gateway.url + PREFIX
+    async with asyncio.timeout(TIMEOUT), mcp_client(url) as client:
+        call = asyncio.create_task(
+            call_with_key(client, "slow_ticket", {"title": "p", "seconds": 0.2}, "k-pause")
+        )
+        started = await started_call(tmp_path)
+        os.kill(started["pid"], signal.SIGSTOP)
+        try:
+            first = await call
+        finally:
+            os.kill(started["pid"], signal.SIGCONT)
+        retry = await call_with_key(
+            client, "slow_ticket", {"title": "p", "seconds": 0.2}, "k-pause"
+        )
+    assert dict(first.meta or {})["idempotency"]["type"].endswith("upstream-timeout")
+    assert dict(retry.meta or {})["idempotency"]["type"].endswith("outcome-unknown")
+    assert len(effects(tmp_path)) == 1
+
+
+async def test_past_max_children_the_idlest_child_stops_and_a_busy_one_is_kept(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    """`max_children = 1`: a second scope's call stops the first scope's idle child and
+    gets a child of its own; while that child runs a call, a third scope's call is refused
+    as not made (`upstream-unreachable`: the key released), and the running call ends."""
+    gateway = await gateway_factory(
+        UNUSED,
+        extra_routes=[stdio_route(tmp_path, max_children=1)],
+        idempotency={"shared_scope": False},
+    )
+    url = gateway.url + PREFIX
+    agent = {n: {"Authorization": f"Bearer agent-{n}-credential"} for n in (1, 2, 3)}
+    async with asyncio.timeout(TIMEOUT):
+        first = (await whoami(url, agent[1]))["pid"]
+        async with mcp_client(url, headers=agent[2]) as busy:
+            call = asyncio.create_task(
+                call_with_key(busy, "slow_ticket", {"title": "b", "seconds": 2}, "k-busy")
+            )
+            second = (await started_call(tmp_path))["pid"]
+            # 2026-07-28: no initialize, which no child could answer either.
+            async with mcp_client(url, headers=agent[3], mode=MODERN) as third:
+                refused = await call_with_key(third, "create_ticket", {"title": "c"}, "k-third")
+            answered = await call
+    assert second != first
+    assert not alive(first), "the idle child made room"
+    said = dict(refused.meta or {})["idempotency"]
+    assert said["type"].endswith("upstream-unreachable"), said
+    assert "max_children" in said["detail"]
+    assert not answered.is_error
+    assert [effect["key"] for effect in effects(tmp_path)] == [
+        (await (await gateway.get("/operations/k-busy", headers=agent[2])).json())["id"]
+    ]
