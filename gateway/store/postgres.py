@@ -1,9 +1,16 @@
 """The PostgreSQL store: several gateway replicas, one truth.
 
-- A claim is atomic across replicas: `INSERT ... ON CONFLICT DO NOTHING` for a
-  new key, which also returns an existing key's row (a retry of a settled key
-  is answered from it), and a row lock (`FOR UPDATE`) when the claim must
-  change an existing record, so exactly one replica gets the right to send.
+- A claim is atomic across replicas: `INSERT ... ON CONFLICT DO NOTHING` of a
+  new key into the unpartitioned key table `operation_keys`, then the
+  operation's row for the keys won, in one statement (an existing key's row is
+  returned instead: a retry of a settled key is answered from it), and a row
+  lock (`FOR UPDATE`) when the claim must change an existing record, so exactly
+  one replica gets the right to send.
+- Operations and their events live in day partitions (schema version 12,
+  `gateway.store.postgres_partitions`); every lookup by key or by id goes
+  through the key table to one partition (`gateway.store.postgres_keys`), and
+  the sweep drops whole days whose operations are all forgotten
+  (`gateway.store.postgres_maintenance`).
 - Claims, and receipts, made at the same time by one replica share one
   statement and one commit (`gateway.store.postgres_batch`).
 - Leases, expiries and retention are measured on the database's clock
@@ -98,6 +105,9 @@ from gateway.store.history_rows import (
 )
 from gateway.store.postgres_batch import StatementBatcher
 from gateway.store.postgres_connection import PostgresConnection, _translated
+from gateway.store.postgres_keys import by_id, events_of, ids_span
+from gateway.store.postgres_maintenance import PartitionKeeper
+from gateway.store.postgres_partitions import NOT_FORGOTTEN
 from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of, migrate
 from gateway.store.postgres_statements import (
     _CLAIMS,
@@ -160,6 +170,12 @@ class PostgresStore(PostgresConnection):
         self._legacy = LegacyFingerprints()
         self._claims = StatementBatcher(self._run_claims)
         self._completes = StatementBatcher(self._run_completes)
+        self._partitions = PartitionKeeper(url, self._require_pool)
+
+    @property
+    def partitions(self) -> PartitionKeeper:
+        """The upkeep of the day partitions (made ahead, dropped, the backfill)."""
+        return self._partitions
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -168,6 +184,8 @@ class PostgresStore(PostgresConnection):
         try:
             async with _translated("migration"), pool.acquire() as connection:
                 await migrate(connection)
+            async with _translated("partitions"):
+                await self._partitions.opened()
             self._secret = await self._load_or_create_secret()
             if self._history_key is not None:
                 self._seal = await self._history_seal(self._history_key)
@@ -191,6 +209,7 @@ class PostgresStore(PostgresConnection):
         return self._legacy.twin_form(request, time.time())
 
     async def close(self) -> None:
+        await self._partitions.close()
         await self._claims.drain()
         await self._completes.drain()
         await self._close_connections()
@@ -236,12 +255,12 @@ class PostgresStore(PostgresConnection):
             connection.transaction(isolation="repeatable_read", readonly=True),
         ):
             row = await connection.fetchrow(
-                f"SELECT {COLUMNS} FROM operations WHERE id = $1", operation_id
+                f"SELECT {COLUMNS} FROM operations WHERE {by_id('$1')}", operation_id
             )
             if row is None:
                 return None
             raw = await connection.fetch(
-                f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = $1 ORDER BY seq",
+                f"SELECT {READ_COLUMNS} FROM operation_events WHERE {events_of('$1')} ORDER BY seq",
                 operation_id,
             )
             keyed = await connection.fetchrow(
@@ -277,7 +296,8 @@ class PostgresStore(PostgresConnection):
                 )
                 at_us = micros(await connection.fetchval(f"SELECT extract(epoch from {NOW})"))
                 heads = await connection.fetch(
-                    "SELECT id, history_seq, history_head FROM operations WHERE id = ANY($1)",
+                    "SELECT id, history_seq, history_head FROM operations "
+                    f"WHERE id = ANY($1::text[]) AND {ids_span('$1::text[]')}",
                     sorted(touched),
                 )
                 last = await connection.fetchrow(
@@ -330,7 +350,7 @@ class PostgresStore(PostgresConnection):
     async def watch(self, operation_id: str) -> None:
         async with _translated("watch"):
             await self._require_pool().execute(
-                "UPDATE operations SET watched = true WHERE id = $1 AND NOT watched",
+                f"UPDATE operations SET watched = true WHERE {by_id('$1')} AND NOT watched",
                 operation_id,
             )
 
@@ -383,6 +403,18 @@ class PostgresStore(PostgresConnection):
     # -- the state machine's verbs ----------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
+        try:
+            return await self._claim(request)
+        except StoreUnavailable as exc:
+            if not _no_partition(exc):
+                raise
+        # The database's clock is past the partitions made ahead (no sweep for days, or
+        # a clock step): make today's, then claim again (the failed claim wrote nothing).
+        async with _translated("partitions"):
+            await self._partitions.ensure()
+        return await self._claim(request)
+
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
         async with _translated("claim"):
             # A claim marked distinct notes its twin in the twin's history: under that
             # row's lock, alone (rare: a deliberate second effect).
@@ -552,8 +584,8 @@ class PostgresStore(PostgresConnection):
             f"resolution_at = CASE WHEN {released} THEN {NOW} ELSE resolution_at END, "
             f"resolution_note = CASE WHEN {released} THEN NULL ELSE resolution_note END, "
             f"lease_owner = NULL, token = token + 1, updated_at = {NOW}, "
-            "version = version + 1 WHERE id = $1 AND attempts = $2 AND (state = 'released' "
-            f"OR {ATTACHABLE}) {_OUTCOME_RETURNING}",
+            f"version = version + 1 WHERE {by_id('$1')} AND attempts = $2 "
+            f"AND (state = 'released' OR {ATTACHABLE}) AND {NOT_FORGOTTEN} {_OUTCOME_RETURNING}",
             operation_id,
             attempt,
             response.status,
@@ -587,8 +619,8 @@ class PostgresStore(PostgresConnection):
             "response_body = $5, storage = $6, body_retained = $7, "
             f"expires_at = {NOW} + {SECONDS.format('$8')}, "
             f"forgotten_at = {NOW} + {SECONDS.format('$9')}, updated_at = {NOW}, "
-            f"version = version + 1 WHERE id = $1 AND ($2::bigint IS NULL OR version = $2) "
-            f"AND {ATTACHABLE} {_OUTCOME_RETURNING}",
+            f"version = version + 1 WHERE {by_id('$1')} AND ($2::bigint IS NULL OR version = $2) "
+            f"AND {ATTACHABLE} AND {NOT_FORGOTTEN} {_OUTCOME_RETURNING}",
             operation_id,
             expected_version,
             response.status,
@@ -612,7 +644,8 @@ class PostgresStore(PostgresConnection):
             for batch in sorted(batches, key=lambda b: b.operation_id):
                 total = await connection.fetchval(
                     "INSERT INTO request_counts (operation_id, total, replays, refusals) "
-                    "SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM operations WHERE id = $1) "
+                    "SELECT $1, $2, $3, $4 WHERE EXISTS "
+                    f"(SELECT 1 FROM operations WHERE {by_id('$1')}) "
                     "ON CONFLICT (operation_id) DO UPDATE SET "
                     "total = request_counts.total + excluded.total, "
                     "replays = request_counts.replays + excluded.replays, "
@@ -728,7 +761,7 @@ class PostgresStore(PostgresConnection):
             "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
             f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($3::jsonb) "
-            f"WHERE id = $1 AND token = $2 AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
+            f"WHERE {by_id('$1')} AND token = $2 AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
             operation_id,
             token,
             json.dumps(evidence.as_json()),
@@ -752,7 +785,7 @@ class PostgresStore(PostgresConnection):
             f"expires_at = {NOW} + {SECONDS.format('$5')}, "
             f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($3::jsonb) "
-            f"WHERE id = $1 AND token = $2 AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
+            f"WHERE {by_id('$1')} AND token = $2 AND {_OUTCOME_WRITABLE} {_OUTCOME_RETURNING}",
             operation_id,
             token,
             json.dumps(evidence.as_json()),
@@ -778,7 +811,8 @@ class PostgresStore(PostgresConnection):
                 f"{NOW} + {SECONDS.format('$4')}) "
                 "FROM unnest($1::text[], $2::bigint[]) AS held(id, token) "
                 "WHERE o.id = held.id AND o.token = held.token AND o.lease_owner = $3 "
-                f"AND o.state = 'in_flight' AND o.lease_expires_at > {NOW} RETURNING o.id",
+                f"AND o.state = 'in_flight' AND o.lease_expires_at > {NOW} "
+                f"AND o.id = ANY($1::text[]) AND {ids_span('$1::text[]', 'o')} RETURNING o.id",
                 list(ids),
                 list(tokens),
                 owner,
@@ -792,6 +826,7 @@ class PostgresStore(PostgresConnection):
                 "FROM unnest($1::text[], $2::bigint[]) AS held(id, token) "
                 "WHERE o.id = held.id AND o.token = held.token AND o.lease_owner = $3 "
                 f"AND o.state = 'in_flight' AND o.lease_expires_at <= {NOW} "
+                f"AND o.id = ANY($1::text[]) AND {ids_span('$1::text[]', 'o')} "
                 f"RETURNING {columns_of('o')}, CASE WHEN o.watched THEN "
                 f"pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified",
                 list(ids),
@@ -825,7 +860,7 @@ class PostgresStore(PostgresConnection):
                 "UPDATE operations SET evidence = evidence || CASE "
                 "WHEN (evidence -> -1) - 'at' = $2::jsonb - 'at' THEN '[]'::jsonb "
                 "ELSE jsonb_build_array($2::jsonb) END "
-                f"WHERE id = $1 RETURNING {COLUMNS}",
+                f"WHERE {by_id('$1')} RETURNING {COLUMNS}",
                 operation_id,
                 json.dumps(evidence.as_json()),
             )
@@ -833,7 +868,7 @@ class PostgresStore(PostgresConnection):
                 return
             operation = row_to_operation(row, self._cipher, lenient=True)
             last = await connection.fetchrow(
-                f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = $1 AND seq = $2",
+                f"SELECT {READ_COLUMNS} FROM operation_events WHERE {events_of('$1')} AND seq = $2",
                 operation.id,
                 operation.history_seq,
             )
@@ -842,8 +877,8 @@ class PostgresStore(PostgresConnection):
             if merged is not None:
                 await connection.execute(
                     "WITH event AS (UPDATE operation_events SET data = $3, hash = $4 "
-                    "WHERE operation_id = $1 AND seq = $2) "
-                    "UPDATE operations SET history_head = $4 WHERE id = $1",
+                    f"WHERE {events_of('$1')} AND seq = $2) "
+                    f"UPDATE operations SET history_head = $4 WHERE {by_id('$1')}",
                     operation.id,
                     merged.seq,
                     merged.data,
@@ -863,7 +898,7 @@ class PostgresStore(PostgresConnection):
     ) -> HistoryPage:
         rows = await self._fetch(
             "history",
-            f"SELECT {READ_COLUMNS} FROM operation_events WHERE operation_id = $1 AND seq > $2 "
+            f"SELECT {READ_COLUMNS} FROM operation_events WHERE {events_of('$1')} AND seq > $2 "
             "ORDER BY seq LIMIT $3",
             operation_id,
             after,
@@ -886,7 +921,7 @@ class PostgresStore(PostgresConnection):
 
     async def get_by_id(self, operation_id: str) -> Operation | None:
         row = await self._fetchrow(
-            "get", f"SELECT {COLUMNS} FROM operations WHERE id = $1", operation_id
+            "get", f"SELECT {COLUMNS} FROM operations WHERE {by_id('$1')}", operation_id
         )
         return None if row is None else self._decode(row)
 
@@ -921,7 +956,7 @@ class PostgresStore(PostgresConnection):
             f"forgotten_at = {NOW} + {SECONDS.format('$8')}, "
             f"resolution_by = $9, resolution_at = {NOW}, resolution_note = $10, "
             f"token = token + 1, updated_at = {NOW}, version = version + 1 "
-            "WHERE id = $1 AND state = 'unknown' AND token = $12 "
+            f"WHERE {by_id('$1')} AND state = 'unknown' AND token = $12 "
             f"AND ($11::bigint IS NULL OR version = $11) {calibration}"
             f"{_OUTCOME_RETURNING}",
             operation_id,
@@ -1026,12 +1061,12 @@ class PostgresStore(PostgresConnection):
             connection.transaction(),
         ):
             rows = await connection.fetch(
+                f"{_DUE.format(where=where, limit='1000')} "
                 "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
                 f"updated_at = {NOW}, version = version + 1, "
                 "evidence = evidence || jsonb_build_array("
                 f"jsonb_set($1::jsonb, '{{at}}', to_jsonb(extract(epoch from {NOW})::float8))) "
-                "WHERE seq IN (SELECT seq FROM operations "
-                f"WHERE {where} LIMIT 1000 FOR UPDATE SKIP LOCKED) {_OUTCOME_RETURNING}",
+                f"WHERE {_IN_DUE.format(t='')} {_OUTCOME_RETURNING}",
                 evidence,
                 *args,
             )
@@ -1045,26 +1080,33 @@ class PostgresStore(PostgresConnection):
         return len(rows)
 
     async def sweep(self, *, batch: int) -> SweepReport:
+        # Whole days first (`gateway.store.postgres_partitions`): what they drop, rows
+        # need not be deleted one by one below.
+        await self._partitions.maintain()
         async with (
             _translated("sweep"),
             self._require_pool().acquire() as connection,
             connection.transaction(),
         ):
             expired = await connection.fetch(
-                "WITH due AS (SELECT seq FROM operations WHERE state = 'completed' "
-                f"AND response_body IS NOT NULL AND expires_at <= {NOW} "
-                "LIMIT $1 FOR UPDATE SKIP LOCKED) "
-                "UPDATE operations o SET response_body = NULL, response_headers = NULL, "
+                _DUE.format(
+                    where="state = 'completed' AND response_body IS NOT NULL "
+                    f"AND expires_at <= {NOW}",
+                    limit="$1",
+                )
+                + "UPDATE operations o SET response_body = NULL, response_headers = NULL, "
                 f"request_kept = false, updated_at = {NOW}, version = version + 1 "
-                f"FROM due WHERE o.seq = due.seq RETURNING {columns_of('o')}",
+                f"WHERE {_IN_DUE.format(t='o.')} RETURNING {columns_of('o')}",
                 batch,
             )
             requests = await connection.fetch(
-                "WITH due AS (SELECT seq FROM operations WHERE request_kept "
-                f"AND state IN ('completed', 'released') AND expires_at <= {NOW} "
-                "LIMIT $1 FOR UPDATE SKIP LOCKED) "
-                f"UPDATE operations o SET request_kept = false, updated_at = {NOW}, "
-                f"version = version + 1 FROM due WHERE o.seq = due.seq "
+                _DUE.format(
+                    where="request_kept AND state IN ('completed', 'released') "
+                    f"AND expires_at <= {NOW}",
+                    limit="$1",
+                )
+                + f"UPDATE operations o SET request_kept = false, updated_at = {NOW}, "
+                f"version = version + 1 WHERE {_IN_DUE.format(t='o.')} "
                 f"RETURNING {columns_of('o')}",
                 batch,
             )
@@ -1079,10 +1121,14 @@ class PostgresStore(PostgresConnection):
                     changes.append((operation, (expired_event(erased),)))
             await append_events(connection, changes, self._cipher, self._seal)
             forgotten = await connection.fetchval(
-                "WITH due AS (SELECT seq, id FROM operations WHERE state IN ('completed', "
-                f"'released') AND forgotten_at <= {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED), "
-                "events AS (DELETE FROM operation_events e USING due "
-                "WHERE e.operation_id = due.id), "
+                _DUE.format(
+                    where=f"state IN ('completed', 'released') AND forgotten_at <= {NOW}",
+                    limit="$1",
+                )
+                + ", events AS (DELETE FROM operation_events e "
+                "WHERE e.operation_id = ANY(ARRAY(SELECT id FROM due)) AND e.op_created_at "
+                "BETWEEN (SELECT min(gateway_event_key(created_at)) FROM due) "
+                "AND (SELECT max(gateway_event_key(created_at)) FROM due)), "
                 "checkpoints AS (DELETE FROM history_checkpoints c USING due "
                 "WHERE c.operation_id = due.id), "
                 "keyed AS (DELETE FROM history_keyed_since k USING due "
@@ -1091,7 +1137,8 @@ class PostgresStore(PostgresConnection):
                 "WHERE r.operation_id = due.id), "
                 "counts AS (DELETE FROM request_counts n USING due "
                 "WHERE n.operation_id = due.id), "
-                "gone AS (DELETE FROM operations o USING due WHERE o.seq = due.seq "
+                "keys AS (DELETE FROM operation_keys k USING due WHERE k.id = due.id), "
+                f"gone AS (DELETE FROM operations o WHERE {_IN_DUE.format(t='o.')} "
                 "RETURNING 1) SELECT count(*) FROM gone",
                 batch,
             )
@@ -1144,7 +1191,7 @@ class PostgresStore(PostgresConnection):
                 "body_retained = CASE WHEN state = 'completed' THEN false ELSE body_retained END, "
                 f"request_kept = false, updated_at = {NOW}, version = version + 1, "
                 "evidence = evidence || jsonb_build_array($2::jsonb) "
-                "WHERE id = $1 AND ($3::bigint IS NULL OR version = $3) "
+                f"WHERE {by_id('$1')} AND ($3::bigint IS NULL OR version = $3) "
                 f"RETURNING {COLUMNS}",
                 operation_id,
                 json.dumps(evidence.as_json()),
@@ -1165,6 +1212,28 @@ class PostgresStore(PostgresConnection):
         ):
             counts[State(row["state"])] = int(row["n"])
         return counts
+
+
+_DUE = (
+    "WITH due AS (SELECT created_at, seq, id FROM operations WHERE {where} "
+    "LIMIT {limit} FOR UPDATE SKIP LOCKED) "
+)
+"""A batch of rows, locked, that other replicas' batches skip (format: the condition and
+the limit); `_IN_DUE` finds them again."""
+
+_IN_DUE = (
+    "{t}seq = ANY(ARRAY(SELECT seq FROM due)) AND {t}created_at "
+    "BETWEEN (SELECT min(created_at) FROM due) AND (SELECT max(created_at) FROM due)"
+)
+"""`_DUE`'s rows (format: the table's prefix): by `seq`, in the partitions their creation
+times span (one, for a batch of one day), never by a join a generic plan could make a scan
+of every partition."""
+
+
+def _no_partition(exc: StoreUnavailable) -> bool:
+    """Whether a claim failed for want of a partition for the database's day."""
+    cause = exc.__cause__
+    return isinstance(cause, asyncpg.CheckViolationError) and "no partition" in str(cause)
 
 
 def _guard_kind(guard: SimilarGuard | None) -> str | None:

@@ -16,7 +16,11 @@ if TYPE_CHECKING:
     import asyncpg
     import asyncpg.pool
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
+
+_IN_ONE_TRANSACTION = 11
+"""Versions up to this one migrate in one transaction; version 12 runs online, step by
+step (`gateway.store.postgres_migration12`)."""
 
 MIGRATION_LOCK = 0x1DE4_6A7E
 """Advisory lock key for migrations (any constant shared by all replicas)."""
@@ -498,6 +502,20 @@ _PYTHON_STEPS = {5: _reconstruct_histories, 10: _key_fingerprints}
 
 async def migrate(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> int:
     """Bring the schema to `SCHEMA_VERSION`; safe when several replicas start at once."""
+    if await migrate_unpartitioned(connection) < SCHEMA_VERSION:
+        from gateway.store import postgres_migration12
+
+        await postgres_migration12.migrate(connection)
+    return SCHEMA_VERSION
+
+
+async def migrate_unpartitioned(
+    connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+) -> int:
+    """Versions 1 to `_IN_ONE_TRANSACTION`, under the migration lock; the version after.
+
+    The schema before partitioning: tests build a store of the previous version with it.
+    """
     async with connection.transaction():
         await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
         await connection.execute(
@@ -509,7 +527,7 @@ async def migrate(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) 
                 f"the database schema is version {current}, newer than this gateway "
                 f"({SCHEMA_VERSION}): upgrade the gateway"
             )
-        for version in range((current or 0) + 1, SCHEMA_VERSION + 1):
+        for version in range((current or 0) + 1, _IN_ONE_TRANSACTION + 1):
             for statement in _MIGRATIONS[version]:
                 await connection.execute(statement)
             step = _PYTHON_STEPS.get(version)
@@ -517,10 +535,10 @@ async def migrate(connection: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) 
                 await step(connection)
         if current is None:
             await connection.execute(
-                "INSERT INTO gateway_schema_version (version) VALUES ($1)", SCHEMA_VERSION
+                "INSERT INTO gateway_schema_version (version) VALUES ($1)", _IN_ONE_TRANSACTION
             )
-        elif current < SCHEMA_VERSION:
+        elif current < _IN_ONE_TRANSACTION:
             await connection.execute(
-                "UPDATE gateway_schema_version SET version = $1", SCHEMA_VERSION
+                "UPDATE gateway_schema_version SET version = $1", _IN_ONE_TRANSACTION
             )
-    return SCHEMA_VERSION
+    return max(current or 0, _IN_ONE_TRANSACTION)

@@ -40,6 +40,7 @@ from gateway.engine.models import (
 from gateway.engine.twins import distinct_of, is_twin, noted_twin, refusing_twin
 from gateway.store.crypto import BodyCipher
 from gateway.store.history_rows import EVENT_COLUMNS, HistorySeal, as_written, chained_rows
+from gateway.store.postgres_keys import by_id, by_key, events_of, ids_span
 from gateway.store.postgres_schema import (
     COLUMNS,
     NOTIFY_CHANNEL,
@@ -84,26 +85,41 @@ plain `key = $n` would read every row. So the distinct scopes are walked
 through that index (one `min(scope) > previous` seek each, a loose index
 scan), and the key is looked up in each."""
 
-_SELECT_BY_KEY = f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2"
-"""A key's row (and the database clock, `observed_at`), read without a lock."""
+_SELECT_BY_KEY = f"SELECT {COLUMNS} FROM operations WHERE {by_key('$1', '$2')}"
+"""A key's row (and the database clock, `observed_at`), read without a lock, in the one
+partition its key row names (`gateway.store.postgres_keys`)."""
 
 _INSERT_CLAIM = (
+    "WITH won AS (INSERT INTO operation_keys (scope, key, id, created_at) "
+    f"VALUES ($2, $3, $1, {NOW}) ON CONFLICT DO NOTHING RETURNING created_at) "
     "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, "
     "attempts, token, version, created_at, updated_at, lease_owner, lease_expires_at, "
-    f"sent_at, request_kept, request_kind) VALUES ($1, $2, $3, 'in_flight', $4, $5, $6, $7, "
-    f"1, 1, 1, {NOW}, {NOW}, $8, {NOW} + {SECONDS.format('$9')}, {NOW}, $10, $11) "
-    f"ON CONFLICT (scope, key) DO NOTHING RETURNING {COLUMNS}"
+    "sent_at, request_kept, request_kind) SELECT $1, $2, $3, 'in_flight', $4, $5, $6, $7, "
+    f"1, 1, 1, won.created_at, won.created_at, $8, won.created_at + {SECONDS.format('$9')}, "
+    f"won.created_at, $10, $11 FROM won RETURNING {COLUMNS}"
 )
-"""One claim's insert, under the row lock of `_claim_existing`."""
+"""One claim's insert, under the row lock of `_claim_existing`: the key first (a key
+another transaction holds is lost to it: no row), then the operation, in the partition
+of the key row's `created_at`."""
+
+_ORPHAN_KEY = (
+    "DELETE FROM operation_keys k WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS "
+    "(SELECT 1 FROM operations o WHERE o.id = k.id AND o.created_at = k.created_at)"
+)
+"""A key row whose operation is gone no longer holds its key: deleted by a claim that finds
+no operation. Only a writer that knows nothing of the key table leaves one (a replica of
+the version before, deleting a forgotten operation during a rolling upgrade); the store's
+own deletes take the key row with the operation."""
 
 _CLAIMS = (
     f"SELECT {columns_of('(r.op)')}, r.kind AS _kind, r.for_id AS _for "
-    "FROM gateway_claims($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
+    "FROM gateway_keyed_claims($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
     "$6::text[], $7::text[], $8::text[], $9::float8[], $10::bool[], $11::text[], $12::text[], "
     "$13::bytea[], $14::text[], $15::bytea, $16::bytea, $17::text[], $18::float8[], "
     "$19::bool[], $20::text[], $21::text[]) AS r"
 )
-"""Claims of a batch in one round trip (`gateway_claims`, schema version 8): the rows it
+"""Claims of a batch in one round trip (`gateway_keyed_claims`, schema version 12,
+`gateway.store.postgres_claims`; version 8's `gateway_claims` before it): the rows it
 inserted (`inserted`, found by their new ids) with a completed twin each (`twin`), the
 twin that refused a new key (`similar`, `_for` its claim's id), and the existing rows
 of the other keys as its snapshot sees them (`existing`).
@@ -142,7 +158,8 @@ _COMPLETES = (
     "$7::float8[], $8::float8[], $9::text[], $10::text[], $11::text[]) "
     "AS v(id, token, status, headers, body, retained, retention, tombstone, resolved_by, note, "
     "storage) "
-    "WHERE o.id = v.id AND o.token = v.token AND o.state IN ('in_flight', 'unknown') "
+    "WHERE o.id = ANY($1::text[]) AND o.id = v.id AND o.token = v.token "
+    f"AND o.state IN ('in_flight', 'unknown') AND {ids_span('$1::text[]', 'o')} "
     f"RETURNING {columns_of('o')}, "
     f"CASE WHEN o.watched THEN pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified"
 )
@@ -165,9 +182,11 @@ _COMPLETES_CHAINED = (
     "AS v(id, token, status, headers, body, retained, retention, tombstone, resolved_by, note, "
     f"storage, actor, data1, data2)), clock AS (SELECT {NOW} AS now), "
     # The rows this batch may write, locked: their chain heads are read under the lock.
-    "cur AS (SELECT o.id, o.token, o.state, o.history_head, o.history_seq, o.version "
-    "FROM operations o WHERE o.id = ANY($1::text[]) FOR UPDATE), "
+    "cur AS (SELECT o.id, o.token, o.state, o.history_head, o.history_seq, o.version, "
+    "o.created_at FROM operations o WHERE o.id = ANY($1::text[]) "
+    f"AND {ids_span('$1::text[]', 'o')} FOR UPDATE), "
     "e AS (SELECT cur.id, cur.history_head AS h0, cur.history_seq AS s0, "
+    "gateway_event_key(cur.created_at) AS filed, "
     "cur.version + 1 AS version, "
     "(extract(epoch from clock.now) * 1000000)::bigint AS at_us, v.actor, v.data1, v.data2 "
     "FROM cur JOIN v ON v.id = cur.id AND v.token = cur.token "
@@ -177,11 +196,11 @@ _COMPLETES_CHAINED = (
     f"e2 AS (SELECT e1.*, {_event_hash('e1', data='data2', prev='h1', n=2, type='answered')} "
     "AS h2 FROM e1), "
     "events AS (INSERT INTO operation_events (operation_id, seq, type, at_us, actor, version, "
-    "data, payload, storage, prev, hash) "
-    "SELECT id, s0 + 1, 'sent', at_us, actor, version, data1, NULL::bytea, 'plain', h0, h1 "
-    "FROM e2 "
+    "data, payload, storage, prev, hash, op_created_at) "
+    "SELECT id, s0 + 1, 'sent', at_us, actor, version, data1, NULL::bytea, 'plain', h0, h1, "
+    "filed FROM e2 "
     "UNION ALL SELECT id, s0 + 2, 'answered', at_us, actor, version, data2, NULL::bytea, 'plain', "
-    "h1, h2 FROM e2) "
+    "h1, h2, filed FROM e2) "
     "UPDATE operations o SET state = 'completed', response_status = v.status, "
     "response_headers = v.headers, response_body = v.body, storage = v.storage, "
     "body_retained = v.retained, "
@@ -191,6 +210,7 @@ _COMPLETES_CHAINED = (
     "lease_owner = NULL, updated_at = clock.now, version = e2.version, "
     "history_head = e2.h2, history_seq = e2.s0 + 2 "
     "FROM v, e2, clock WHERE o.id = ANY($1::text[]) AND o.id = v.id AND o.id = e2.id "
+    f"AND {ids_span('$1::text[]', 'o')} "
     f"RETURNING {columns_of('o')}, "
     f"CASE WHEN o.watched THEN pg_notify('{NOTIFY_CHANNEL}', o.id) END IS NULL AS _notified"
 )
@@ -260,19 +280,24 @@ class _Receipt(NamedTuple):
 
 
 _APPEND = (
-    f"WITH events AS (INSERT INTO operation_events ({EVENT_COLUMNS}) SELECT * FROM unnest("
-    "$1::text[], $2::int4[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::text[], "
-    "$8::bytea[], $9::text[], $10::text[], $11::text[])) "
-    "UPDATE operations SET "
+    "WITH heads AS (UPDATE operations SET "
     "history_head = ($13::text[])[array_position($12::text[], id)], "
     "history_seq = ($14::int4[])[array_position($12::text[], id)] "
-    "WHERE id = ANY($12::text[])"
+    f"WHERE id = ANY($12::text[]) AND {ids_span('$12::text[]')} RETURNING id, created_at) "
+    f"INSERT INTO operation_events ({EVENT_COLUMNS}, op_created_at) "
+    "SELECT v.*, gateway_event_key(h.created_at) FROM unnest("
+    "$1::text[], $2::int4[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::text[], "
+    "$8::bytea[], $9::text[], $10::text[], $11::text[]) "
+    "AS v(operation_id, seq, type, at_us, actor, version, data, payload, storage, prev, hash) "
+    "JOIN heads h ON h.id = v.operation_id"
 )
-"""Events of one or more operations, and each one's new head, in one statement."""
+"""Each operation's new head and its events, in one statement: the events go to the
+partition of their operation's creation (`gateway_event_key`); an operation that is
+gone (forgotten, its day being dropped) gets neither."""
 
 ERASE_REQUEST = (
     "UPDATE operation_events SET payload = NULL "
-    "WHERE operation_id = $1 AND type IN ('claimed', 'probe', 'probe-blind') "
+    f"WHERE {events_of('$1')} AND type IN ('claimed', 'probe', 'probe-blind') "
     "AND payload IS NOT NULL"
 )
 """Drop an operation's recorded request and what its probes asked and read (retention,
@@ -349,7 +374,7 @@ async def _claim_existing(
         operation = await appended(operation, event)
         if twin_id is not None:
             locked = await connection.fetchrow(
-                f"SELECT {COLUMNS} FROM operations WHERE id = $1 FOR UPDATE", twin_id
+                f"SELECT {COLUMNS} FROM operations WHERE {by_id('$1')} FOR UPDATE", twin_id
             )
             if locked is not None:  # evidence, dated by the claim that learned it
                 event = distinct_twin_event(operation.id)
@@ -367,14 +392,15 @@ async def _claim_existing(
         )
     for _ in range(3):
         row = await connection.fetchrow(
-            f"SELECT {COLUMNS} FROM operations WHERE scope = $1 AND key = $2 FOR UPDATE",
+            f"SELECT {COLUMNS} FROM operations WHERE {by_key('$1', '$2')} FOR UPDATE",
             request.scope,
             request.key,
         )
         if row is not None:
             break
         # Absent, or deleted (forgotten) while we waited for its lock: insert; if
-        # another claim got there first, its row is read, locked, on the next turn.
+        # another claim got its key first, its row is read, locked, on the next turn.
+        await connection.execute(_ORPHAN_KEY, request.scope, request.key)
         refused, twin = await _twins(connection, request, decode, legacy)
         if refused is not None:
             return Similar(refused)
@@ -385,13 +411,22 @@ async def _claim_existing(
         raise StoreUnavailable("the key changed under three concurrent claims; retry")
     current = decode(row)
     if is_forgotten(current):
+        # Its rows, found through its key row, then the key row: the key is free in this
+        # transaction, and no other claims it before this one commits (its delete holds it).
+        await connection.execute(
+            f"DELETE FROM operation_events WHERE {events_of('$1')}", current.id
+        )
         for table in OPERATION_TABLES:
-            await connection.execute(f"DELETE FROM {table} WHERE operation_id = $1", current.id)
-        await connection.execute("DELETE FROM operations WHERE id = $1", current.id)
+            if table != "operation_events":
+                await connection.execute(f"DELETE FROM {table} WHERE operation_id = $1", current.id)
+        await connection.execute(f"DELETE FROM operations WHERE {by_id('$1')}", current.id)
+        await connection.execute("DELETE FROM operation_keys WHERE id = $1", current.id)
         refused, twin = await _twins(connection, request, decode, legacy)
         if refused is not None:
             return Similar(refused)
         inserted = await connection.fetchrow(_INSERT_CLAIM, *_insert_args(request))
+        if inserted is None:
+            raise StoreUnavailable("the key was claimed by another transaction; retry")
         return await started(decode(inserted), twin, request.claimed)
     if current.state is State.RELEASED and request.same_request(current.fingerprint):
         refused, twin = await _twins(connection, request, decode, legacy)
@@ -401,7 +436,7 @@ async def _claim_existing(
             "UPDATE operations SET state = 'in_flight', attempts = attempts + 1, "
             f"token = token + 1, version = version + 1, lease_owner = $2, "
             f"lease_expires_at = {NOW} + {SECONDS.format('$3')}, sent_at = {NOW}, "
-            f"forgotten_at = NULL, updated_at = {NOW} WHERE id = $1 RETURNING {COLUMNS}",
+            f"forgotten_at = NULL, updated_at = {NOW} WHERE {by_id('$1')} RETURNING {COLUMNS}",
             current.id,
             request.owner,
             request.lease_seconds,
@@ -413,7 +448,7 @@ async def _claim_existing(
             "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
             f"updated_at = {NOW}, version = version + 1, "
             "evidence = evidence || jsonb_build_array($2::jsonb) "
-            f"WHERE id = $1 {_OUTCOME_RETURNING}",
+            f"WHERE {by_id('$1')} {_OUTCOME_RETURNING}",
             current.id,
             json.dumps(evidence.as_json()),
         )
