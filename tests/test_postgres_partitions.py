@@ -309,6 +309,19 @@ async def test_a_key_row_left_without_its_operation_does_not_hold_the_key(
         assert await value(schema_url, "SELECT count(*) FROM operation_keys") == 1
 
 
+async def test_a_claim_past_the_days_made_ahead_makes_its_day(clock: DatabaseClock) -> None:
+    """The database's clock ten days on, past every partition made ahead (no sweep ran): a
+    claim finds no partition for its day, makes it, and is claimed, once."""
+    async with opened(clock.url) as store:
+        await clock.step(10 * DAY)
+        claimed = await store.claim(claim_request("late"))
+        assert isinstance(claimed, NewAttempt)
+        day = name_of("operations", await today(clock.url))
+        assert await partition_of(clock.url, claimed.operation.id) == day
+        again = await store.claim(claim_request("late"))
+        assert isinstance(again, Existing)
+
+
 # --- lookups in one partition -------------------------------------------------------------
 
 

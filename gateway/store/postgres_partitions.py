@@ -61,7 +61,7 @@ LOCK_TIMEOUT = "2s"
 """How long a partition change waits for a table or row lock before it gives up (and the
 next pass tries again): while it waits, statements queued behind it wait too."""
 
-DETACH_TIMEOUT = 300.0
+DETACH_TIMEOUT = 30.0
 """Seconds a `DETACH ... CONCURRENTLY` may wait for transactions that saw the partition."""
 
 OPERATIONS = "operations"
