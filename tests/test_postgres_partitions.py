@@ -586,6 +586,40 @@ async def test_until_the_backfill_is_done_keys_from_before_are_found_in_their_ol
         await holder.close()
 
 
+@pytest.mark.parametrize("unknown", [False, True])
+async def test_the_partition_from_before_is_dropped_like_a_day(
+    clock: DatabaseClock, unknown: bool
+) -> None:
+    """The operations from before the migration, once backfilled and all forgotten, go
+    with their partition (their keys free again); one unknown operation among them keeps
+    it, answerable."""
+    await build_previous_version(clock.url, 500)
+    if unknown:
+        await sql(
+            clock.url,
+            "UPDATE operations SET state = 'unknown', response_status = NULL, "
+            "response_headers = NULL, response_body = NULL, expires_at = NULL, "
+            "forgotten_at = NULL WHERE key = 'old-1'",
+        )
+    async with opened(clock.url) as store:
+        await asyncio.wait_for(store.partitions.wait_backfilled(), 60)
+        assert "operations_legacy" in await partitions(clock.url)
+        await clock.step(12 * DAY)  # past T0 (a day ahead at most), past forgotten_at
+        await store.sweep(batch=1000)
+        if not unknown:
+            assert "operations_legacy" not in await partitions(clock.url)
+            assert "operation_events_legacy" not in await partitions(clock.url, "operation_events")
+            assert await value(clock.url, "SELECT count(*) FROM operation_keys") == 0
+            again = await store.claim(claim_request("old-7"))
+            assert isinstance(again, NewAttempt)
+            return
+        assert "operations_legacy" in await partitions(clock.url)
+        kept = await store.get("s", "old-1")
+        assert kept is not None
+        assert kept.state.value == "unknown"
+        assert await value(clock.url, "SELECT count(*) FROM operations") == 1  # row by row
+
+
 _PREVIOUS_CLAIM = (
     "INSERT INTO operations (id, scope, key, state, route, method, path, fingerprint, attempts, "
     "token, version, created_at, updated_at, lease_owner, lease_expires_at, sent_at, "
