@@ -1,92 +1,66 @@
-"""Fill an SQLite store with completed operations, fast, to measure the store at scale.
+"""Fill an SQLite store with a day of realistic operations, fast, to measure the store at scale.
 
-Going through the gateway would take minutes per million rows (each request
-is a claim, a forward and a receipt); the rows themselves take seconds to
-insert with `executemany` in large transactions. The schema comes from the
-gateway's own migrations (`gateway.store.sqlite_schema.migrate`) and every
-row is shaped like a real completed operation: scope "anonymous" (a caller
-without `Authorization`), a UUID-shaped key, a ULID operation id, a request
-of its own (`fill_body`: the key is in the body, so no two rows are the same
-request and their keyed fingerprints spread over the request index as real
-traffic's do), a 201 receipt with the headers the tool API sends and a
-~300-byte JSON body, due for expiry a day later, as with the default
-retention.
+Going through the gateway would take hours per ten million rows (each request
+is a claim, a forward and a receipt, about 1,000 a second); the rows
+themselves (`bench.fill_rows`: completed, released and unknown operations
+with their histories and request logs) go in with `executemany` in large
+transactions. The schema comes from the gateway's own migrations
+(`gateway.store.sqlite_schema.migrate`); its secondary indexes are dropped
+while filling and made again afterwards, from the very statements the schema
+made them with, because one sorted index build is an order of magnitude
+faster than ten million random inserts into it. The file that results is what
+the gateway would have written row by row, index for index.
 
-Keys are random-looking but reproducible (`fill_key(i)`), so the load
-generator can look up pre-filled keys without being told them.
+Keys are random-looking but reproducible (`fill_key(i)` for the `exact`
+newest operations), so the load generator can look them up without being told them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.engine.digests import Digests
-from gateway.engine.fingerprint import fingerprint_request
-from gateway.engine.history import chain, micros
-from gateway.engine.ids import new_operation_id
-from gateway.engine.lifecycle_events import (
-    answered_event,
-    claimed_event,
-    request_claimed,
-    sent_event,
-)
-from gateway.engine.recorded_request import http_record
-from gateway.store.sqlite_schema import STORED_COLUMNS, migrate
-from gateway.store.sqlite_statements import _INSERT_EVENT, load_or_create_secret
+from bench.fill_rows import FILL_SCOPE, OPERATION_COLUMNS, fill_body, fill_key, made_in_parallel
+from gateway.store.history_rows import EVENT_COLUMNS
+from gateway.store.sqlite_schema import migrate
+from gateway.store.sqlite_statements import load_or_create_secret
 
-__all__ = ["FILL_SCOPE", "FillReport", "bytes_per_operation", "fill_body", "fill_key", "prefill"]
+__all__ = [
+    "EXACT_ROWS",
+    "FILL_SCOPE",
+    "FillReport",
+    "bytes_per_operation",
+    "fill_body",
+    "fill_key",
+    "prefill",
+]
 
-FILL_SCOPE = "anonymous"
-"""The scope of requests without `Authorization` (`gateway.engine.scopes.ANONYMOUS_SCOPE`)."""
+EXACT_ROWS = 100_000
+"""Operations built exactly as the gateway builds them (`bench.fill_rows`): the ones a
+benchmark may look up or replay."""
 _CHUNK = 50_000
-_RECEIPT_BODY_SIZE = 300
-_HEADERS = (
-    '[["Content-Type","application/json; charset=utf-8"],'
-    '["Date","Mon, 30 Nov 2026 06:05:20 GMT"],["Server","Python/3.11 aiohttp/3.14.5"]]'
-)
-_DAY = 24 * 3600.0
-
-
-def fill_key(index: int) -> str:
-    """The key of pre-filled operation `index`: UUID-shaped, like most agents' keys.
-
-    >>> fill_key(0) == fill_key(0), len(fill_key(0))
-    (True, 36)
-    """
-    return str(uuid.UUID(bytes=hashlib.blake2b(index.to_bytes(8, "big"), digest_size=16).digest()))
-
-
-def fill_body(key: str) -> bytes:
-    """The request body of the pre-filled operation with `key`: its own, as every
-    operation's is (one body for all would be a million twins of one request).
-
-    >>> fill_body("k-1")
-    b'{"title":"benchmark ticket k-1"}'
-    """
-    return b'{"title":"benchmark ticket ' + key.encode() + b'"}'
 
 
 @dataclass(frozen=True, slots=True)
 class FillReport:
-    """What `prefill` wrote."""
+    """What a prefill wrote."""
 
     rows: int
+    exact: int
+    """How many of them are exact (`fill_key(0..exact-1)`)."""
     seconds: float
     file_bytes: int
 
     @property
     def bytes_per_operation(self) -> float:
+        """Bytes on disk per operation, history, request log and indexes included."""
         return self.file_bytes / self.rows if self.rows else 0.0
 
 
-def prefill(path: Path, rows: int) -> FillReport:
-    """Create `path` with the gateway's schema holding `rows` completed operations.
+def prefill(path: Path, rows: int, *, exact: int = EXACT_ROWS) -> FillReport:
+    """Create `path` with the gateway's schema holding `rows` operations of the day before now.
 
     The file is left in WAL mode, checkpointed, for a gateway to open.
     """
@@ -96,27 +70,59 @@ def prefill(path: Path, rows: int) -> FillReport:
         # Durability is irrelevant while filling a scratch file; speed is not.
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=OFF")
-        connection.execute("PRAGMA cache_size=-262144")  # 256 MiB: random key inserts stay in RAM
+        connection.execute("PRAGMA cache_size=-1048576")  # 1 GiB: the index builds sort in RAM
         connection.execute("BEGIN")
         migrate(connection)
         # As the gateway's first start makes it: a store holding operations but no
         # secret refuses to start.
-        digests = Digests(load_or_create_secret(connection))
+        secret = load_or_create_secret(connection)
+        indexes = _drop_secondary_indexes(connection)
         connection.execute("COMMIT")
-        placeholders = ", ".join("?" for _ in STORED_COLUMNS)
-        insert = f"INSERT INTO operations ({', '.join(STORED_COLUMNS)}) VALUES ({placeholders})"
-        for start in range(0, rows, _CHUNK):
-            connection.execute("BEGIN")
-            events: list[tuple[object, ...]] = []
-            made = _rows(start, min(rows, start + _CHUNK), rows, events, digests)
-            connection.executemany(insert, made)
-            connection.executemany(_INSERT_EVENT, events)
-            connection.execute("COMMIT")
+        _insert(connection, rows, exact, secret)
+        connection.execute("BEGIN")
+        for statement in indexes:
+            connection.execute(statement)
+        connection.execute("COMMIT")
     finally:
         connection.close()
     return FillReport(
-        rows=rows, seconds=time.perf_counter() - started, file_bytes=bytes_per_operation(path)[1]
+        rows=rows,
+        exact=min(rows, exact),
+        seconds=time.perf_counter() - started,
+        file_bytes=bytes_per_operation(path)[1],
     )
+
+
+def _drop_secondary_indexes(connection: sqlite3.Connection) -> list[str]:
+    """Drop the schema's own `CREATE INDEX` indexes; return the statements that made them.
+
+    Indexes SQLite made for a UNIQUE or PRIMARY KEY clause (no `sql`) stay: they
+    cannot be dropped, and the claim's key probe is one of them.
+    """
+    made = connection.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    ).fetchall()
+    for name, _ in made:
+        connection.execute(f'DROP INDEX "{name}"')
+    return [sql for _, sql in made]
+
+
+def _insert(connection: sqlite3.Connection, rows: int, exact: int, secret: bytes) -> None:
+    placeholders = ", ".join("?" for _ in OPERATION_COLUMNS)
+    operations = f"INSERT INTO operations ({', '.join(OPERATION_COLUMNS)}) VALUES ({placeholders})"
+    events = f"INSERT INTO operation_events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * 11)})"
+    log = (
+        "INSERT INTO request_log (operation_id, seq, at, request_id, status, outcome, "
+        "replayed, problem) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+    counts = (
+        "INSERT INTO request_counts (operation_id, total, replays, refusals) VALUES (?, ?, ?, ?)"
+    )
+    for made in made_in_parallel(rows, secret, exact=exact, chunk=_CHUNK):
+        connection.execute("BEGIN")
+        for statement, values in zip((operations, events, log, counts), made, strict=True):
+            connection.executemany(statement, values)
+        connection.execute("COMMIT")
 
 
 def bytes_per_operation(path: Path) -> tuple[float, int]:
@@ -129,82 +135,3 @@ def bytes_per_operation(path: Path) -> tuple[float, int]:
         connection.close()
     size = path.stat().st_size
     return (size / count if count else 0.0), size
-
-
-def _rows(
-    first: int, end: int, total: int, events: list[tuple[object, ...]], digests: Digests
-) -> Iterator[tuple[object, ...]]:
-    """Rows `first..end-1` of `total`, created evenly over the hour before now; their
-    history events (claimed with the request, sent, answered) go to `events`."""
-    now = time.time()
-    for index in range(first, end):
-        created = now - 3600.0 + 3600.0 * index / total
-        completed = created + 0.002
-        key = fill_key(index)
-        body = fill_body(key)
-        fingerprint = digests.fingerprint(
-            FILL_SCOPE,
-            fingerprint_request(
-                method="POST",
-                route="tickets",
-                path="/tickets/v1/issues",
-                query="",
-                content_type="application/json",
-                body=body,
-            ),
-        )
-        request = http_record(
-            method="POST",
-            target="/tickets/v1/issues",
-            content_type="application/json",
-            body=body,
-            limit=64 << 10,
-            redact=(),
-            digest=lambda kept: digests.body(FILL_SCOPE, kept),
-        )
-        operation_id = new_operation_id(created)
-        claimed, head, _ = chain(
-            operation_id, head="", seq=0, version=1, at_us=micros(created), attempt=1,
-            events=(claimed_event(request_claimed(request), 1),),
-        )  # fmt: skip
-        answered, head, seq = chain(
-            operation_id, head=head, seq=1, version=2, at_us=micros(completed), attempt=1,
-            events=(sent_event(1, operation_id, attempt=1), answered_event(201, attempt=1)),
-        )  # fmt: skip
-        events.extend((*row[:8], "plain", *row[8:]) for row in (*claimed, *answered))
-        yield (
-            operation_id,  # id
-            FILL_SCOPE,
-            key,
-            "completed",  # state
-            "tickets",  # route
-            "POST",
-            "/tickets/v1/issues",
-            fingerprint,
-            1,  # attempts
-            1,  # token
-            2,  # version: claimed, then completed
-            created,  # created_at
-            completed,  # updated_at
-            None,  # lease_owner
-            None,  # lease_expires_at
-            created,  # sent_at
-            201,  # response_status
-            _HEADERS,
-            _receipt_body(index, key),
-            1,  # body_retained
-            completed + _DAY,  # expires_at: the default retention
-            completed + 30 * _DAY,  # forgotten_at: the default tombstone retention
-            "upstream",  # resolution_by
-            completed,  # resolution_at
-            None,  # resolution_note
-            "[]",  # evidence
-            "plain",  # storage
-            seq,  # history_seq
-            head,  # history_head
-        )
-
-
-def _receipt_body(index: int, key: str) -> bytes:
-    head = f'{{"id":"T-{index + 1}","title":"benchmark ticket","client_ref":"{key}","pad":"'
-    return (head + "x" * max(0, _RECEIPT_BODY_SIZE - len(head) - 2) + '"}').encode()

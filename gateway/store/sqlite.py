@@ -113,9 +113,11 @@ from gateway.store.sqlite_statements import (
     _SELECT,
     ERASE_REQUEST,
     KEY_IN_ANY_SCOPE,
+    PREFIX_OF_KEY_OR_ID,
     _claim,
     load_legacy_fingerprints,
     load_or_create_secret,
+    prefix_parameters,
     seal_histories,
 )
 
@@ -852,10 +854,8 @@ class SqliteStore(SqliteConnection):
                 clauses.append(KEY_IN_ANY_SCOPE)
                 params.append(where.key)
             if where.prefix is not None:
-                # substr, not LIKE: SQLite's LIKE ignores case, and keys do not.
-                size = len(where.prefix)
-                clauses.append("(substr(key, 1, ?) = ? OR substr(id, 1, ?) = ?)")
-                params.extend((size, where.prefix, size, where.prefix))
+                clauses.append(PREFIX_OF_KEY_OR_ID)
+                params.extend(prefix_parameters(where.prefix))
             rows = c.execute(
                 f"SELECT seq, {', '.join(COLUMNS)} FROM operations "
                 f"WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",

@@ -111,20 +111,47 @@ _LATE_RESOLUTION = "CASE WHEN state = 'released' THEN {1} ELSE resolution_{0} EN
 """A late answer settles a released operation as the upstream's; an operator's `applied`
 keeps its resolution and gains the receipt (format: the column's suffix, the new value)."""
 
-KEY_IN_ANY_SCOPE = (
-    "key = ? AND scope IN ("
+_EVERY_SCOPE = (
     "WITH RECURSIVE scopes(scope) AS ("
     "SELECT min(scope) FROM operations "
     "UNION ALL SELECT (SELECT min(scope) FROM operations o WHERE o.scope > scopes.scope) "
     "FROM scopes WHERE scopes.scope IS NOT NULL) "
-    "SELECT scope FROM scopes WHERE scope IS NOT NULL)"
+    "SELECT scope FROM scopes WHERE scope IS NOT NULL"
 )
+
+KEY_IN_ANY_SCOPE = f"key = ? AND scope IN ({_EVERY_SCOPE})"
 """A `WHERE` condition: the key (one parameter) in whichever scope holds it.
 
 A key is unique per scope only, and its one index is `(scope, key)`: a
 plain `key = ?` would read every row. So the distinct scopes are walked
 through that index (one `min(scope) > previous` seek each), and the key is
 looked up in each: a seek per scope, not a scan per operation."""
+
+PREFIX_OF_KEY_OR_ID = (
+    f"((scope IN ({_EVERY_SCOPE}) AND key >= ? AND key < ?) OR (id >= ? AND id < ?)) "
+    "AND (substr(key, 1, ?) = ? OR substr(id, 1, ?) = ?)"
+)
+"""A `WHERE` condition: a key (in any scope) or an operation id that starts with a
+text; its parameters are `prefix_parameters(text)`.
+
+Both are ranges of an index, `(scope, key)` walked scope by scope as
+`KEY_IN_ANY_SCOPE` does, and `id`'s: the cost is the rows that match, where
+comparing the first characters of every row read the whole table (seconds at
+ten million operations, on the event loop). The `substr` test (not LIKE, which
+ignores case in SQLite) keeps the answer exact whatever the bound."""
+
+
+def prefix_parameters(prefix: str) -> tuple[object, ...]:
+    """The parameters of `PREFIX_OF_KEY_OR_ID` for `prefix`. The ranges end at the least
+    text above every text that starts with `prefix` and is made of characters below
+    U+10FFFF, as every key and id is.
+
+    >>> low, high, *_ = prefix_parameters("abc")
+    >>> low <= "abc" < "abcz" < high < "abd"
+    True
+    """
+    high = prefix + "\U0010ffff"
+    return (prefix, high, prefix, high, len(prefix), prefix, len(prefix), prefix)
 
 
 def _claim(

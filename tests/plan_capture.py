@@ -1,0 +1,220 @@
+"""What a store ran and how its database planned it: for the query-plan tests.
+
+A statement that reads a big table by scanning it costs nothing at a thousand
+rows and seconds at ten million, and no functional test notices. These
+helpers record every statement a gateway's store runs, with the plan its
+database chose, so a test can refuse a scan of a big table:
+
+- SQLite: each connection's trace callback gives the statement with its
+  values bound; `EXPLAIN QUERY PLAN` of that text on the same file gives its plan
+  (SQLite keeps no statistics unless told to, and the gateway does not, so the
+  plan is the one production gets at any size).
+- PostgreSQL: `auto_explain` (a contrib module shipped with the server) logs
+  the plan each statement ran with, nested ones inside the claims function
+  included, and `client_min_messages = log` sends that log to the session
+  that ran it, where a log listener collects it. `plan_cache_mode =
+  force_generic_plan` makes every prepared statement use the plan it would
+  settle on after five runs: the one that once scanned a whole table per claim.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+
+BIG_TABLES = frozenset(
+    {
+        "operations",
+        "operation_events",
+        "request_log",
+        "request_counts",
+        "similar_refusals",
+        "history_checkpoints",
+        "history_keyed_since",
+        "operation_keys",
+    }
+)
+"""Tables that grow with the operations stored (a partition of one counts as it)."""
+
+_PARTITION = re.compile(r"^(?P<table>[a-z_]+?)_(p\d{8}|before_v\d+|legacy|default)$")
+_FIRST_ROW_ONLY = re.compile(r"^INSERT INTO gateway_meta .*EXISTS \(SELECT 1 FROM operations\)")
+"""The start-up notes (`scope_secret`, `*_since`) ask whether any operation exists: an
+EXISTS with no condition, which reads one row whatever its plan says."""
+_INFINITY = re.compile(r"\bInf\b")
+_SKIPPED = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "PRAGMA", "--", "ANALYZE")
+
+
+def big_table(name: str) -> bool:
+    """Whether relation `name` is a big table or a partition of one."""
+    match = _PARTITION.match(name)
+    return name in BIG_TABLES or (match is not None and match["table"] in BIG_TABLES)
+
+
+@dataclass
+class Scans:
+    """Statements whose plans scan a big table, with the scan's line."""
+
+    found: list[tuple[str, str]] = field(default_factory=list)
+    statements: int = 0
+
+    def report(self) -> str:
+        return "\n\n".join(f"{line}\n  in: {sql[:600]}" for sql, line in self.found)
+
+
+# -- SQLite -----------------------------------------------------------------------
+
+
+@contextmanager
+def sqlite_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every statement run on an SQLite connection opened while inside, values bound."""
+    seen: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, **kwargs)
+        connection.set_trace_callback(seen.append)
+        return connection
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite3, "connect", traced)
+        yield seen
+
+
+def sqlite_scans(path: str, statements: list[str], *, rows: int) -> Scans:
+    """The statements among `statements` that read a big table of the file at `path`
+    (holding `rows` operations) from end to end.
+
+    Two signs, either enough: the plan says `SCAN` of a big table (but for the
+    start-up notes' `EXISTS`, which stops at the first row), or a read runs
+    at least one SQLite instruction per two stored operations (a walk in rowid
+    order that filters every row is a `SEARCH` by its plan, and a scan by its cost;
+    an index lookup runs a few hundred instructions, whatever the size).
+    """
+    scans = Scans()
+    connection = sqlite3.connect(path)
+    connection.create_function("gateway_now", 0, lambda: 0.0)
+    connection.create_function("gateway_settled", 1, lambda _id: None)
+    try:
+        for sql in dict.fromkeys(statements):  # each distinct text once, in order
+            if sql.lstrip().upper().startswith(_SKIPPED):
+                continue
+            scans.statements += 1
+            # SQLite expands an infinite float parameter to a bare `Inf`, which it cannot
+            # parse back; the plan does not depend on the value.
+            explained = _INFINITY.sub("1e999", sql)
+            for row in connection.execute("EXPLAIN QUERY PLAN " + explained):
+                detail = str(row[-1])
+                words = detail.split()
+                if (
+                    len(words) >= 2
+                    and words[0] == "SCAN"
+                    and big_table(words[1])
+                    and not _FIRST_ROW_ONLY.search(explained)
+                ):
+                    scans.found.append((sql, detail))
+            if explained.lstrip().upper().startswith(("SELECT", "WITH")):
+                instructions = _instructions(connection, explained)
+                if instructions * 2 >= rows:
+                    scans.found.append((sql, f"{instructions:,} instructions for {rows:,} rows"))
+    finally:
+        connection.close()
+    return scans
+
+
+def _instructions(connection: sqlite3.Connection, sql: str) -> int:
+    """Virtual-machine instructions SQLite ran to read every row of `sql` (to the hundred)."""
+    count = 0
+
+    def tick() -> int:
+        nonlocal count
+        count += 100
+        return 0
+
+    connection.set_progress_handler(tick, 100)
+    try:
+        connection.execute(sql).fetchall()
+    finally:
+        connection.set_progress_handler(None, 0)
+    return count
+
+
+# -- PostgreSQL -------------------------------------------------------------------
+
+PLAN_SETTINGS = {
+    "session_preload_libraries": "auto_explain",
+    "auto_explain.log_min_duration": "0",
+    "auto_explain.log_nested_statements": "on",
+    "auto_explain.log_format": "json",
+    "client_min_messages": "log",
+    "plan_cache_mode": "force_generic_plan",
+}
+"""Server settings (asyncpg passes unknown URL parameters as such) that send the plan of
+every statement a session runs to that session."""
+
+
+def explained_url(url: str) -> str:
+    """`url` with `PLAN_SETTINGS` added to its parameters."""
+    return url + ("&" if "?" in url else "?") + urlencode(PLAN_SETTINGS)
+
+
+@contextmanager
+def postgres_plans(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The plan (auto_explain's JSON) of every statement run on a pool made while inside."""
+    import asyncpg
+
+    plans: list[dict[str, Any]] = []
+    create_pool = asyncpg.create_pool
+
+    def listen(_connection: Any, message: Any) -> None:
+        text = str(getattr(message, "message", ""))
+        head, _, body = text.partition("plan:")
+        if head.startswith("duration:") and body.strip():
+            plans.append(json.loads(body))
+
+    async def setup(connection: Any) -> None:
+        # asyncpg drops a connection's log listeners when it goes back to the pool
+        # (with a warning): add it again at every acquire.
+        connection.add_log_listener(listen)
+
+    def pooled(*args: Any, **kwargs: Any) -> Any:
+        outer: Callable[[Any], Any] | None = kwargs.pop("setup", None)
+
+        async def both(connection: Any) -> None:
+            await setup(connection)
+            if outer is not None:
+                await outer(connection)
+
+        return create_pool(*args, setup=both, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(asyncpg, "create_pool", pooled)
+        yield plans
+
+
+def postgres_scans(plans: list[dict[str, Any]]) -> Scans:
+    """The plans among `plans` with a sequential scan of a big table."""
+    scans = Scans()
+    for document in plans:
+        scans.statements += 1
+        text = str(document.get("Query Text", ""))
+        if _FIRST_ROW_ONLY.search(text):
+            continue  # a start-up note: one row read, whatever its plan
+        for node in _nodes(document.get("Plan", {})):
+            relation = str(node.get("Relation Name", ""))
+            if node.get("Node Type") == "Seq Scan" and big_table(relation):
+                scans.found.append((text, f"Seq Scan on {relation}"))
+    return scans
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _nodes(child)

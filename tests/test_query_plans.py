@@ -1,0 +1,126 @@
+"""No statement of the hot path reads a big table end to end.
+
+The store is filled with `GATEWAY_PLAN_ROWS` realistic operations (20,000 by
+default; `make plans ROWS=10000000` runs the same test at ten million), then a
+gateway runs in this process on it and the hot path is driven over real HTTP:
+new keys (claim, forward, receipt), replays, a key reused with another body,
+a released call and its retry, a call left unknown, lookups of new and of
+pre-filled keys, the history and the key's request log, admin searches by
+key, by key prefix and by operation-id prefix, and a sweep. Every statement
+the store ran is then checked (`tests/plan_capture.py`): a scan of a big
+table fails the test and names the statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from harness import ADMIN_TOKEN, RunningGateway, settings_for, start_gateway, stop_gateway
+from plan_capture import (
+    sqlite_scans,
+    sqlite_statements,
+)
+from upstream import CountingUpstream
+
+from bench.fill_rows import fill_key
+from bench.prefill import prefill
+from gateway.web.appkeys import STORE
+
+ROWS = int(os.environ.get("GATEWAY_PLAN_ROWS", "20000"))
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest_asyncio.fixture
+async def upstream() -> AsyncIterator[CountingUpstream]:
+    started = CountingUpstream()
+    await started.start()
+    yield started
+    await started.stop()
+
+
+async def drive_the_hot_path(gateway: RunningGateway) -> None:
+    """Every request kind the hot path serves, and the admin searches, once or more."""
+    body = {"title": "plans"}
+    for n in range(3):
+        assert (
+            await gateway.post("/tickets/v1/issues", key=f"plan-{n}", json_body=body)
+        ).status == 201
+    assert (await gateway.post("/tickets/v1/issues", key="plan-0", json_body=body)).status == 201
+    mismatch = await gateway.post("/tickets/v1/issues", key="plan-0", json_body={"title": "other"})
+    assert mismatch.status == 422
+    released = await gateway.post("/tickets/v1/issues?status=503", key="plan-503", json_body=body)
+    assert released.status == 503
+    await gateway.post("/tickets/v1/issues?status=503", key="plan-503", json_body=body)
+    unknown = await gateway.post("/tickets/v1/issues?delay=5", key="plan-late", json_body=body)
+    assert unknown.status == 504
+    for key in ("plan-0", "plan-late", fill_key(7)):
+        assert (await gateway.get(f"/operations/{key}")).status == 200
+    operation = await (await gateway.session.get(gateway.url + "/operations/plan-0")).json()
+    await wait_for_request_log(gateway, operation["id"])
+    assert gateway.admin_url is not None
+    for query in (
+        "?key=plan-0",
+        f"?key={fill_key(11)}",
+        "?q=plan-",
+        f"?q={fill_key(13)[:8]}",
+        f"?q={operation['id'][:12]}",
+        "?state=unknown&limit=5",
+    ):
+        answer = await gateway.session.get(
+            gateway.admin_url + "/admin/operations" + query, headers=ADMIN
+        )
+        assert answer.status == 200, await answer.text()
+        assert (await answer.json())["items"], query
+    operation_id = operation["id"]
+    for path in ("", "/history", "/requests"):
+        answer = await gateway.session.get(
+            f"{gateway.admin_url}/admin/operations/{operation_id}{path}", headers=ADMIN
+        )
+        assert answer.status == 200, (path, await answer.text())
+    await gateway.app[STORE].sweep(batch=500)
+
+
+async def wait_for_request_log(gateway: RunningGateway, operation_id: str) -> None:
+    """The request log is written by a task once a second: wait until it has been."""
+    assert gateway.admin_url is not None
+    for _ in range(600):
+        answer = await gateway.session.get(
+            f"{gateway.admin_url}/admin/operations/{operation_id}/requests", headers=ADMIN
+        )
+        document: dict[str, Any] = await answer.json()
+        if document.get("total", 0) >= 1:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the request log was never written")
+
+
+def _settings(tmp_path: Path, upstream: CountingUpstream, store_url: str) -> Any:
+    return settings_for(
+        tmp_path,
+        upstream.url,
+        store_url=store_url,
+        route={"timeout": "300ms"},
+        admin={"token": ADMIN_TOKEN},
+    )
+
+
+async def test_sqlite_hot_path_scans_no_big_table(
+    tmp_path: Path, upstream: CountingUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "plans.db"
+    await asyncio.to_thread(prefill, path, ROWS)
+    with sqlite_statements(monkeypatch) as statements:
+        gateway = await start_gateway(_settings(tmp_path, upstream, f"sqlite:///{path}"))
+        try:
+            await drive_the_hot_path(gateway)
+        finally:
+            await stop_gateway(gateway)
+    scans = sqlite_scans(str(path), statements, rows=ROWS)
+    assert scans.statements > 20, f"too few statements seen: {scans.statements}"
+    assert not scans.found, scans.report()
