@@ -48,7 +48,6 @@ _PARTITION = re.compile(r"^(?P<table>[a-z_]+?)_(p\d{8}|before_v\d+|legacy|defaul
 _FIRST_ROW_ONLY = re.compile(r"^INSERT INTO gateway_meta .*EXISTS \(SELECT 1 FROM operations\)")
 """The start-up notes (`scope_secret`, `*_since`) ask whether any operation exists: an
 EXISTS with no condition, which reads one row whatever its plan says."""
-_INFINITY = re.compile(r"\bInf\b")
 _SKIPPED = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "PRAGMA", "--", "ANALYZE")
 
 
@@ -72,23 +71,45 @@ class Scans:
 # -- SQLite -----------------------------------------------------------------------
 
 
+Statement = tuple[str, Any]
+"""An SQL text and the parameters it ran with (a sequence or a mapping)."""
+
+
+class _RecordingConnection(sqlite3.Connection):
+    """A connection that notes every statement it runs with its parameters."""
+
+    seen: list[Statement]
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        self.seen.append((sql, parameters))
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        rows = list(parameters)
+        if rows:
+            self.seen.append((sql, rows[0]))
+        return super().executemany(sql, rows)
+
+
 @contextmanager
-def sqlite_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every statement run on an SQLite connection opened while inside, values bound."""
-    seen: list[str] = []
+def sqlite_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Statement]]:
+    """Every statement run on an SQLite connection opened while inside, with its
+    parameters: the plan of a statement with parameters can differ from the plan of
+    its text with the values written in (SQLite plans constants it can compare)."""
+    seen: list[Statement] = []
     connect = sqlite3.connect
 
-    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        connection = connect(*args, **kwargs)
-        connection.set_trace_callback(seen.append)
+    def recording(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, factory=_RecordingConnection, **kwargs)
+        connection.seen = seen  # type: ignore[attr-defined]
         return connection
 
     with monkeypatch.context() as patch:
-        patch.setattr(sqlite3, "connect", traced)
+        patch.setattr(sqlite3, "connect", recording)
         yield seen
 
 
-def sqlite_scans(path: str, statements: list[str], *, rows: int) -> Scans:
+def sqlite_scans(path: str, statements: list[Statement], *, rows: int) -> Scans:
     """The statements among `statements` that read a big table of the file at `path`
     (holding `rows` operations) from end to end.
 
@@ -102,26 +123,26 @@ def sqlite_scans(path: str, statements: list[str], *, rows: int) -> Scans:
     connection = sqlite3.connect(path)
     connection.create_function("gateway_now", 0, lambda: 0.0)
     connection.create_function("gateway_settled", 1, lambda _id: None)
+    first: dict[str, Any] = {}
+    for sql, parameters in statements:  # each distinct text once, with its first parameters
+        first.setdefault(sql, parameters)
     try:
-        for sql in dict.fromkeys(statements):  # each distinct text once, in order
+        for sql, parameters in first.items():
             if sql.lstrip().upper().startswith(_SKIPPED):
                 continue
             scans.statements += 1
-            # SQLite expands an infinite float parameter to a bare `Inf`, which it cannot
-            # parse back; the plan does not depend on the value.
-            explained = _INFINITY.sub("1e999", sql)
-            for row in connection.execute("EXPLAIN QUERY PLAN " + explained):
+            for row in connection.execute("EXPLAIN QUERY PLAN " + sql, parameters):
                 detail = str(row[-1])
                 words = detail.split()
                 if (
                     len(words) >= 2
                     and words[0] == "SCAN"
                     and big_table(words[1])
-                    and not _FIRST_ROW_ONLY.search(explained)
+                    and not _FIRST_ROW_ONLY.search(sql)
                 ):
                     scans.found.append((sql, detail))
-            if explained.lstrip().upper().startswith(("SELECT", "WITH")):
-                instructions = _instructions(connection, explained)
+            if sql.lstrip().upper().startswith(("SELECT", "WITH")):
+                instructions = _instructions(connection, sql, parameters)
                 if instructions * 2 >= rows:
                     scans.found.append((sql, f"{instructions:,} instructions for {rows:,} rows"))
     finally:
@@ -129,7 +150,7 @@ def sqlite_scans(path: str, statements: list[str], *, rows: int) -> Scans:
     return scans
 
 
-def _instructions(connection: sqlite3.Connection, sql: str) -> int:
+def _instructions(connection: sqlite3.Connection, sql: str, parameters: Any) -> int:
     """Virtual-machine instructions SQLite ran to read every row of `sql` (to the hundred)."""
     count = 0
 
@@ -140,7 +161,7 @@ def _instructions(connection: sqlite3.Connection, sql: str) -> int:
 
     connection.set_progress_handler(tick, 100)
     try:
-        connection.execute(sql).fetchall()
+        connection.execute(sql, parameters).fetchall()
     finally:
         connection.set_progress_handler(None, 0)
     return count

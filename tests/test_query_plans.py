@@ -124,3 +124,43 @@ async def test_sqlite_hot_path_scans_no_big_table(
     scans = sqlite_scans(str(path), statements, rows=ROWS)
     assert scans.statements > 20, f"too few statements seen: {scans.statements}"
     assert not scans.found, scans.report()
+
+
+async def test_sqlite_prefix_search_pages_alike_by_index_or_by_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix matching few rows is read through its index ranges, one matching many by a
+    walk in creation order (`PREFIX_WALK_FROM`): both give the same pages, in order."""
+    import gateway.store.sqlite as sqlite_module
+    from gateway.engine.models import ClaimRequest
+    from gateway.store.base import OperationFilter
+
+    store = sqlite_module.SqliteStore(path=tmp_path / "s.db")
+    await store.open()
+    try:
+        for n in range(7):
+            for scope in ("a", "b"):
+                await store.claim(
+                    ClaimRequest(scope=scope, key=f"k-{n}", fingerprint="f", route="r",
+                                 method="POST", path="/r", owner="o", lease_seconds=30,
+                                 tombstone_seconds=600)
+                )  # fmt: skip
+
+        async def pages(prefix: str) -> list[list[tuple[str, str]]]:
+            found, cursor = [], None
+            while True:
+                page = await store.list_operations(
+                    OperationFilter(prefix=prefix), limit=4, cursor=cursor
+                )
+                found.append([(op.scope, op.key) for op in page.items])
+                if (cursor := page.next_cursor) is None:
+                    return found
+
+        by_index = await pages("k-")
+        monkeypatch.setattr(sqlite_module, "PREFIX_WALK_FROM", 3)
+        by_walk = await pages("k-")
+    finally:
+        await store.close()
+    expected = [(scope, f"k-{n}") for n in range(7) for scope in ("a", "b")]
+    assert [item for page in by_index for item in page] == expected
+    assert by_walk == by_index

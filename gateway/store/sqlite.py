@@ -854,8 +854,13 @@ class SqliteStore(SqliteConnection):
                 clauses.append(KEY_IN_ANY_SCOPE)
                 params.append(where.key)
             if where.prefix is not None:
+                matching = prefix_parameters(where.prefix)
+                if not _many_match(c, matching):
+                    # `+seq`: the cursor's range must not be the index SQLite walks (it
+                    # would be, and read every row after the cursor); the prefix's must.
+                    clauses[0] = "+seq > ?"
                 clauses.append(PREFIX_OF_KEY_OR_ID)
-                params.extend(prefix_parameters(where.prefix))
+                params.extend(matching)
             rows = c.execute(
                 f"SELECT seq, {', '.join(COLUMNS)} FROM operations "
                 f"WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",
@@ -1011,3 +1016,19 @@ class SqliteStore(SqliteConnection):
             return counts
 
         return await self._writer.run(job, off_loop=True)
+
+
+PREFIX_WALK_FROM = 10_000
+"""Rows a prefix must match before a search walks the table in creation order instead of
+reading the prefix's index ranges: the ranges cost the rows they match (sorted for the
+page), the walk the rows it passes before it has a page, few when matches are dense."""
+
+
+def _many_match(c: sqlite3.Connection, matching: tuple[object, ...]) -> bool:
+    """Whether a prefix matches more than `PREFIX_WALK_FROM` rows (counted through its
+    index ranges, stopping there: a few milliseconds at most)."""
+    count = c.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM operations WHERE {PREFIX_OF_KEY_OR_ID} LIMIT ?)",
+        (*matching, PREFIX_WALK_FROM + 1),
+    ).fetchone()[0]
+    return int(count) > PREFIX_WALK_FROM
