@@ -80,12 +80,12 @@ class PartitionKeeper:
                 dropped = await retire_days(own)
             finally:
                 await own.close()
+            if self._backfill is None or self._backfill.done():
+                async with self._pool().acquire() as connection:
+                    if not await backfilled(connection):
+                        self._start_backfill()
         except (*_FAILURES, StoreUnavailable) as exc:
             log.warning("postgres partition upkeep failed (the next pass tries again): %s", exc)
-        if self._backfill is None or self._backfill.done():
-            async with self._pool().acquire() as connection:
-                if not await backfilled(connection):
-                    self._start_backfill()
         return dropped
 
     async def wait_backfilled(self) -> None:

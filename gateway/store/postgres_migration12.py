@@ -73,6 +73,10 @@ HORIZON = dt.timedelta(hours=1)
 GUARD = dt.timedelta(minutes=5)
 """The switch gives up T0 (and step 1 picks a later one) if T0 is closer than this."""
 
+LONG = 24 * 3600.0
+"""The statement timeout of the steps that may take long (step 2's scan, a replica waiting
+for another's step): the pool's `command_timeout` would cancel them."""
+
 BACKFILL_BATCH = 2000
 """Key rows a backfill batch writes (one short transaction each)."""
 
@@ -109,8 +113,9 @@ async def migrate(connection: Connection) -> None:
 
 
 async def _begin(connection: Connection) -> int:
-    """In a transaction: the migration lock, then the schema's version."""
-    await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+    """In a transaction: the migration lock (as long as another replica's step takes,
+    step 2's scan included), then the schema's version."""
+    await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK, timeout=LONG)
     return int(await connection.fetchval("SELECT version FROM gateway_schema_version"))
 
 
@@ -160,6 +165,7 @@ async def _prepare(connection: Connection) -> Plan | None:
             "op_created_at timestamptz NOT NULL DEFAULT '-infinity'"
         )
         for table, constraint, column in _CHECKS:
+            await connection.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {constraint}")
             await connection.execute(
                 f"ALTER TABLE {table} ADD CONSTRAINT {constraint} "
                 f"CHECK ({column} < {_literal(instant)}) NOT VALID"
@@ -186,7 +192,7 @@ async def _validate(connection: Connection) -> None:
             return
         for table, constraint, _ in _CHECKS:
             await connection.execute(
-                f"ALTER TABLE {table} VALIDATE CONSTRAINT {constraint}", timeout=None
+                f"ALTER TABLE {table} VALIDATE CONSTRAINT {constraint}", timeout=LONG
             )
 
 
