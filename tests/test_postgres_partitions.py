@@ -41,7 +41,7 @@ from gateway.engine.request_lines import RequestBatch, RequestLine
 from gateway.store.postgres import PostgresStore
 from gateway.store.postgres_keys import by_id
 from gateway.store.postgres_migration12 import BACKFILL_LOCK
-from gateway.store.postgres_partitions import AHEAD_DAYS, name_of
+from gateway.store.postgres_partitions import AHEAD_DAYS, LEGACY_BEFORE, Day, create_day, name_of
 from gateway.store.postgres_schema import COLUMNS, migrate_unpartitioned
 from gateway.store.postgres_statements import _SELECT_BY_KEY
 from gateway.store.rows import encode_headers
@@ -171,19 +171,26 @@ async def completed(store: PostgresStore, key: str, *, tombstone: float) -> Oper
 
 async def test_a_new_store_has_a_key_table_and_the_days_ahead(clock: DatabaseClock) -> None:
     """Version 12: `operations` and `operation_events` partitioned by day, today's and the
-    next days' partitions made, (scope, key) and id unique in the unpartitioned key table,
-    and version 8's claim function gone (the previous version's replicas call it)."""
+    next days' partitions made (none from before: a tool may make earlier days), (scope,
+    key) and id unique in the unpartitioned key table, and version 8's claim function gone
+    (the previous version's replicas call it)."""
     async with opened(clock.url):
         day = await today(clock.url)
         days = {day + dt.timedelta(days=n) for n in range(AHEAD_DAYS + 1)}
-        assert await partitions(clock.url) == {
-            "operations_legacy",
-            *(name_of("operations", d) for d in days),
-        }
+        # A store created empty has no partition from before: every day is a day.
+        assert await partitions(clock.url) == {name_of("operations", d) for d in days}
         assert await partitions(clock.url, "operation_events") == {
-            "operation_events_legacy",
-            *(name_of("operation_events", d) for d in days),
+            name_of("operation_events", d) for d in days
         }
+        assert await value(clock.url, "SELECT to_regclass('operations_legacy')") is None
+        connection = await asyncpg.connect(clock.url)
+        try:
+            before = await connection.fetchval(f"SELECT {LEGACY_BEFORE}")
+            async with connection.transaction():
+                await create_day(connection, Day(day - dt.timedelta(days=1)), before)
+        finally:
+            await connection.close()
+        assert name_of("operations", day - dt.timedelta(days=1)) in await partitions(clock.url)
         assert await value(clock.url, "SELECT version FROM gateway_schema_version") == 12
         unique = await sql(
             clock.url,

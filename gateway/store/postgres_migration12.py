@@ -24,8 +24,10 @@ start together take turns; whoever comes next redoes or skips a step):
    a key found there too (its old unique index on (scope, key) is still there),
    and lookups look there too (`gateway.store.postgres_keys`).
 
-A store without operations skips 1 and 2: T0 is the switch's own instant and
-ATTACH has nothing to check.
+A store without operations skips 1 and 2, and has no partition from before:
+its old, empty tables are dropped (`gateway_legacy_before()` is `-infinity`);
+one that a replica of the previous version wrote to meanwhile attaches them as
+before, T0 being the switch's own instant (ATTACH then checks those few rows).
 """
 
 from __future__ import annotations
@@ -205,26 +207,29 @@ async def _switch(connection: Connection, plan: Plan) -> bool:
         await connection.execute("LOCK TABLE operations, operation_events IN ACCESS EXCLUSIVE MODE")
         now: dt.datetime = await connection.fetchval("SELECT clock_timestamp()")
         if plan.instant is None:
-            instant = now
             await connection.execute(
                 "ALTER TABLE operation_events ADD COLUMN IF NOT EXISTS "
                 "op_created_at timestamptz NOT NULL DEFAULT '-infinity'"
             )
-        elif plan.instant - now < GUARD:
+            # Still empty under the lock: no partition from before at all. Rows a replica of
+            # the previous version wrote since step 1: theirs, up to now (ATTACH scans them).
+            empty = not await connection.fetchval("SELECT EXISTS (SELECT 1 FROM operations)")
+            await _partition(connection, None if empty else now)
+            return True
+        if plan.instant - now < GUARD:
             for table, constraint, _ in _CHECKS:
                 await connection.execute(f"ALTER TABLE {table} DROP CONSTRAINT {constraint}")
             await connection.execute("DELETE FROM gateway_meta WHERE name = $1", LEGACY_BEFORE)
             log.warning("schema migration 12: %s came too close, a later one is taken", now)
             return False
-        else:
-            instant = plan.instant
-        await _partition(connection, instant)
+        await _partition(connection, plan.instant)
     return True
 
 
-async def _partition(connection: Connection, instant: dt.datetime) -> None:
-    """The switch's catalog changes (in its transaction, under its locks)."""
-    bound = _literal(instant)
+async def _partition(connection: Connection, instant: dt.datetime | None) -> None:
+    """The switch's catalog changes (in its transaction, under its locks): the old tables
+    become the partitions of everything before `instant`, or are dropped (None: empty)."""
+    bound = "'-infinity'" if instant is None else _literal(instant)
     await connection.execute(PREVIOUS)
     sequence = await connection.fetchval("SELECT pg_get_serial_sequence('operations', 'seq')")
     for table, column in ((OPERATIONS, "created_at"), (EVENTS, "op_created_at")):
@@ -239,22 +244,29 @@ async def _partition(connection: Connection, instant: dt.datetime) -> None:
                 await connection.execute(
                     f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {constraint}"
                 )
-        await connection.execute(
-            f"ALTER TABLE {table} ATTACH PARTITION {legacy} FOR VALUES FROM (MINVALUE) TO ({bound})"
-        )
+        if instant is not None:
+            await connection.execute(
+                f"ALTER TABLE {table} ATTACH PARTITION {legacy} "
+                f"FOR VALUES FROM (MINVALUE) TO ({bound})"
+            )
     # Inserts through the parent must name their events' partition: no default there.
     await connection.execute("ALTER TABLE operation_events ALTER COLUMN op_created_at DROP DEFAULT")
     # The sequence outlives the partition from before (dropped some day by retention).
     await connection.execute(f"ALTER SEQUENCE {sequence} OWNED BY operations.seq")
     for statement in (*KEY_TABLE, legacy_before_function(bound), *LEGACY_FUNCTIONS, KEYED_CLAIMS):
         await connection.execute(statement)
-    await _set_meta(connection, LEGACY_BEFORE, instant.isoformat())
-    last = await connection.fetchval("SELECT coalesce(max(seq), 0) FROM operations_legacy")
-    if last:
-        await _set_meta(connection, _UNTIL, str(last))
+    if instant is None:
+        await connection.execute(f"DROP TABLE {name_of(OPERATIONS, None)}, {name_of(EVENTS, None)}")
+        await _set_meta(connection, LEGACY_BEFORE, "-infinity")
+        await _set_meta(connection, BACKFILLED, "nothing before")
     else:
-        await _set_meta(connection, BACKFILLED, instant.isoformat())
-    if instant <= await connection.fetchval("SELECT clock_timestamp()"):
+        await _set_meta(connection, LEGACY_BEFORE, instant.isoformat())
+        last = await connection.fetchval("SELECT coalesce(max(seq), 0) FROM operations_legacy")
+        if last:
+            await _set_meta(connection, _UNTIL, str(last))
+        else:
+            await _set_meta(connection, BACKFILLED, "nothing before")
+    if instant is None or instant <= await connection.fetchval("SELECT clock_timestamp()"):
         # New operations start now: their partitions first. A T0 ahead leaves them to
         # `ensure_days` after the commit (the store does it at open), out of the lock.
         await ensure_days(connection)

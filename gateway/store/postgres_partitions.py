@@ -70,6 +70,10 @@ LEGACY = "legacy"
 
 _NAME = re.compile(r"^(operations|operation_events)_(p(\d{8})|legacy)$")
 
+LEGACY_BEFORE = "greatest(gateway_legacy_before(), '0001-01-01 00:00:00+00'::timestamptz)"
+"""Where the partition from before ends, as Python can read it (asyncpg reads `-infinity`, a
+store that had none, as a naive `datetime.min`)."""
+
 NOT_FORGOTTEN = "(forgotten_at IS NULL OR forgotten_at > clock_timestamp())"
 """What an outcome write on a settled row requires (`complete_late`, `attach_receipt`): a
 row past `forgotten_at` is gone for the store (a claim of its key starts over), and may be
@@ -183,7 +187,13 @@ async def create_day(
     day: Day,
     legacy_before: dt.datetime,
 ) -> None:
-    """Make and attach a day's two partitions (in the caller's transaction)."""
+    """Make and attach a day's two partitions (in the caller's transaction).
+
+    `legacy_before` is where the partition from before ends (`LEGACY_BEFORE`): a day
+    wholly before it is that partition's, and has none of its own.
+    """
+    if day_end(day, legacy_before) <= legacy_before:
+        raise ValueError(f"{day.day} lies in {name_of(OPERATIONS, None)} (before {legacy_before})")
     low, high = bounds(day, legacy_before)
     for table, partition, indexes in (
         (OPERATIONS, day.operations, _OPERATION_INDEXES),
@@ -211,7 +221,7 @@ async def ensure_days(
     maintenance pass.
     """
     row = await connection.fetchrow(
-        "SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date, gateway_legacy_before()"
+        f"SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date, {LEGACY_BEFORE}"
     )
     assert row is not None
     today, legacy_before = row
@@ -279,7 +289,7 @@ async def _attached(connection: asyncpg.Connection[asyncpg.Record], table: str) 
 async def _candidates(connection: asyncpg.Connection[asyncpg.Record], margin: float) -> list[Day]:
     """Days over for `margin` seconds whose partitions may follow the rule (index checks)."""
     row = await connection.fetchrow(
-        "SELECT clock_timestamp(), gateway_legacy_before(), gateway_legacy_until() IS NULL"
+        f"SELECT clock_timestamp(), {LEGACY_BEFORE}, gateway_legacy_until() IS NULL"
     )
     assert row is not None
     now, legacy_before, backfilled = row
@@ -346,7 +356,7 @@ async def _drop_detached(connection: asyncpg.Connection[asyncpg.Record], day: Da
 
 
 async def _reattach(connection: asyncpg.Connection[asyncpg.Record], day: Day) -> None:
-    legacy_before = await connection.fetchval("SELECT gateway_legacy_before()")
+    legacy_before = await connection.fetchval(f"SELECT {LEGACY_BEFORE}")
     low, high = bounds(day, legacy_before)
     async with connection.transaction():
         for table, partition in ((OPERATIONS, day.operations), (EVENTS, day.events)):
