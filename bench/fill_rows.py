@@ -63,6 +63,9 @@ __all__ = [
 FILL_SCOPE = "anonymous"
 """The scope of requests without `Authorization` (`gateway.engine.scopes.ANONYMOUS_SCOPE`)."""
 DAY = 24 * 3600.0
+SPAN = 1.01 * DAY
+"""The fill's operations were created over the last `SPAN`: the oldest 1% are past the
+default retention (a day), so a sweep has receipts to expire, as on a store in use."""
 _ROUTE = "tickets"
 _PATH = "/tickets/v1/issues"
 _RECEIPT_BODY_SIZE = 300
@@ -126,7 +129,7 @@ class FilledOperation:
 def filled_operations(
     first: int, end: int, total: int, digests: Digests, *, exact: int, now: float
 ) -> Iterator[FilledOperation]:
-    """Operations `first..end-1` of `total`, created evenly over the day before `now`.
+    """Operations `first..end-1` of `total`, created evenly over the `SPAN` before `now`.
 
     The newest `exact` are built as the gateway builds them, with keys
     `fill_key(0..exact-1)` (the newest, so that their receipts outlive a benchmark:
@@ -137,7 +140,7 @@ def filled_operations(
     rng = random.Random(first)
     exact_from = total - min(exact, total)
     for index in range(first, end):
-        created = now - DAY + DAY * (index + 1) / total
+        created = now - SPAN + SPAN * (index + 1) / total
         if index >= exact_from:
             yield _exact_operation(index - exact_from, created, digests)
             continue
@@ -287,9 +290,8 @@ def _copy(
     prev = ""
     for event in template.events:  # prev links the chain as the template's did
         hash_ = digest(event[10])
-        events.append(
-            (operation_id, *event[1:3], int(event[3]) + shift_us, *event[4:9], prev, hash_)
-        )  # type: ignore[call-overload]
+        at_us = int(event[3]) + shift_us  # type: ignore[call-overload]
+        events.append((operation_id, *event[1:3], at_us, *event[4:9], prev, hash_))
         prev = str(hash_)
     row[28] = prev
     log = tuple(

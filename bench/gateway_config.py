@@ -21,6 +21,7 @@ bench/PROFILE.md).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -57,6 +58,8 @@ def write_gateway_config(
     log_level: LogLevel = "warning",
     workers: int = 1,
     similar_guard: SimilarGuard | None = None,
+    admin_token: str | None = None,
+    sweep_interval: str | None = None,
 ) -> Path:
     """Write a config for a gateway on 127.0.0.1, OS-chosen port, and return `path`.
 
@@ -64,7 +67,8 @@ def write_gateway_config(
     cost the benchmark reports separately. `workers` above 1 runs a supervisor
     and that many worker processes on the one port (`[server] workers`).
     `similar_guard` sets the route's guard ("off": no twin lookup at all); None
-    leaves the default ("unsettled").
+    leaves the default ("unsettled"). `admin_token` turns the admin API on, on a
+    port of its own; `sweep_interval` (a duration, "1s") replaces the default 60 s.
 
     >>> # write_gateway_config(tmp / "gw.toml", upstream=api.url, store_url="sqlite:////tmp/g.db")
     """
@@ -76,7 +80,14 @@ def write_gateway_config(
     }
     if similar_guard is not None:
         route["similar_guard"] = similar_guard
-    return _write(path, route, store_url, log_level, workers=workers)
+    extra: dict[str, dict[str, object]] = {}
+    if admin_token is not None:  # by its digest: the written file shows no secret
+        digest = hashlib.sha256(admin_token.encode()).hexdigest()
+        token = {"name": "bench", "token_sha256": digest, "role": "viewer"}
+        extra["admin"] = {"tokens": [token], "port": 0}
+    if sweep_interval is not None:
+        extra["idempotency"] = {"sweep_interval": sweep_interval}
+    return _write(path, route, store_url, log_level, workers=workers, extra=extra)
 
 
 def write_mcp_gateway_config(
@@ -120,16 +131,17 @@ def _write(
     log_level: LogLevel,
     *,
     workers: int = 1,
+    extra: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Path:
-    settings = Settings.model_validate(
-        {
-            "server": {"host": "127.0.0.1", "port": 0, "workers": workers},
-            "store": {"url": store_url},
-            "routes": [route],
-            "logging": {"level": log_level, "format": "json"},
-            "idempotency": {"shared_scope": True},  # the load generators send no credential
-        }
-    )
+    document: dict[str, dict[str, object]] = {
+        "server": {"host": "127.0.0.1", "port": 0, "workers": workers},
+        "store": {"url": store_url},
+        "logging": {"level": log_level, "format": "json"},
+        "idempotency": {"shared_scope": True},  # the load generators send no credential
+    }
+    for section, values in (extra or {}).items():
+        document.setdefault(section, {}).update(values)
+    settings = Settings.model_validate({**document, "routes": [route]})
     path.write_text(render_effective(settings))
     return path
 

@@ -47,6 +47,7 @@ class ServerProcess:
         start_timeout: float = _START_TIMEOUT,
         env: Mapping[str, str] | None = None,
         cwd: Path = ROOT,
+        admin: bool = False,
     ) -> None:
         self.name = name
         self.argv = argv
@@ -56,6 +57,9 @@ class ServerProcess:
         """Variables added to (or replacing) this process's inherited environment."""
         self.cwd = cwd
         self.url = ""
+        self.admin = admin
+        self.admin_url: str | None = None
+        """With `admin`, the admin listener's URL, which the server prints after its own."""
         self._process: subprocess.Popen[str] | None = None
 
     @property
@@ -87,6 +91,14 @@ class ServerProcess:
                 f"{self.name} did not start: {line!r}\n{self.log_path.read_text()[-2000:]}"
             )
         self.url = line.strip().rsplit(" ", 1)[-1]
+        if self.admin:
+            # A gateway with an admin token prints that listener's line right after the
+            # first (or exits: then EOF). Not `select`: the line may already be buffered.
+            following = self._process.stdout.readline()
+            if "admin listening on http://" not in following:
+                self.stop()
+                raise RuntimeError(f"{self.name} printed no admin listener: {following!r}")
+            self.admin_url = following.strip().rsplit(" ", 1)[-1]
         return self
 
     def stop(self) -> None:
@@ -152,10 +164,14 @@ def gateway(
     name: str = "gateway",
     env: Mapping[str, str] | None = None,
     cwd: Path = ROOT,
+    admin: bool = False,
 ) -> ServerProcess:
-    """`python -m gateway serve --config FILE`, its log beside the config file.
+    """`python -m gateway serve --config FILE`, its log beside the config file
+    (`admin`: the config has an admin token, so wait for that listener's URL too).
 
     `cwd` is where `-m gateway` is imported from (a scratch copy of the repository
     runs its own gateway code); `env` is added to the inherited environment."""
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path)]
-    return ServerProcess(name, argv, log_path=config_path.with_suffix(".log"), env=env, cwd=cwd)
+    return ServerProcess(
+        name, argv, log_path=config_path.with_suffix(".log"), env=env, cwd=cwd, admin=admin
+    )
