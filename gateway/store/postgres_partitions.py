@@ -155,6 +155,11 @@ def _literal(instant: dt.datetime) -> str:
     return f"'{instant.astimezone(dt.UTC).isoformat()}'"
 
 
+def _aware(instant: dt.datetime) -> dt.datetime:
+    """`instant` with a time zone: asyncpg reads `-infinity` as a naive `datetime.min`."""
+    return instant if instant.tzinfo is not None else instant.replace(tzinfo=dt.UTC)
+
+
 def _midnight(day: dt.date) -> dt.datetime:
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
 
@@ -168,6 +173,7 @@ def bounds(day: Day, legacy_before: dt.datetime) -> tuple[str, str]:
     >>> bounds(Day(None), before)
     ('MINVALUE', "'2026-12-04T14:30:00+00:00'")
     """
+    legacy_before = _aware(legacy_before)
     if day.day is None:
         return "MINVALUE", _literal(legacy_before)
     start = max(_midnight(day.day), legacy_before)
@@ -177,7 +183,7 @@ def bounds(day: Day, legacy_before: dt.datetime) -> tuple[str, str]:
 def day_end(day: Day, legacy_before: dt.datetime) -> dt.datetime:
     """When a day's partition stops taking new operations."""
     if day.day is None:
-        return legacy_before
+        return _aware(legacy_before)
     return _midnight(day.day + dt.timedelta(days=1))
 
 
@@ -192,7 +198,7 @@ async def create_day(
     `legacy_before` is where the partition from before ends (`LEGACY_BEFORE`): a day
     wholly before it is that partition's, and has none of its own.
     """
-    if day_end(day, legacy_before) <= legacy_before:
+    if day_end(day, legacy_before) <= _aware(legacy_before):
         raise ValueError(f"{day.day} lies in {name_of(OPERATIONS, None)} (before {legacy_before})")
     low, high = bounds(day, legacy_before)
     for table, partition, indexes in (
