@@ -3,7 +3,10 @@
 The schema is the gateway's own: a `PostgresStore` is opened and closed on
 the URL first (its migrations, its scope secret), then the rows of
 `bench.fill_rows` go in with binary `COPY` (`copy_records_to_table`), which
-routes rows into partitions when a table is partitioned. As for SQLite, the
+routes rows into the day partitions of operations and events (made first for
+the days the fill covers, as the store makes them: `create_day`); each key's
+row in the unpartitioned key table (`operation_keys`) goes in beside its
+operation. As for SQLite, the
 secondary indexes are dropped while filling and made again afterwards from
 their own definitions (`pg_indexes`), then the tables are analysed, as
 autovacuum would have done on a store that grew row by row. Indexes that back
@@ -19,8 +22,9 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from bench.fill_rows import OPERATION_COLUMNS, made_in_parallel
+from bench.fill_rows import OPERATION_COLUMNS, SPAN, made_in_parallel
 from bench.prefill import EXACT_ROWS, FillReport
+from gateway.store.postgres_partitions import Day, create_day
 
 __all__ = ["postgres_bytes", "prefill_postgres"]
 
@@ -32,8 +36,9 @@ _TIMES = frozenset(
 _BOOLEANS = frozenset({"body_retained", "request_kept"})
 _EVENT_COLUMNS = (
     "operation_id", "seq", "type", "at_us", "actor", "version", "data", "payload", "storage",
-    "prev", "hash",
+    "prev", "hash", "op_created_at",
 )  # fmt: skip
+_KEY_COLUMNS = ("scope", "key", "id", "created_at")
 _LOG_COLUMNS = (
     "operation_id",
     "seq",
@@ -66,19 +71,27 @@ async def _prefill(url: str, rows: int, exact: int) -> FillReport:
         secret = bytes(
             await connection.fetchval("SELECT value FROM gateway_meta WHERE name = 'scope_secret'")
         )
+        await _make_days(connection, time.time())
         indexes = await _drop_secondary_indexes(connection)
         operation_columns = [*OPERATION_COLUMNS]
         for operations, events, log, counts in made_in_parallel(
             rows, secret, exact=exact, chunk=_CHUNK
         ):
+            typed = [_typed(row, operation_columns) for row in operations]
+            created = {row[0]: row[11] for row in typed}  # id -> created_at
             async with connection.transaction():
                 await connection.copy_records_to_table(
-                    "operations",
-                    records=[_typed(row, operation_columns) for row in operations],
-                    columns=operation_columns,
+                    "operations", records=typed, columns=operation_columns
                 )
                 await connection.copy_records_to_table(
-                    "operation_events", records=events, columns=_EVENT_COLUMNS
+                    "operation_keys",
+                    records=[(row[1], row[2], row[0], row[11]) for row in typed],
+                    columns=_KEY_COLUMNS,
+                )
+                await connection.copy_records_to_table(
+                    "operation_events",
+                    records=[(*event, created[event[0]]) for event in events],
+                    columns=_EVENT_COLUMNS,
                 )
                 await connection.copy_records_to_table(
                     "request_log",
@@ -98,6 +111,29 @@ async def _prefill(url: str, rows: int, exact: int) -> FillReport:
     return FillReport(
         rows=rows, exact=min(rows, exact), seconds=time.perf_counter() - started, file_bytes=size
     )
+
+
+async def _make_days(connection: asyncpg.Connection, now: float) -> None:
+    """The day partitions the fill's operations fall in (the day before `now`), where
+    the store has not made them (it makes today's and the next days')."""
+    first = datetime.datetime.fromtimestamp(now - SPAN - 60, datetime.UTC).date()
+    last = datetime.datetime.fromtimestamp(now + 60, datetime.UTC).date()
+    legacy_before = await connection.fetchval("SELECT gateway_legacy_before()")
+    existing = {
+        str(name)
+        for name in await connection.fetch(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'operations' "
+            "AND p.relnamespace = current_schema()::regnamespace"
+        )
+        for name in name.values()
+    }
+    day = first
+    while day <= last:
+        if Day(day).operations not in existing:
+            async with connection.transaction():
+                await create_day(connection, Day(day), legacy_before)
+        day += datetime.timedelta(days=1)
 
 
 async def _drop_secondary_indexes(connection: asyncpg.Connection) -> list[str]:

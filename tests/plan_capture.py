@@ -220,8 +220,34 @@ def postgres_plans(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, A
         yield plans
 
 
-def postgres_scans(plans: list[dict[str, Any]]) -> Scans:
-    """The plans among `plans` with a sequential scan of a big table."""
+async def empty_tables(url: str) -> frozenset[str]:
+    """The tables of `url`'s schema that hold no row: the days' partitions made ahead.
+
+    A plan may scan such a partition (it is empty, and the planner knows it); once
+    it fills, autovacuum's ANALYZE invalidates the plans that read it, and the next
+    plan is checked like the others. The partition the store fills today is not
+    empty, so its plans are checked.
+    """
+    import asyncpg
+
+    connection = await asyncpg.connect(url)
+    try:
+        names = await connection.fetch(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' "
+            "AND relnamespace = current_schema()::regnamespace"
+        )
+        empty = set()
+        for row in names:
+            name = str(row["relname"])
+            if not await connection.fetchval(f'SELECT EXISTS (SELECT 1 FROM "{name}")'):
+                empty.add(name)
+        return frozenset(empty)
+    finally:
+        await connection.close()
+
+
+def postgres_scans(plans: list[dict[str, Any]], empty: frozenset[str] = frozenset()) -> Scans:
+    """The plans among `plans` with a sequential scan of a big table (not one of `empty`)."""
     scans = Scans()
     for document in plans:
         scans.statements += 1
@@ -230,7 +256,11 @@ def postgres_scans(plans: list[dict[str, Any]]) -> Scans:
             continue  # a start-up note: one row read, whatever its plan
         for node in _nodes(document.get("Plan", {})):
             relation = str(node.get("Relation Name", ""))
-            if node.get("Node Type") == "Seq Scan" and big_table(relation):
+            if (
+                node.get("Node Type") == "Seq Scan"
+                and big_table(relation)
+                and relation not in empty
+            ):
                 scans.found.append((text, f"Seq Scan on {relation}"))
     return scans
 

@@ -22,7 +22,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from harness import ADMIN_TOKEN, RunningGateway, settings_for, start_gateway, stop_gateway
+from pg import schema_url
 from plan_capture import (
+    empty_tables,
+    explained_url,
+    postgres_plans,
+    postgres_scans,
     sqlite_scans,
     sqlite_statements,
 )
@@ -30,6 +35,7 @@ from upstream import CountingUpstream
 
 from bench.fill_rows import fill_key
 from bench.prefill import prefill
+from bench.prefill_pg import prefill_postgres
 from gateway.web.appkeys import STORE
 
 ROWS = int(os.environ.get("GATEWAY_PLAN_ROWS", "20000"))
@@ -123,6 +129,25 @@ async def test_sqlite_hot_path_scans_no_big_table(
             await stop_gateway(gateway)
     scans = sqlite_scans(str(path), statements, rows=ROWS)
     assert scans.statements > 20, f"too few statements seen: {scans.statements}"
+    assert not scans.found, scans.report()
+
+
+@pytest.mark.postgres
+@pytest.mark.filterwarnings("ignore:.*active log listener:asyncpg.InterfaceWarning")
+async def test_postgres_hot_path_scans_no_big_table(
+    tmp_path: Path, upstream: CountingUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with schema_url() as url:
+        await asyncio.to_thread(prefill_postgres, url, ROWS)
+        with postgres_plans(monkeypatch) as plans:
+            gateway = await start_gateway(_settings(tmp_path, upstream, explained_url(url)))
+            try:
+                await drive_the_hot_path(gateway)
+            finally:
+                await stop_gateway(gateway)
+        empty = await empty_tables(url)
+    scans = postgres_scans(plans, empty)
+    assert scans.statements > 20, f"too few plans seen: {scans.statements}"
     assert not scans.found, scans.report()
 
 

@@ -1061,7 +1061,7 @@ class PostgresStore(PostgresConnection):
             connection.transaction(),
         ):
             rows = await connection.fetch(
-                f"{_DUE.format(where=where, limit='1000')} "
+                f"{_DUE.format(where=where, order='lease_expires_at', limit='1000')} "
                 "UPDATE operations SET state = 'unknown', lease_owner = NULL, "
                 f"updated_at = {NOW}, version = version + 1, "
                 "evidence = evidence || jsonb_build_array("
@@ -1083,6 +1083,7 @@ class PostgresStore(PostgresConnection):
         # Whole days first (`gateway.store.postgres_partitions`): what they drop, rows
         # need not be deleted one by one below.
         await self._partitions.maintain()
+        limit = int(batch)  # written in: the planner then knows a batch is small
         async with (
             _translated("sweep"),
             self._require_pool().acquire() as connection,
@@ -1092,23 +1093,23 @@ class PostgresStore(PostgresConnection):
                 _DUE.format(
                     where="state = 'completed' AND response_body IS NOT NULL "
                     f"AND expires_at <= {NOW}",
-                    limit="$1",
+                    order="expires_at",
+                    limit=limit,
                 )
                 + "UPDATE operations o SET response_body = NULL, response_headers = NULL, "
                 f"request_kept = false, updated_at = {NOW}, version = version + 1 "
                 f"WHERE {_IN_DUE.format(t='o.')} RETURNING {columns_of('o')}",
-                batch,
             )
             requests = await connection.fetch(
                 _DUE.format(
                     where="request_kept AND state IN ('completed', 'released') "
                     f"AND expires_at <= {NOW}",
-                    limit="$1",
+                    order="expires_at",
+                    limit=limit,
                 )
                 + f"UPDATE operations o SET request_kept = false, updated_at = {NOW}, "
                 f"version = version + 1 WHERE {_IN_DUE.format(t='o.')} "
                 f"RETURNING {columns_of('o')}",
-                batch,
             )
             changes = []
             for rows, erased in (
@@ -1123,30 +1124,32 @@ class PostgresStore(PostgresConnection):
             forgotten = await connection.fetchval(
                 _DUE.format(
                     where=f"state IN ('completed', 'released') AND forgotten_at <= {NOW}",
-                    limit="$1",
+                    order="forgotten_at",
+                    limit=limit,
                 )
                 + ", events AS (DELETE FROM operation_events e "
                 "WHERE e.operation_id = ANY(ARRAY(SELECT id FROM due)) AND e.op_created_at "
                 "BETWEEN (SELECT min(gateway_event_key(created_at)) FROM due) "
                 "AND (SELECT max(gateway_event_key(created_at)) FROM due)), "
-                "checkpoints AS (DELETE FROM history_checkpoints c USING due "
-                "WHERE c.operation_id = due.id), "
-                "keyed AS (DELETE FROM history_keyed_since k USING due "
-                "WHERE k.operation_id = due.id), "
-                "requests AS (DELETE FROM request_log r USING due "
-                "WHERE r.operation_id = due.id), "
-                "counts AS (DELETE FROM request_counts n USING due "
-                "WHERE n.operation_id = due.id), "
-                "keys AS (DELETE FROM operation_keys k USING due WHERE k.id = due.id), "
+                # By `= ANY(ARRAY(...))`, not a join: each is then a probe of the table's
+                # index per due id, where a join may hash the whole table.
+                "checkpoints AS (DELETE FROM history_checkpoints c "
+                "WHERE c.operation_id = ANY(ARRAY(SELECT id FROM due))), "
+                "keyed AS (DELETE FROM history_keyed_since k "
+                "WHERE k.operation_id = ANY(ARRAY(SELECT id FROM due))), "
+                "requests AS (DELETE FROM request_log r "
+                "WHERE r.operation_id = ANY(ARRAY(SELECT id FROM due))), "
+                "counts AS (DELETE FROM request_counts n "
+                "WHERE n.operation_id = ANY(ARRAY(SELECT id FROM due))), "
+                "keys AS (DELETE FROM operation_keys k "
+                "WHERE k.id = ANY(ARRAY(SELECT id FROM due))), "
                 f"gone AS (DELETE FROM operations o WHERE {_IN_DUE.format(t='o.')} "
                 "RETURNING 1) SELECT count(*) FROM gone",
-                batch,
             )
             await connection.execute(
                 "DELETE FROM similar_refusals WHERE (scope, key) IN (SELECT scope, key "
-                f"FROM similar_refusals WHERE expires_at <= {NOW} - {SECONDS.format('$2')} "
-                "LIMIT $1 FOR UPDATE SKIP LOCKED)",
-                batch,
+                f"FROM similar_refusals WHERE expires_at <= {NOW} - {SECONDS.format('$1')} "
+                f"ORDER BY expires_at LIMIT {limit} FOR UPDATE SKIP LOCKED)",
                 BINDING_SWEEP_SLACK,
             )
         return SweepReport(receipts_expired=len(expired), forgotten=int(forgotten))
@@ -1216,10 +1219,14 @@ class PostgresStore(PostgresConnection):
 
 _DUE = (
     "WITH due AS (SELECT created_at, seq, id FROM operations WHERE {where} "
-    "LIMIT {limit} FOR UPDATE SKIP LOCKED) "
+    "ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED) "
 )
-"""A batch of rows, locked, that other replicas' batches skip (format: the condition and
-the limit); `_IN_DUE` finds them again."""
+"""A batch of rows, locked, that other replicas' batches skip (format: the condition, the
+time column it bounds and the limit); `_IN_DUE` finds them again. Ordered by that column,
+so the plan reads its index from the oldest due row (a generic plan otherwise scanned
+every partition whole, betting that due rows were everywhere, and found none when none
+was due), and the limit written in, so the planner knows the batch is small and deletes
+its per-operation rows by index."""
 
 _IN_DUE = (
     "{t}seq = ANY(ARRAY(SELECT seq FROM due)) AND {t}created_at "
