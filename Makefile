@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck ts-build ts-test bench soak fuzz simulate clean
+.PHONY: run test test-full lint typecheck ts-build ts-test bench soak fuzz simulate clean
 
 # What make run serves: the gateway, and for the demo's example tools and agents the Python
 # client with the MCP SDK (the example MCP server); no test or lint tools.
@@ -51,9 +51,18 @@ ts-test: $(STAMP) $(TS_STAMP)
 	cd $(TS) && npm run --silent typecheck && npm test
 
 # One pytest worker per core: the tests are independent (port 0, tmp_path, a
-# PostgreSQL schema each); about 8 minutes on 2 cores. The 15 slowest are listed last.
+# PostgreSQL schema each). The 15 slowest are listed last.
+PYTEST := $(BIN)/python -m pytest -n auto --durations=15
+
+# The fast profile (tests/suite_profile.py): the slowest properties (schemathesis, hypothesis,
+# the simulation's seeds, the benchmarks' smoke runs) at a share of their counts.
 test: lint typecheck ts-test
-	$(BIN)/python -m pytest -n auto --durations=15
+	$(PYTEST)
+
+# The same with every property at its full count (GATEWAY_TEST_PROFILE=full), as the tests
+# state them.
+test-full: lint typecheck ts-test
+	GATEWAY_TEST_PROFILE=full $(PYTEST)
 
 # The gateway against a plain aiohttp proxy and the store at 1M operations, in one
 # run (about 12 minutes on 2 cores); writes bench/RESULTS.md. Its first section is the

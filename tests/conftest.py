@@ -12,6 +12,7 @@ import pytest_asyncio
 from aiohttp import web
 from harness import GatewayProcess, RunningGateway, settings_for, start_gateway, stop_gateway
 from pg import schema_url, server_in_use
+from suite_profile import PROFILE_ENV, load_hypothesis_profile, profile
 from upstream import CountingUpstream
 
 from examples.tool_api import STATE, ToolState, create_app
@@ -23,6 +24,14 @@ if TYPE_CHECKING:
 
 # The session fails (and kills them) if processes the tests started are still running at its end.
 pytest_plugins = ("process_leaks",)
+
+# Before any test module is imported: their `@settings` inherit the profile's defaults.
+load_hypothesis_profile()
+
+
+def pytest_report_header() -> str:
+    """Say which profile runs, so a fast run is never mistaken for the full counts."""
+    return f"test profile: {profile()} ({PROFILE_ENV}=full: every property at its full count)"
 
 
 @pytest_asyncio.fixture

@@ -8,6 +8,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from suite_profile import examples
 
 from gateway.config import Settings, load_settings
 from gateway.engine.errors import ConfigError
@@ -48,7 +49,9 @@ values = st.recursive(
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(key=st.sampled_from(KEYS), value=values)
 def test_any_value_loads_or_is_refused_naming_its_key(tmp_path: Path, key: str, value: Any) -> None:

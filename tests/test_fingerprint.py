@@ -17,6 +17,7 @@ import pytest
 import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from suite_profile import examples
 
 from gateway.engine.fingerprint import (
     FINGERPRINT_V2_PREFIX,
@@ -97,7 +98,7 @@ def test_fingerprint_shape_and_determinism() -> None:
     st.sampled_from(["method", "route", "path", "query", "content_type", "body"]),
     st.data(),
 )
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 def test_every_part_changes_the_fingerprint(
     request: dict[str, Any], part: str, data: st.DataObject
 ) -> None:
@@ -495,14 +496,14 @@ serialisations = st.fixed_dictionaries(
 
 
 @given(json_values, serialisations)
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 def test_canonical_json_matches_the_reference(value: Any, style: dict[str, Any]) -> None:
     """Any serialisation of a JSON value canonicalises to what `rfc8785.dumps` gives."""
     assert canonical_json(json.dumps(value, **style).encode()) == rfc8785.dumps(value)
 
 
 @given(json_values, serialisations, serialisations, st.sampled_from(["", "; charset=utf-8"]))
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 def test_reserialising_keeps_the_v2_fingerprint(
     value: Any, first: dict[str, Any], second: dict[str, Any], parameters: str
 ) -> None:
@@ -513,7 +514,7 @@ def test_reserialising_keeps_the_v2_fingerprint(
 
 
 @given(st.integers(1, 10**25).map(str), st.integers(-340, 340), st.integers(0, 5), st.booleans())
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 def test_numbers_are_compared_by_exact_value(
     digits: str, exponent: int, shift: int, negative: bool
 ) -> None:
@@ -534,7 +535,7 @@ _NAMES = st.text(st.sampled_from("abcxyz-_.~%20"), min_size=1, max_size=6)
 
 
 @given(_QUERY_TEXT | st.text(max_size=20))
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 def test_canonical_query_and_path_are_idempotent(raw: str) -> None:
     """Canonicalising a canonical query or path changes nothing."""
     assert canonical_query(canonical_query(raw)) == canonical_query(raw)
@@ -545,7 +546,7 @@ def test_canonical_query_and_path_are_idempotent(raw: str) -> None:
     st.dictionaries(_NAMES, st.text(st.sampled_from("0123abc%2f+="), max_size=5), min_size=1),
     st.randoms(use_true_random=False),
 )
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 def test_canonical_query_ignores_the_order_of_distinct_names(
     parameters: dict[str, str], random: Any
 ) -> None:
@@ -561,7 +562,7 @@ _JSONISH = st.text(st.sampled_from('[]{}",:0123456789.eE+- \ntrufalsn\\ud8\\udc'
 
 
 @given(st.binary(max_size=80) | st.text(max_size=40).map(str.encode) | _JSONISH.map(str.encode))
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 def test_canonical_json_never_raises(body: bytes) -> None:
     """Arbitrary bytes or text give a canonical form or None, never an exception."""
     canonical = canonical_json(body)
@@ -571,7 +572,7 @@ def test_canonical_json_never_raises(body: bytes) -> None:
 
 
 @given(st.text(st.characters(exclude_categories=()), max_size=40))
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 def test_canonical_json_never_raises_on_surrogates(text: str) -> None:
     """Lone surrogates, as raw bytes or as escapes in a JSON string, make a body bytes."""
     read = json.loads(json.dumps(text))  # escaped surrogate pairs join into one character
@@ -598,7 +599,7 @@ _PLAIN = st.text(st.characters(exclude_characters="%&", exclude_categories=["Cs"
     st.sampled_from(["method", "route", "path", "query", "content_type", "body"]),
     st.data(),
 )
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 def test_v2_every_part_changes_it(request: dict[str, Any], part: str, data: st.DataObject) -> None:
     """Changing any one part of a request to a non-equivalent value changes version 2 too."""
     other = dict(request)

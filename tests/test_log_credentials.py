@@ -22,6 +22,7 @@ from harness import ADMIN_ENV, GatewayProcess, spawn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rawhttp import address_of
+from suite_profile import examples
 
 TOKEN = "tok-SECRET-9f8e7d6c5b4a3f2e"
 CLOSED_UPSTREAM = "http://127.0.0.1:9"
@@ -111,7 +112,7 @@ def test_fuzz_malformed_header_lines_never_put_a_credential_in_the_log(
     address = address_of(gateway.url)
     sent: list[str] = []
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
     @given(_NAME, _SEPARATOR, _SCHEME, _CREDENTIAL, _JUNK, _ENDING, st.booleans())
     def send_one(
         name: bytes,

@@ -19,6 +19,7 @@ from conftest import GatewayFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp_upstream import CountingMcpServer
+from suite_profile import examples
 
 PREFIX = "/tools"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -82,7 +83,7 @@ async def mcp_gateway(
 
 
 @settings(
-    max_examples=60,
+    max_examples=examples(60),
     deadline=None,
     derandomize=True,
     database=None,

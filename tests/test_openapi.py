@@ -30,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from suite_profile import examples
 from upstream import effects_probe
 
 from gateway.web.appkeys import STORE
@@ -46,11 +47,12 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CLIENT = {"Authorization": "Bearer t0k3n"}
 CLIENTS = [{"name": "agent-a", "token_sha256": [hashlib.sha256(b"t0k3n").hexdigest()]}]
 
-EXAMPLES_PER_RUN = 100
-"""Per operation, generation mode and seeded id: about 25 s in all. At 30, the run
-missed the non-ASCII base64 body bug that 100 finds (pinned by the regression test
-below). `derandomize` derives the cases from the test function, so they are the same
-on every run and in CI, but editing `explore` changes them."""
+EXAMPLES_PER_RUN = examples(100)
+"""Per operation, generation mode and seeded id: 100 in `make test-full` (about 100 s on
+2 busy cores), a quarter in `make test`. At 30, the run missed the non-ASCII base64 body
+bug that 100 finds (pinned by the regression test below, which both run). `derandomize`
+derives the cases from the test function, so they are the same on every run and in CI,
+but editing `explore` changes them."""
 
 CONFORMANCE = [
     status_code_conformance,

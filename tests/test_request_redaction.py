@@ -22,6 +22,7 @@ from conftest import GatewayFactory
 from harness import ADMIN_TOKEN, RunningGateway
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from suite_profile import examples
 from test_cli import admin, cli, operation_id
 from test_cli_history import admin_json
 from upstream import CountingUpstream
@@ -105,7 +106,7 @@ def _json_documents(draw: st.DrawFn, secret: str) -> Any:
     return inner
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data(), secret=_values)
 def test_no_secret_value_survives_in_any_format(data: st.DataObject, secret: str) -> None:
     """Random JSON (under JSON and other media types), form and multipart bodies with
@@ -131,7 +132,7 @@ def test_no_secret_value_survives_in_any_format(data: st.DataObject, secret: str
 
 
 @settings(
-    max_examples=15,
+    max_examples=examples(15, fast=5),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
