@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from suite_profile import is_full
 
 pytestmark = pytest.mark.slow
 
@@ -85,12 +86,13 @@ def _table_rows(output: str, heading: str) -> dict[str, list[str]]:
     return rows
 
 
-def _quick_run(module: str, *options: str) -> subprocess.CompletedProcess[str]:
-    """`python -m <module> --quick`, in a process group of its own: the servers it starts
-    (tool API, plain proxy, gateways and their workers) are in it too, and all of them
-    end with the test, even when the run is killed before it could stop them."""
+def _quick_run(module: str, *options: str, quick: bool = True) -> subprocess.CompletedProcess[str]:
+    """`python -m <module> --quick` (without `--quick` if not `quick`: `options` size the
+    run), in a process group of its own: the servers it starts (tool API, plain proxy,
+    gateways and their workers) are in it too, and all of them end with the test, even
+    when the run is killed before it could stop them."""
     process = subprocess.Popen(
-        [sys.executable, "-m", module, "--quick", *options],
+        [sys.executable, "-m", module, *(["--quick"] if quick else []), *options],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -107,10 +109,21 @@ def _quick_run(module: str, *options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(process.args, process.returncode, output, errors)
 
 
+SMALLER_RUN = ("--duration", "0.2", "--rows", "2000")
+"""`make test`'s quick run: every row and section as `--quick` has them, each row measured
+for 0.2 s (not 0.5 s) and the large store-scale point at 2,000 operations (not 10,000).
+`make test-full` runs `--quick` as it is."""
+
+DEFAULTS_SMALLER_RUN = ("--seconds", "0.3", "--connections", "8", "--runs", "1", "--warmup", "0")
+"""`make test`'s defaults run: `--quick`'s sizes (c=8, one run, no warm-up) with 0.3 s
+windows instead of its 1 s. `make test-full` runs `--quick` itself."""
+
+
 def test_quick_run_prints_every_row() -> None:
     """A quick run exits 0, prints every row, sees no failed request and writes no file."""
     before = RESULTS.read_bytes() if RESULTS.exists() else None
-    completed = _quick_run("bench.run", "--client", "aiohttp")
+    smaller = () if is_full() else SMALLER_RUN
+    completed = _quick_run("bench.run", "--client", "aiohttp", *smaller)
     assert completed.returncode == 0, completed.stderr[-3000:]
     output = completed.stdout
     assert "- load generator: aiohttp" in output, output
@@ -191,7 +204,10 @@ def test_defaults_quick_run() -> None:
             pytest.fail("wrk is not installed: .ci/run installs the Debian package wrk")
         pytest.skip("wrk is not installed (apt-get install wrk)")
     before = RESULTS.read_bytes() if RESULTS.exists() else None
-    completed = _quick_run("bench.defaults")
+    if is_full():
+        completed = _quick_run("bench.defaults")
+    else:
+        completed = _quick_run("bench.defaults", *DEFAULTS_SMALLER_RUN, quick=False)
     output = completed.stdout
     assert completed.returncode == 0, output[-3000:] + completed.stderr[-3000:]
     summary = _table_rows(output, "## The defaults: the issue's harness")
