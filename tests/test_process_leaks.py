@@ -45,6 +45,12 @@ def test_ends_its_child():
 """
 
 
+INNER_PLUGINS = ("-p", "process_leaks", "-p", "xdist.plugin", "-p", "no:cacheprovider")
+"""The inner runs load the plugin under test and pytest-xdist, nothing else: the venv's
+other plugins (hypothesis, schemathesis, langsmith, ...) have no part in what is checked
+here and cost seconds of start-up in every run and every xdist worker."""
+
+
 def run_pytest(tmp_path: Path, body: str, *options: str) -> tuple[int, str, list[int]]:
     """Run pytest with the plugin on a test file of `body`; its exit status, output and the
     pids its tests wrote down. In a process group of its own, ended whatever happens."""
@@ -52,13 +58,11 @@ def run_pytest(tmp_path: Path, body: str, *options: str) -> tuple[int, str, list
     pids.touch()
     source = PREAMBLE + f"PIDS = {str(pids)!r}\n" + body
     (tmp_path / "test_inner.py").write_text(source)
-    (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
-    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the rootdir: not this repository's
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "process_leaks", "-p", "no:cacheprovider", *options],
+        [sys.executable, "-m", "pytest", *INNER_PLUGINS, *options],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        env={**os.environ, "PYTHONPATH": str(TESTS), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
