@@ -36,6 +36,15 @@ def site_packages() -> Path:
     return Path(next(p for p in sys.path if p.endswith("site-packages")))
 
 
+def mypy_cache(request: pytest.FixtureRequest, name: str, tmp_path: Path) -> Path:
+    """A mypy cache kept in pytest's cache directory, one per check (as the docs test keeps
+    its own): a cold strict run spends most of its ~10 s on the standard library's stubs,
+    which a warm cache reads back. mypy rechecks whatever changed, so the check is the same.
+    Under `-p no:cacheprovider`, a fresh one in `tmp_path`."""
+    kept = getattr(request.config, "cache", None)
+    return kept.mkdir(name) if kept is not None else tmp_path / name
+
+
 def test_editable_installs_are_plain_path_entries() -> None:
     """The `.pth` files name directories, not an import-hook module mypy cannot read."""
     entries = {
@@ -48,7 +57,9 @@ def test_editable_installs_are_plain_path_entries() -> None:
         assert Path(text).is_dir(), (name, text)
 
 
-def test_a_users_mypy_strict_sees_the_clients_types(tmp_path: Path) -> None:
+def test_a_users_mypy_strict_sees_the_clients_types(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Outside the repository (so only the installed packages are found), strict mypy passes
     and sees real types, not `Any`."""
     user = tmp_path / "agent.py"
@@ -65,7 +76,7 @@ def test_a_users_mypy_strict_sees_the_clients_types(tmp_path: Path) -> None:
             "mypy",
             "--strict",
             "--cache-dir",
-            str(tmp_path / "cache"),
+            str(mypy_cache(request, "packaging-mypy-checkout", tmp_path)),
             "agent.py",
         ],
         cwd=tmp_path,
@@ -143,13 +154,19 @@ def build_and_install(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
     wheels = sorted(dist.glob("*.whl"))
-    run([venv / "bin" / "python", "-m", "pip", "install", "-q", *wheels], cwd=tmp_path)
+    # --no-compile: no bytecode for every module of every dependency up front (seconds of
+    # CPU); Python compiles what the checks below import, as it would without it.
+    pip_install = ["-m", "pip", "install", "-q", "--no-compile"]
+    run([venv / "bin" / "python", *pip_install, *wheels], cwd=tmp_path)
     return venv
 
 
 @pytest.mark.slow  # builds two projects and installs them with their dependencies: ~1-2 min
 async def test_the_built_packages_install_into_a_fresh_venv_and_run(
-    tmp_path: Path, upstream: CountingUpstream, processes: list[GatewayProcess]
+    tmp_path: Path,
+    upstream: CountingUpstream,
+    processes: list[GatewayProcess],
+    request: pytest.FixtureRequest,
 ) -> None:
     venv = await asyncio.to_thread(build_and_install, tmp_path)
     outside = tmp_path / "user"  # nothing of this checkout on the path
@@ -210,9 +227,8 @@ async def test_the_built_packages_install_into_a_fresh_venv_and_run(
         "--python-executable",
         venv / "bin" / "python",
     ]
-    revealed = await asyncio.to_thread(
-        run, [*mypy, "--cache-dir", tmp_path / "mypy-cache", "agent.py"], outside
-    )
+    cache = mypy_cache(request, "packaging-mypy-installed", tmp_path)
+    revealed = await asyncio.to_thread(run, [*mypy, "--cache-dir", cache, "agent.py"], outside)
     assert "idempotency_gateway_client._models.Operation | None" in revealed
 
 
