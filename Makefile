@@ -45,14 +45,21 @@ typecheck: $(STAMP)
 ts-build: $(TS_STAMP)
 	cd $(TS) && npm run --silent build
 
-# The TypeScript client: type-checked (sources and framework examples, strict; each script builds first),
-# then `node --test` against gateways started from .venv (hence $(STAMP)).
+# The TypeScript client: type-checked (sources and framework examples, strict; the script
+# builds first), then `node --test` against gateways started from .venv (hence $(STAMP)).
+# --ignore-scripts skips only `pretest`, a second build of the sources just built.
 ts-test: $(STAMP) $(TS_STAMP)
-	cd $(TS) && npm run --silent typecheck && npm test
+	cd $(TS) && npm run --silent typecheck && npm test --ignore-scripts
 
 # One pytest worker per core: the tests are independent (port 0, tmp_path, a
 # PostgreSQL schema each). The 15 slowest are listed last.
 PYTEST := $(BIN)/python -m pytest -n auto --durations=15
+
+# The suite starts hundreds of Python processes (gateways, agents, CLIs, benchmarks, pytest
+# itself); where the environment turns Python's bytecode cache off, each compiled its
+# modules again, and pytest re-rewrote every plugin's. The tests write it (__pycache__,
+# ignored by git).
+test test-full: export PYTHONDONTWRITEBYTECODE :=
 
 # The fast profile (tests/suite_profile.py): the slowest properties (schemathesis, hypothesis,
 # the simulation's seeds, the benchmarks' smoke runs) at a share of their counts.
