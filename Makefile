@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-full lint typecheck ts-build ts-test bench soak fuzz simulate clean
+.PHONY: run test test-full lint typecheck ts-build ts-test bench big-stores plans soak fuzz simulate clean
 
 # What make run serves: the gateway, and for the demo's example tools and agents the Python
 # client with the MCP SDK (the example MCP server); no test or lint tools.
@@ -77,6 +77,20 @@ test-full: lint typecheck ts-test
 # rows when installed (Debian package wrk), else an aiohttp client.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run --write
+
+# The store at 1 thousand, 1 million and 10 million operations (bench/big_stores.py), one
+# table per store. STORE=sqlite or postgres; SIZES to choose; KEEP=DIR fills SQLite files there
+# once and reuses them (ten million take a while: about 24 GB and most of an hour here).
+STORE ?= sqlite
+SIZES ?= 1000,1000000,10000000
+big-stores: $(STAMP)
+	$(BIN)/python -m bench.big_stores --store $(STORE) --sizes $(SIZES) $(if $(KEEP),--keep $(KEEP))
+
+# The hot path's query plans on a store of ROWS operations, both stores (tests/test_query_plans.py;
+# make test runs it at 20,000).
+ROWS ?= 10000000
+plans: $(STAMP)
+	GATEWAY_PLAN_ROWS=$(ROWS) $(BIN)/python -m pytest tests/test_query_plans.py -p no:randomly
 
 # The gateway's memory under 10 minutes of new keys; replaces the soak section of bench/RESULTS.md.
 soak: $(STAMP)
