@@ -50,13 +50,14 @@ from bench.plan import Plan
 from bench.prefill import EXACT_ROWS, FillReport, bytes_per_operation, prefill
 from bench.prefill_pg import prefill_postgres
 from bench.report import Table, ms, ratio
+from gateway.engine.sweeper import SWEEP_BATCH
 from gateway.store import Store
 
 __all__ = ["BigStorePoint", "measure_point", "points_table"]
 
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
 _SEARCHES = 200
-_SWEEP_BATCH = 500  # gateway.engine.sweeper.SWEEP_BATCH
+_SWEEP_BATCH = SWEEP_BATCH
 _SWEEP_REPEATS = 5
 _LOADS = (("claim", "new", "POST"), ("replay", "replay", "POST"), ("lookup", "lookup", "GET"))
 
@@ -259,7 +260,9 @@ def points_table(points: list[BigStorePoint]) -> Table:
         for index, edge in enumerate(("p50", "p99")):
             label = f"admin search by {'key' if name == 'key' else 'key prefix (8 chars)'} {edge}"
             body.append(line(label, [p.searches[name][index] for p in points]))
-    body.append(line("sweep batch of 500, receipts due, median", [p.sweep_ms for p in points]))
+    body.append(
+        line(f"sweep batch of {_SWEEP_BATCH}, receipts due, median", [p.sweep_ms for p in points])
+    )
     body.append(
         line(
             f"receipts those {_SWEEP_REPEATS} batches expired",

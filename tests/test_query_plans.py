@@ -36,6 +36,7 @@ from upstream import CountingUpstream
 from bench.fill_rows import fill_key
 from bench.prefill import prefill
 from bench.prefill_pg import prefill_postgres
+from gateway.engine.sweeper import SWEEP_BATCH
 from gateway.web.appkeys import STORE
 
 ROWS = int(os.environ.get("GATEWAY_PLAN_ROWS", "20000"))
@@ -89,7 +90,7 @@ async def drive_the_hot_path(gateway: RunningGateway) -> None:
             f"{gateway.admin_url}/admin/operations/{operation_id}{path}", headers=ADMIN
         )
         assert answer.status == 200, (path, await answer.text())
-    await gateway.app[STORE].sweep(batch=500)
+    await gateway.app[STORE].sweep(batch=SWEEP_BATCH)
 
 
 async def wait_for_request_log(gateway: RunningGateway, operation_id: str) -> None:

@@ -21,8 +21,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.sweeper")
 
-SWEEP_BATCH = 500
-MAX_BATCHES_PER_PASS = 200
+SWEEP_BATCH = 50
+"""Rows a batch changes. A batch holds the store's writer (SQLite) or its rows' locks
+until it commits, and a claim that arrives meanwhile waits for it: measured at a million
+and at ten million stored operations on SQLite, a batch that expired 500 receipts took
+about 200 ms, and claims made while a backlog was swept waited 400-500 ms at the median
+(a claim and its receipt each queued behind one). Fifty keep each wait a tenth of that;
+the pass keeps its pace with ten times the batches."""
+MAX_BATCHES_PER_PASS = 2000
 """A pass stops after this many batches (100k records); the next pass continues."""
 
 
