@@ -19,7 +19,6 @@ from typing import IO, Any
 from gateway.engine.clock import Clock
 from gateway.engine.errors import StoreUnavailable
 from gateway.store.base import SettledSignal
-from gateway.store.sqlite_checkpoint import WalCheckpointer, checkpoint_connection
 from gateway.store.sqlite_schema import CLOCK_FUNCTION, SETTLED_FUNCTION
 from gateway.store.sqlite_thread import SqliteWriterThread
 
@@ -63,7 +62,6 @@ class SqliteConnection:
             max_batch=max_batch,
             on_batch=on_batch,
             after_commit=self._publish_settled if shared and shared.signal else None,
-            checkpointer=WalCheckpointer(checkpoint_connection(path), path),
         )
         self._lock_file: IO[bytes] | None = None
         self._reader: sqlite3.Connection | None = None

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from gateway.engine.errors import STORE_DOWN, StoreUnavailable
-from gateway.store.sqlite_checkpoint import WalCheckpointer
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.store.sqlite")
@@ -77,11 +76,8 @@ class SqliteWriterThread:
         max_batch: int = 256,
         on_batch: Callable[[int], None] | None = None,
         after_commit: Callable[[], None] | None = None,
-        checkpointer: WalCheckpointer | None = None,
     ) -> None:
-        """`after_commit` runs on the loop once each batch's jobs are resolved.
-        `checkpointer` takes WAL checkpoints out of the commits
-        (`gateway.store.sqlite_checkpoint`)."""
+        """`after_commit` runs on the loop once each batch's jobs are resolved."""
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._connect = connect
@@ -89,7 +85,6 @@ class SqliteWriterThread:
         self._max_batch = max_batch
         self._on_batch = on_batch
         self._after_commit = after_commit
-        self._checkpointer = checkpointer
         self._queue: deque[_Pending[Any]] = deque()
         self._committing = False
         self._connection: sqlite3.Connection | None = None
@@ -108,9 +103,6 @@ class SqliteWriterThread:
             raise StoreUnavailable(f"cannot open the SQLite database: {exc}") from exc
         # Statements on the loop must never wait for a lock; `_start_batch` handles busy.
         connection.execute("PRAGMA busy_timeout=0")
-        if self._checkpointer is not None:
-            connection.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job
-            self._checkpointer.start()
         self._connection = connection
         self._idle.set()
 
@@ -146,8 +138,6 @@ class SqliteWriterThread:
         connection, self._connection = self._connection, None
         thread, self._thread = self._thread, None
         assert thread is not None
-        if self._checkpointer is not None:
-            await thread.call(self._checkpointer.stop)
         await thread.call(connection.close)
         thread.stop()
 
@@ -198,7 +188,10 @@ class SqliteWriterThread:
                 connection.execute("ROLLBACK")
             self._finish_now(batch, _unavailable("the SQLite store failed mid-batch", exc))
             return
-        thread.submit(lambda: self._commit(connection, done, batch), self._delivered(batch))
+        thread.submit(
+            lambda: _commit(connection, done, truncate_wal=_truncates(batch)),
+            self._delivered(batch),
+        )
 
     def _delivered(
         self, batch: list[_Pending[Any]]
@@ -225,16 +218,7 @@ class SqliteWriterThread:
                 connection.execute("ROLLBACK")
             error = _unavailable("the SQLite store failed mid-batch", exc)
             return [_Done(item.future, error=error) for item in batch]
-        return self._commit(connection, done, batch)
-
-    def _commit(
-        self, connection: sqlite3.Connection, done: list[_Done], batch: list[_Pending[Any]]
-    ) -> list[_Done]:
-        """COMMIT on the thread, then tell the checkpointer the log has grown."""
-        committed = _commit(connection, done, truncate_wal=_truncates(batch))
-        if self._checkpointer is not None:
-            self._checkpointer.nudge()
-        return committed
+        return _commit(connection, done, truncate_wal=_truncates(batch))
 
     def _finish_now(self, batch: list[_Pending[Any]], error: BaseException) -> None:
         self._deliver(batch, [_Done(item.future, error=error) for item in batch])
