@@ -20,8 +20,9 @@ function state(pid) {
 }
 
 test("a zombie worker's lease is not live", { skip: process.platform !== "linux" }, async () => {
-  // `sh` starts `true` in the background and becomes `sleep`, which never reaps it.
-  const parent = spawn("sh", ["-c", "true & echo $!; exec sleep 30"], { stdio: ["ignore", "pipe", "inherit"] });
+  // `sh` starts a child in the background and becomes `sleep`, which never reaps it. The
+  // child outlives the exec by a second: a `true` could exit first, and sh reap it.
+  const parent = spawn("sh", ["-c", "sleep 1 & echo $!; exec sleep 30"], { stdio: ["ignore", "pipe", "inherit"] });
   try {
     const [line] = await createInterface({ input: parent.stdout })[Symbol.asyncIterator]().next().then((r) => [r.value]);
     const pid = Number(line);
