@@ -153,6 +153,15 @@ def _load(
     )
 
 
+def kept_sqlite(keep: Path, rows: int) -> tuple[Path, float]:
+    """The kept SQLite file of `rows` operations in `keep` (`big-<rows>.db`), filled first
+    if it is not there, and the seconds its fill took (kept beside it, `big-<rows>.fill`)."""
+    path, fill = keep / f"big-{rows}.db", keep / f"big-{rows}.fill"
+    if not path.exists():
+        fill.write_text(f"{prefill(path, rows).seconds}\n")
+    return path, float(fill.read_text())
+
+
 @contextmanager
 def _fresh_store(
     workdir: Path, store: str, rows: int, keep: Path | None = None
@@ -164,11 +173,7 @@ def _fresh_store(
     file has had one run's writes too (claims, sweeps); its fill time is the first's.
     """
     if store == "sqlite" and keep is not None:
-        path = keep / f"big-{rows}.db"
-        if not path.exists():
-            report = prefill(path, rows)
-            (keep / f"big-{rows}.fill").write_text(f"{report.seconds}\n")
-        seconds = float((keep / f"big-{rows}.fill").read_text())
+        path, seconds = kept_sqlite(keep, rows)
         size = bytes_per_operation(path)[1]
         yield sqlite_url(path), FillReport(rows, min(rows, EXACT_ROWS), seconds, size)
         return

@@ -108,6 +108,9 @@ from gateway.store.postgres_connection import PostgresConnection, _translated
 from gateway.store.postgres_keys import by_id, events_of, ids_span
 from gateway.store.postgres_maintenance import PartitionKeeper
 from gateway.store.postgres_partitions import NOT_FORGOTTEN
+from gateway.store.postgres_prefix import COUNT as PREFIX_COUNT
+from gateway.store.postgres_prefix import WALK_FROM as PREFIX_WALK_FROM
+from gateway.store.postgres_prefix import PrefixIndexes, matching, upper_bound
 from gateway.store.postgres_schema import COLUMNS, NOTIFY_CHANNEL, columns_of, migrate
 from gateway.store.postgres_statements import (
     _CLAIMS,
@@ -119,6 +122,7 @@ from gateway.store.postgres_statements import (
     ERASE_REQUEST,
     KEY_IN_ANY_SCOPE,
     NOW,
+    NOW_ONCE,
     SECONDS,
     _claim_existing,
     _Receipt,
@@ -171,6 +175,7 @@ class PostgresStore(PostgresConnection):
         self._claims = StatementBatcher(self._run_claims)
         self._completes = StatementBatcher(self._run_completes)
         self._partitions = PartitionKeeper(url, self._require_pool)
+        self._prefix = PrefixIndexes(url, self._require_pool)
 
     @property
     def partitions(self) -> PartitionKeeper:
@@ -186,6 +191,8 @@ class PostgresStore(PostgresConnection):
                 await migrate(connection)
             async with _translated("partitions"):
                 await self._partitions.opened()
+            async with _translated("migration"):
+                await self._prefix.opened()
             self._secret = await self._load_or_create_secret()
             if self._history_key is not None:
                 self._seal = await self._history_seal(self._history_key)
@@ -208,8 +215,14 @@ class PostgresStore(PostgresConnection):
         judged on this host's clock, inside a margin for its disagreement with the store's)."""
         return self._legacy.twin_form(request, time.time())
 
+    @property
+    def prefix_indexes(self) -> PrefixIndexes:
+        """The key table's indexes for the admin search by prefix (built at open or after)."""
+        return self._prefix
+
     async def close(self) -> None:
         await self._partitions.close()
+        await self._prefix.close()
         await self._claims.drain()
         await self._completes.drain()
         await self._close_connections()
@@ -1020,9 +1033,15 @@ class PostgresStore(PostgresConnection):
         # A statement of its own with a key: its condition must reach the planner as an
         # index path, never as `$6 IS NULL OR ...` in a generic plan that scans.
         by_key = f"AND {KEY_IN_ANY_SCOPE.format('$6')} " if where.key is not None else ""
+        prefix: tuple[str, ...] = ()
         if where.prefix is not None:
-            place = f"${7 if where.key is not None else 6}"
-            by_key += f"AND (key LIKE {place} ESCAPE '\\' OR id LIKE {place} ESCAPE '\\') "
+            place = 7 if where.key is not None else 6
+            if await self._prefix_in_ranges(where.prefix):
+                by_key += f"AND {matching(f'${place}', f'${place + 1}')} "
+                prefix = (where.prefix, upper_bound(where.prefix))
+            else:
+                by_key += f"AND (key LIKE ${place} ESCAPE '\\' OR id LIKE ${place} ESCAPE '\\') "
+                prefix = (like_prefix(where.prefix),)
         rows = await self._fetch(
             "list",
             f"SELECT seq, {COLUMNS} FROM operations WHERE seq > $1 "
@@ -1036,13 +1055,24 @@ class PostgresStore(PostgresConnection):
             where.route,
             where.older_than,
             *(() if where.key is None else (where.key,)),
-            *(() if where.prefix is None else (like_prefix(where.prefix),)),
+            *prefix,
         )
         more = len(rows) > limit
         rows = rows[:limit]
         items = tuple(row_to_operation(tuple(row)[1:], self._cipher, lenient=True) for row in rows)
         next_cursor = encode_cursor(rows[-1]["seq"]) if more and rows else None
         return Page(items=items, next_cursor=next_cursor)
+
+    async def _prefix_in_ranges(self, prefix: str) -> bool:
+        """Whether a search for `prefix` reads the key table's ranges (`postgres_prefix`):
+        their indexes are ready, and it matches at most `PREFIX_WALK_FROM` operations."""
+        async with _translated("list"):
+            if not await self._prefix.ready():
+                return False
+        count = await self._fetchval(
+            "list", PREFIX_COUNT, prefix, upper_bound(prefix), PREFIX_WALK_FROM + 1
+        )
+        return int(count) <= PREFIX_WALK_FROM
 
     async def expire_orphans(self, *, owner: str | None, everything: bool = False) -> int:
         args: tuple[str, ...]
@@ -1052,7 +1082,7 @@ class PostgresStore(PostgresConnection):
             where, args = "state = 'in_flight' AND lease_owner = $2", (owner,)
             detail = f"lease holder {owner} is gone"
         else:
-            where, args = f"state = 'in_flight' AND lease_expires_at <= {NOW}", ()
+            where, args = f"state = 'in_flight' AND lease_expires_at <= {NOW_ONCE}", ()
             detail = "the lease expired before an outcome was recorded"
         evidence = json.dumps(Evidence(at=0.0, source="lease", detail=detail).as_json())
         async with (
@@ -1092,10 +1122,11 @@ class PostgresStore(PostgresConnection):
             expired = await connection.fetch(
                 _DUE.format(
                     where="state = 'completed' AND response_body IS NOT NULL "
-                    f"AND expires_at <= {NOW}",
+                    f"AND expires_at <= {NOW_ONCE}",
                     order="expires_at",
                     limit=limit,
                 )
+                + _ERASE_DUE
                 + "UPDATE operations o SET response_body = NULL, response_headers = NULL, "
                 f"request_kept = false, updated_at = {NOW}, version = version + 1 "
                 f"WHERE {_IN_DUE.format(t='o.')} RETURNING {columns_of('o')}",
@@ -1103,10 +1134,11 @@ class PostgresStore(PostgresConnection):
             requests = await connection.fetch(
                 _DUE.format(
                     where="request_kept AND state IN ('completed', 'released') "
-                    f"AND expires_at <= {NOW}",
+                    f"AND expires_at <= {NOW_ONCE}",
                     order="expires_at",
                     limit=limit,
                 )
+                + _ERASE_DUE
                 + f"UPDATE operations o SET request_kept = false, updated_at = {NOW}, "
                 f"version = version + 1 WHERE {_IN_DUE.format(t='o.')} "
                 f"RETURNING {columns_of('o')}",
@@ -1118,19 +1150,15 @@ class PostgresStore(PostgresConnection):
             ):
                 for row in rows:
                     operation = row_to_operation(row, self._cipher, lenient=True)
-                    await connection.execute(ERASE_REQUEST, operation.id)
                     changes.append((operation, (expired_event(erased),)))
             await append_events(connection, changes, self._cipher, self._seal)
             forgotten = await connection.fetchval(
                 _DUE.format(
-                    where=f"state IN ('completed', 'released') AND forgotten_at <= {NOW}",
+                    where=f"state IN ('completed', 'released') AND forgotten_at <= {NOW_ONCE}",
                     order="forgotten_at",
                     limit=limit,
                 )
-                + ", events AS (DELETE FROM operation_events e "
-                "WHERE e.operation_id = ANY(ARRAY(SELECT id FROM due)) AND e.op_created_at "
-                "BETWEEN (SELECT min(gateway_event_key(created_at)) FROM due) "
-                "AND (SELECT max(gateway_event_key(created_at)) FROM due)), "
+                + f", events AS (DELETE FROM operation_events e WHERE {_EVENTS_OF_DUE}), "
                 # By `= ANY(ARRAY(...))`, not a join: each is then a probe of the table's
                 # index per due id, where a join may hash the whole table.
                 "checkpoints AS (DELETE FROM history_checkpoints c "
@@ -1148,7 +1176,7 @@ class PostgresStore(PostgresConnection):
             )
             await connection.execute(
                 "DELETE FROM similar_refusals WHERE (scope, key) IN (SELECT scope, key "
-                f"FROM similar_refusals WHERE expires_at <= {NOW} - {SECONDS.format('$1')} "
+                f"FROM similar_refusals WHERE expires_at <= {NOW_ONCE} - {SECONDS.format('$1')} "
                 f"ORDER BY expires_at LIMIT {limit} FOR UPDATE SKIP LOCKED)",
                 BINDING_SWEEP_SLACK,
             )
@@ -1235,6 +1263,23 @@ _IN_DUE = (
 """`_DUE`'s rows (format: the table's prefix): by `seq`, in the partitions their creation
 times span (one, for a batch of one day), never by a join a generic plan could make a scan
 of every partition."""
+
+
+_EVENTS_OF_DUE = (
+    "e.operation_id = ANY(ARRAY(SELECT id FROM due)) AND e.op_created_at "
+    "BETWEEN (SELECT min(gateway_event_key(created_at)) FROM due) "
+    "AND (SELECT max(gateway_event_key(created_at)) FROM due)"
+)
+"""`WHERE` condition on `operation_events e`: the events of `_DUE`'s rows, in the events'
+partitions their operations' creation times span."""
+
+_ERASE_DUE = (
+    ", erased AS (UPDATE operation_events e SET payload = NULL "
+    f"WHERE {_EVENTS_OF_DUE} AND e.type IN ('claimed', 'probe', 'probe-blind') "
+    "AND e.payload IS NOT NULL) "
+)
+"""A CTE after `_DUE`: `ERASE_REQUEST` for every row of the batch, in one statement (one
+statement per receipt cost the sweep milliseconds each)."""
 
 
 def _no_partition(exc: StoreUnavailable) -> bool:

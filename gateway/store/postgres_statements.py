@@ -51,6 +51,11 @@ from gateway.store.postgres_schema import (
 from gateway.store.rows import OPERATION_TABLES, is_forgotten
 
 NOW = "clock_timestamp()"
+NOW_ONCE = "(SELECT clock_timestamp())"
+"""The database's clock read once for the statement (an init plan): a bound an index scan
+can start or stop at. `NOW` itself is volatile, so a condition on it is a filter, tested on
+every row read: a batch that walks an index in time order for its first rows due read the
+whole index when fewer were due than its limit (every sweep of a store with nothing due)."""
 SECONDS = "make_interval(secs => {})"
 
 _OUTCOME_WRITABLE = "state IN ('in_flight', 'unknown')"
