@@ -30,8 +30,10 @@ import os
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult
 
 from gateway.engine.digests import Digests
 from gateway.engine.fingerprint import fingerprint_request
@@ -155,21 +157,32 @@ Rows = list[tuple[object, ...]]
 
 
 def made_in_parallel(
-    total: int, secret: bytes, *, exact: int, chunk: int
+    total: int, secret: bytes, *, exact: int, chunk: int, now: float | None = None
 ) -> Iterator[tuple[Rows, Rows, Rows, Rows]]:
     """`filled_operations(0, total, ...)` with the store's `secret`, in chunks of `chunk`,
     in order, made by one process per core while the caller writes the chunks before them.
+    Their `SPAN` ends at `now` (the current time when it is None).
 
     Each chunk is four lists (operations, events, request log lines, counts) of
     plain tuples: they cross between processes far cheaper than objects do.
     """
-    now = time.time()
+    now = time.time() if now is None else now
     jobs = [
         (start, min(total, start + chunk), total, secret, exact, now)
         for start in range(0, total, chunk)
     ]
-    with multiprocessing.get_context("fork").Pool(os.cpu_count() or 1) as pool:
-        yield from pool.imap(_made, jobs)
+    makers = os.cpu_count() or 1
+    with multiprocessing.get_context("fork").Pool(makers) as pool:
+        # A bounded read-ahead: `imap` hands out every job at once, and when the writer is
+        # slower than the makers (a disk or a database busy elsewhere) the chunks made pile
+        # up in this process (14 GB, and an OOM kill, for ten million beside another fill).
+        ahead: deque[AsyncResult[tuple[Rows, Rows, Rows, Rows]]] = deque()
+        for job in jobs:
+            ahead.append(pool.apply_async(_made, (job,)))
+            if len(ahead) > 2 * makers:
+                yield ahead.popleft().get()
+        while ahead:
+            yield ahead.popleft().get()
 
 
 def _made(job: tuple[int, int, int, bytes, int, float]) -> tuple[Rows, Rows, Rows, Rows]:

@@ -53,12 +53,15 @@ _COUNT_COLUMNS = ("operation_id", "total", "replays", "refusals")
 _TABLES = ("operations", "operation_events", "request_log", "request_counts")
 
 
-def prefill_postgres(url: str, rows: int, *, exact: int = EXACT_ROWS) -> FillReport:
-    """Fill the (empty) schema `url` names with `rows` operations of the day before now."""
-    return asyncio.run(_prefill(url, rows, exact))
+def prefill_postgres(
+    url: str, rows: int, *, exact: int = EXACT_ROWS, now: float | None = None
+) -> FillReport:
+    """Fill the (empty) schema `url` names with `rows` operations of the day before `now`
+    (the current time when it is None)."""
+    return asyncio.run(_prefill(url, rows, exact, time.time() if now is None else now))
 
 
-async def _prefill(url: str, rows: int, exact: int) -> FillReport:
+async def _prefill(url: str, rows: int, exact: int, now: float) -> FillReport:
     from gateway.store.postgres import PostgresStore
 
     started = time.perf_counter()
@@ -71,11 +74,11 @@ async def _prefill(url: str, rows: int, exact: int) -> FillReport:
         secret = bytes(
             await connection.fetchval("SELECT value FROM gateway_meta WHERE name = 'scope_secret'")
         )
-        await _make_days(connection, time.time())
+        await _make_days(connection, now)
         indexes = await _drop_secondary_indexes(connection)
         operation_columns = [*OPERATION_COLUMNS]
         for operations, events, log, counts in made_in_parallel(
-            rows, secret, exact=exact, chunk=_CHUNK
+            rows, secret, exact=exact, chunk=_CHUNK, now=now
         ):
             typed = [_typed(row, operation_columns) for row in operations]
             created = {row[0]: row[11] for row in typed}  # id -> created_at
