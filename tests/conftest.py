@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from harness import GatewayProcess, RunningGateway, settings_for, start_gateway, stop_gateway
-from pg import schema_url, server_in_use
+from pg import schema_url, server_in_use, vacuum_catalogs
 from suite_profile import PROFILE_ENV, load_hypothesis_profile, profile
 from upstream import CountingUpstream
 
@@ -29,9 +30,27 @@ pytest_plugins = ("process_leaks",)
 load_hypothesis_profile()
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Once a run, in the controller (not in each xdist worker), before any test: the test
+    database's catalogs compacted (`pg.vacuum_catalogs`: what earlier runs' schemas left)."""
+    if not hasattr(session.config, "workerinput") and not session.config.option.collectonly:
+        vacuum_catalogs()
+
+
 def pytest_report_header() -> str:
     """Say which profile runs, so a fast run is never mistaken for the full counts."""
     return f"test profile: {profile()} ({PROFILE_ENV}=full: every property at its full count)"
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the whole test: bound (without
+    SO_REUSEADDR) and never listening, so no other test's server, whose port 0 the OS
+    chooses, is given it. A port only probed and closed was: a gateway in front of one
+    answered another test's 404 instead of its own 502."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield int(held.getsockname()[1])
 
 
 @pytest_asyncio.fixture

@@ -770,6 +770,12 @@ async def make_run(cwd: Path, config: str | None = None) -> AsyncIterator[MakeRu
             "admin.token": ADMIN_TOKEN,
             "store.url": f"sqlite:///{cwd / 'data' / 'gateway.db'}",
             "logging.level": "warning",
+            # The README's slow walk-through probes a late ticket by hand (step 6), and the
+            # sweep probes unknown operations too, every `sweep_interval` (60 s): the blocks'
+            # fixed offsets put a sweep seconds after the ticket exists, and on a loaded
+            # machine it probed first (the hand's probe then answers 409, the operation being
+            # completed, as README.md says can happen). Here the sweep waits an hour.
+            "idempotency.sweep_interval": "1h",
         }
         if config is None:
             config_path = ROOT / "config" / "gateway.toml"

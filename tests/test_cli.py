@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -385,12 +384,11 @@ async def test_gateway_without_admin_token_exits_1_with_404(
     assert await effects_for_key(upstream, gateway.url, "lost-plain") == 1
 
 
-async def test_unreachable_gateway_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_unreachable_gateway_exits_2(
+    capsys: pytest.CaptureFixture[str], refused_port: int
+) -> None:
     """A URL where nothing listens exits 2 with a message naming the URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{refused_port}"
 
     assert await cli(["operations", "list", "--url", url, "--token", ADMIN_TOKEN]) == 2
 

@@ -8,7 +8,6 @@ import inspect
 import json
 import re
 import signal
-import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -99,13 +98,6 @@ def is_stopped(pid: int) -> bool:
     """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # -- the package surface ---------------------------------------------------------------
@@ -373,10 +365,10 @@ async def test_upstream_timeout_is_an_unknown_outcome(
 
 
 async def test_upstream_unreachable_is_retried_within_the_backoff(
-    gateway_factory: GatewayFactory, make_client: ClientFactory
+    gateway_factory: GatewayFactory, make_client: ClientFactory, refused_port: int
 ) -> None:
     """502 upstream-unreachable (released, safe) is resent with the same key, then raised."""
-    gateway = await gateway_factory(f"http://127.0.0.1:{free_port()}")
+    gateway = await gateway_factory(f"http://127.0.0.1:{refused_port}")
     client = make_client(gateway.url, backoff=Backoff(attempts=3, initial=0.01, maximum=0.02))
     with pytest.raises(UpstreamUnreachable) as caught:
         await client.request("POST", ISSUES, key="down", json={})
@@ -678,9 +670,11 @@ async def test_resolve_problems(soon: GatewayClient, upstream: CountingUpstream)
 # -- transport and the paused gateway ---------------------------------------------------------
 
 
-async def test_an_unreachable_gateway_is_a_connection_error(make_client: ClientFactory) -> None:
+async def test_an_unreachable_gateway_is_a_connection_error(
+    make_client: ClientFactory, refused_port: int
+) -> None:
     """No gateway listening: GatewayConnectionError, marked safe to retry when keyed."""
-    client = make_client(f"http://127.0.0.1:{free_port()}")
+    client = make_client(f"http://127.0.0.1:{refused_port}")
     with pytest.raises(GatewayConnectionError) as caught:
         await client.request("POST", ISSUES, key="gone", json={})
     assert caught.value.safe_to_retry is True

@@ -35,7 +35,11 @@ from upstream import CountingUpstream, effects_probe
 from gateway.web.console_view import CONTENT_SECURITY_POLICY
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-TIMEOUT_ROUTE = {"timeout": "300ms"}
+# The route's whole-call limit: short, so that release windows end within seconds, and
+# long enough that a loaded machine answers every call a test expects to pass within it
+# (300 ms was not: a retry that should have completed answered 504 under CI's load).
+TIMEOUT_ROUTE = {"timeout": "1s"}
+SLOW_PATH = "/tickets/issues?delay=3"  # answers after the route's limit, the effect applied
 AGENT_A = {"Authorization": "Bearer agent-a-credential"}
 AGENT_B = {"Authorization": "Bearer agent-b-credential"}
 HTML_OR_CLOCK = (
@@ -101,7 +105,7 @@ async def admin_operation_by_key(gateway: RunningGateway, key: str) -> dict[str,
 
 async def unknown_by_timeout(gateway: RunningGateway, key: str, body: dict[str, str]) -> str:
     """A keyed POST whose upstream applies the effect, then answers after the route's timeout."""
-    response = await gateway.post("/tickets/issues?delay=1.5", key=key, json_body=body)
+    response = await gateway.post(SLOW_PATH, key=key, json_body=body)
     assert response.status == 504, await response.text()
     problem = json.loads(await response.read())
     assert problem["type"].endswith("/upstream-timeout")
@@ -170,7 +174,7 @@ async def test_operator_settles_an_unknown_timeout_and_the_retry_replays(
     assert f"Forwarded key\n{op_id}" in summary, "what to search the tool for"
     # The request as it was sent, body as text.
     shown = await page.detail_text("request")
-    assert "POST /tickets/issues?delay=1.5" in shown
+    assert f"POST {SLOW_PATH}" in shown
     assert "application/json" in shown
     assert json.loads(await page.text_content("#request-body")) == request
     # When the last send was and until when the tool may still apply it: the server's figures.
@@ -208,9 +212,7 @@ async def test_operator_settles_an_unknown_timeout_and_the_retry_replays(
     assert not await page.displayed("timing"), "settled: no send may still be applying"
     await page.screenshot("settled")
 
-    retry = await console_gateway.post(
-        "/tickets/issues?delay=1.5", key="run-9:0:c1", json_body=request
-    )
+    retry = await console_gateway.post(SLOW_PATH, key="run-9:0:c1", json_body=request)
     assert retry.status == 201
     assert retry.headers["Idempotent-Replayed"] == "true"
     assert json.loads(await retry.read()) == {"id": "T-1", "title": "Printer on fire"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -34,12 +33,6 @@ async def lookup_state(gateway: RunningGateway, key: str) -> str:
     response = await gateway.get("/operations/" + key)
     assert response.status == 200, await response.text()
     return str((await response.json())["state"])
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_missing_key_is_400_and_never_forwarded(
@@ -211,10 +204,10 @@ async def test_connection_lost_after_sending_is_502_and_unknown(
 
 
 async def test_unreachable_upstream_is_502_and_released(
-    gateway_factory: GatewayFactory, tmp_path: Path
+    gateway_factory: GatewayFactory, tmp_path: Path, refused_port: int
 ) -> None:
     """A refused connection proves nothing was sent: the key is released for a new attempt."""
-    gateway = await gateway_factory(f"http://127.0.0.1:{closed_port()}")
+    gateway = await gateway_factory(f"http://127.0.0.1:{refused_port}")
     for attempt in (1, 2):
         response = await gateway.post("/tickets/v1/issues", key="u1", json_body={})
         assert response.status == 502
@@ -425,10 +418,10 @@ async def test_an_unknown_outcome_names_its_operation_as_the_retry_does(
 
 
 async def test_an_unreachable_upstream_names_the_released_operation(
-    gateway_factory: GatewayFactory,
+    gateway_factory: GatewayFactory, refused_port: int
 ) -> None:
     """502 upstream-unreachable: the key's operation exists (released); the problem names it."""
-    gateway = await gateway_factory(f"http://127.0.0.1:{closed_port()}")
+    gateway = await gateway_factory(f"http://127.0.0.1:{refused_port}")
     document = await problem_of(await gateway.post("/tickets/v1/issues", key="u2", json_body={}))
     operation = await (await gateway.get("/operations/u2")).json()
 

@@ -83,6 +83,7 @@ from doc_snippets import (
     subprocess_env,
 )
 from idempotency_gateway_client import JournalDocument
+from mypy_cache import kept_mypy_cache
 
 from gateway.config import load_settings
 from gateway.engine.errors import ConfigError
@@ -531,8 +532,7 @@ async def test_python_blocks_type_check(tmp_path: Path, request: pytest.FixtureR
         file = module_file(block)
         (tmp_path / file).write_text(block.text)
         modules[file] = block
-    kept = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
-    cache = kept.mkdir("docs-snippets-mypy") if kept is not None else tmp_path / "mypy-cache"
+    cache = kept_mypy_cache(request, "docs-snippets-mypy", tmp_path)
     options = ["--strict", "--config-file=", "--python-version=3.11", "--cache-dir", str(cache)]
     finished = await run_process(
         [

@@ -403,8 +403,18 @@ async def test_a_second_worker_is_refused_while_the_first_holds_the_run(
     store: Stores, gw: GatewayClient, upstream: CountingUpstream
 ) -> None:
     """RunLeased names the holder and its expiry; the lease is renewed while the run is open."""
-    async with open_run(store, gw, worker="worker-a", lease_duration=0.3):
-        await asyncio.sleep(0.5)  # longer than the lease: the keeper must have renewed it
+    async with open_run(store, gw, worker="worker-a", lease_duration=3.0) as held:
+        assert held.document.lease is not None
+        granted = held.document.lease.expires_at
+        # The keeper renews the lease every third of it: wait for a renewal (a 0.3 s lease
+        # and a fixed sleep once lapsed here, on a loaded machine, before worker-b came).
+        for _ in range(300):  # up to ~30 s: bounds a hang only
+            lease = store().load("run-1").lease
+            if lease is not None and lease.expires_at > granted:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the keeper never renewed the lease")
         with pytest.raises(RunLeased, match="held by worker 'worker-a'") as caught:
             async with open_run(store, gw, worker="worker-b"):
                 pass

@@ -170,11 +170,19 @@ async def test_a_late_cancellation_of_a_finished_protected_call_is_dropped(
         async with asyncio.timeout(20), fresh_connections() as session:
             assert await post(session, url, tool_call(5, "create_ticket", key="late")) == 200
             assert await post(session, url, cancellation(5)) == 202
-            while True:  # written in the background
+            # Written in the background: the history first, then the log line (a reader
+            # that stopped at the history could look at the log before it was written).
+            while True:
                 lookup = await (await gateway.get("/operations/late")).json()
-                if "cancellation-held" in [event["type"] for event in lookup["history"]]:
+                written = "cancellation-held" in [event["type"] for event in lookup["history"]]
+                if written and held_cancellations(caplog):
                     break
                 await asyncio.sleep(0.05)
-    held = [r for r in caplog.records if str(getattr(r, "event", "")).startswith("mcp_cancel")]
+    held = held_cancellations(caplog)
     assert [getattr(record, "key", None) for record in held] == ["late"]
     assert server.cancellations == {}
+
+
+def held_cancellations(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The gateway's log records about cancellations (`mcp_cancel...` events)."""
+    return [r for r in caplog.records if str(getattr(r, "event", "")).startswith("mcp_cancel")]

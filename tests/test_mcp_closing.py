@@ -138,16 +138,18 @@ async def test_a_protected_calls_cancellation_is_held_back_and_recorded(
                 call.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await call
+        # The history is written first, then the log line: wait for both.
         while True:
             lookup = await (await gateway.get(f"/operations/{key}")).json()
             kinds = [event["type"] for event in lookup["history"]]
-            if lookup["state"] == "completed" and "cancellation-held" in kinds:
+            logged = [r for r in caplog.records if r.getMessage().startswith("cancellation of a")]
+            if lookup["state"] == "completed" and "cancellation-held" in kinds and logged:
                 break
             await asyncio.sleep(0.05)
     assert server.count_for(lookup["id"]) == 1, "the call ran on, once"
     (held,) = [event for event in lookup["history"] if event["type"] == "cancellation-held"]
     assert "held the cancellation back" in held["detail"]
-    (line,) = [r for r in caplog.records if r.getMessage().startswith("cancellation of a")]
+    (line,) = logged
     assert (getattr(line, "key", None), getattr(line, "operation_id", None)) == (key, lookup["id"])
 
 

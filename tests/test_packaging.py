@@ -27,6 +27,7 @@ import aiohttp
 import idempotency_gateway_client
 import pytest
 from harness import ADMIN_TOKEN, ROOT, GatewayProcess, settings_for, write_config
+from mypy_cache import kept_mypy_cache
 from upstream import CountingUpstream
 
 import gateway
@@ -34,15 +35,6 @@ import gateway
 
 def site_packages() -> Path:
     return Path(next(p for p in sys.path if p.endswith("site-packages")))
-
-
-def mypy_cache(request: pytest.FixtureRequest, name: str, tmp_path: Path) -> Path:
-    """A mypy cache kept in pytest's cache directory, one per check (as the docs test keeps
-    its own): a cold strict run spends most of its ~10 s on the standard library's stubs,
-    which a warm cache reads back. mypy rechecks whatever changed, so the check is the same.
-    Under `-p no:cacheprovider`, a fresh one in `tmp_path`."""
-    kept = getattr(request.config, "cache", None)
-    return kept.mkdir(name) if kept is not None else tmp_path / name
 
 
 def test_editable_installs_are_plain_path_entries() -> None:
@@ -76,7 +68,7 @@ def test_a_users_mypy_strict_sees_the_clients_types(
             "mypy",
             "--strict",
             "--cache-dir",
-            str(mypy_cache(request, "packaging-mypy-checkout", tmp_path)),
+            str(kept_mypy_cache(request, "packaging-mypy-checkout", tmp_path)),
             "agent.py",
         ],
         cwd=tmp_path,
@@ -227,7 +219,7 @@ async def test_the_built_packages_install_into_a_fresh_venv_and_run(
         "--python-executable",
         venv / "bin" / "python",
     ]
-    cache = mypy_cache(request, "packaging-mypy-installed", tmp_path)
+    cache = kept_mypy_cache(request, "packaging-mypy-installed", tmp_path)
     revealed = await asyncio.to_thread(run, [*mypy, "--cache-dir", cache, "agent.py"], outside)
     assert "idempotency_gateway_client._models.Operation | None" in revealed
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import pg
 import pytest
 import pytest_asyncio
 from harness import GatewayProcess, settings_for, spawn, start_gateway, stop_gateway
@@ -89,15 +90,11 @@ async def clock() -> AsyncIterator[DatabaseClock]:
         await drop_schema(schema)
 
 
-@pytest_asyncio.fixture
-async def schema_url() -> AsyncIterator[str]:
+@pytest_asyncio.fixture(name="schema_url")
+async def fresh_schema_url() -> AsyncIterator[str]:
     """A fresh schema (the server's own clock), dropped afterwards."""
-    require_postgres()
-    schema = await fresh_schema()
-    try:
-        yield url_for(schema)
-    finally:
-        await drop_schema(schema)
+    async with pg.schema_url() as url:
+        yield url
 
 
 @contextlib.asynccontextmanager

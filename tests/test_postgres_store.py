@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from pg import claim_request, drop_schema, fresh_schema, require_postgres, url_for
@@ -30,13 +29,10 @@ async def test_replicas_starting_together_migrate_once() -> None:
         await drop_schema(schema)
 
 
-async def test_an_unreachable_server_is_store_unavailable() -> None:
+async def test_an_unreachable_server_is_store_unavailable(refused_port: int) -> None:
     """Connection failures surface as StoreUnavailable, never as a driver error."""
     postgres_store = require_postgres()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    store = postgres_store(f"postgresql://postgres@127.0.0.1:{port}/test", pool_size=1)
+    store = postgres_store(f"postgresql://postgres@127.0.0.1:{refused_port}/test", pool_size=1)
     with pytest.raises(StoreUnavailable):
         await store.open()
     with pytest.raises(StoreUnavailable):

@@ -277,7 +277,7 @@ async def test_probe_not_applied_releases_only_after_not_applied_after(
     """A 404 from the probe is only evidence until the last send is old enough; then it releases."""
     gateway = await gateway_factory(
         upstream.url,
-        route={"probe": {**PROBE, "not_applied_after": "1500ms"}, "timeout": "200ms"},
+        route={"probe": {**PROBE, "not_applied_after": "1500ms"}, "timeout": "1s"},
         idempotency={"lease": "500ms"},
     )
     # Something of the kind completed, so the probe can be calibrated against it.

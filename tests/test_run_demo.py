@@ -8,6 +8,7 @@ serving in front of whatever holds that port.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -55,7 +56,11 @@ def demo_env(tmp_path: Path, ports: dict[str, int], **extra: str) -> dict[str, s
 
 
 def start_demo(
-    env: dict[str, str], ports: dict[str, int], *, stderr: IO[str] | int = subprocess.PIPE
+    env: dict[str, str],
+    ports: dict[str, int],
+    *,
+    stderr: IO[str] | int = subprocess.PIPE,
+    new_session: bool = False,
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
@@ -74,6 +79,7 @@ def start_demo(
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
+        start_new_session=new_session,
     )
 
 
@@ -196,3 +202,41 @@ def test_a_taken_port_is_named_before_anything_is_printed(
     assert err.startswith(f"make run: port {ports[which]} on 127.0.0.1 (")
     assert out == ""
     assert not (tmp_path / "demo.db").exists()
+
+
+@pytest.mark.parametrize(
+    "marker",
+    ["tool API listening on", "gateway listening on"],
+    ids=["while-the-mcp-server-starts", "serving"],
+)
+def test_sigterm_ends_the_tool_servers_too(
+    tmp_path: Path, ports: dict[str, int], marker: str
+) -> None:
+    """SIGTERM (a supervisor's stop, `timeout`, `kill`) ends the demo and the tool servers it
+    started, whenever it comes. Before the gateway's own handler was installed, it ended the
+    demo at once and left the ticket API holding its port: the next `make run` refused it."""
+    with open(tmp_path / "demo.log", "w") as log:
+        # A process group of its own: whatever the demo leaves behind is ended below.
+        demo = start_demo(demo_env(tmp_path, ports), ports, stderr=log, new_session=True)
+    try:
+        lines_until(demo, marker)
+        demo.send_signal(signal.SIGTERM)
+        demo.wait(START_SECONDS)
+        held = [name for name in ("tool", "mcp") if not port_is_free(ports[name])]
+        assert held == [], f"the demo exited ({demo.returncode}) leaving {held} listening"
+        assert demo.returncode in (0, 128 + signal.SIGTERM), demo.returncode
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait()
+
+
+def port_is_free(port: int) -> bool:
+    """No listener on `port` (a connection's TIME_WAIT does not count, as for a new server)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
