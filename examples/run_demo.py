@@ -24,13 +24,15 @@ import contextlib
 import os
 import secrets
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from types import FrameType
+from typing import NoReturn, TextIO
 
 from gateway.config import DEFAULT_CONFIG_PATH, ENV_PREFIX, Settings, load_settings
 from gateway.config.loader import config_error_message
@@ -44,12 +46,54 @@ class ToolDidNotStart(Exception):
     """A child tool server exited or said something else than where it listens."""
 
 
+class _Termination:
+    """SIGTERM as `SystemExit`, so that the tool servers started so far are ended too.
+
+    Python's default for SIGTERM ends the process at once, without `finally`: until the
+    gateway installed its own handler, a stop (a supervisor's, `timeout`'s, `kill`'s) left
+    the ticket API holding its port, and the next `make run` refused it. While a child is
+    being spawned the exit waits: raised inside `Popen`, its pid would be lost with it.
+    """
+
+    def __init__(self) -> None:
+        self._spawning = False
+        self._pending = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._spawning:
+            self._pending = True
+            return
+        self._exit()
+
+    @staticmethod
+    def _exit() -> NoReturn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut the cleanup
+        raise SystemExit(128 + signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def held_while_spawning(self) -> Iterator[None]:
+        self._spawning = True
+        try:
+            yield
+        finally:
+            self._spawning = False
+        if self._pending:
+            self._exit()
+
+
+_TERMINATION = _Termination()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG_PATH))
     parser.add_argument("--tool-port", type=int, default=9000)
     parser.add_argument("--mcp-port", type=int, default=9100)
     args = parser.parse_args(argv)
+    _TERMINATION.install()
     try:
         settings, made_token = _settings(args.config)
     except ConfigError as exc:
@@ -162,13 +206,15 @@ def _cli_command() -> str:
 
 @contextlib.contextmanager
 def _child(module: str, port: int) -> Iterator[None]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process: subprocess.Popen[str] | None = None
     try:
+        with _TERMINATION.held_while_spawning():  # a SIGTERM now exits here, child known
+            process = subprocess.Popen(
+                [sys.executable, "-m", module, "--port", str(port)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         assert process.stdout is not None
         assert process.stderr is not None
         line = process.stdout.readline().strip()
@@ -185,7 +231,7 @@ def _child(module: str, port: int) -> Iterator[None]:
             threading.Thread(target=_pass_on, args=(pipe, sink), daemon=True).start()
         yield
     finally:
-        if process.poll() is None:
+        if process is not None and process.poll() is None:
             process.terminate()
             process.wait(10)
 
