@@ -11,7 +11,6 @@ next pass: the sweep's own work goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from gateway.engine.errors import StoreUnavailable
+from gateway.store.background import BackgroundJob
 from gateway.store.postgres_migration12 import backfill, backfilled
 from gateway.store.postgres_partitions import ensure_days, retire_days
 
@@ -51,7 +51,7 @@ class PartitionKeeper:
         self._pool = pool
         self.interval = INTERVAL
         self._last: float | None = None
-        self._backfill: asyncio.Task[None] | None = None
+        self._backfill = BackgroundJob(self._run_backfill, "postgres-backfill")
 
     async def opened(self) -> None:
         """At open: the days' partitions, and the backfill if it is not done."""
@@ -59,7 +59,7 @@ class PartitionKeeper:
             await ensure_days(connection)
             done = await backfilled(connection)
         if not done:
-            self._start_backfill()
+            self._backfill.start()
 
     async def ensure(self) -> None:
         """Today's partitions now (a claim found none: the database's clock moved on)."""
@@ -80,30 +80,20 @@ class PartitionKeeper:
                 dropped = await retire_days(own)
             finally:
                 await own.close()
-            if self._backfill is None or self._backfill.done():
+            if not self._backfill.running:
                 async with self._pool().acquire() as connection:
                     if not await backfilled(connection):
-                        self._start_backfill()
+                        self._backfill.start()
         except (*_FAILURES, StoreUnavailable) as exc:
             log.warning("postgres partition upkeep failed (the next pass tries again): %s", exc)
         return dropped
 
     async def wait_backfilled(self) -> None:
         """Until the backfill this store runs has finished (tests, operators' tools)."""
-        if self._backfill is not None:
-            await asyncio.shield(self._backfill)
+        await self._backfill.wait()
 
     async def close(self) -> None:
-        task, self._backfill = self._backfill, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    def _start_backfill(self) -> None:
-        self._backfill = asyncio.get_running_loop().create_task(
-            self._run_backfill(), name="postgres-backfill"
-        )
+        await self._backfill.close()
 
     async def _run_backfill(self) -> None:
         """Batches until done; another replica's batch in progress, or a failure, waits."""

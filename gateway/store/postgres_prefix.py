@@ -29,13 +29,13 @@ have no key row yet), the search walks as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 
+from gateway.store.background import BackgroundJob
 from gateway.store.postgres_migration12 import backfilled
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class PrefixIndexes:
         self._url = url
         self._pool = pool
         self._ready = False
-        self._build: asyncio.Task[None] | None = None
+        self._build = BackgroundJob(self._run, "postgres-prefix-indexes")
 
     async def opened(self) -> None:
         """At open: built in line on a small key table, else started in the background."""
@@ -122,7 +122,7 @@ class PrefixIndexes:
             )
         if small and await _build_once(self._url, concurrently=False):
             return
-        self._start()
+        self._build.start()
 
     async def ready(self) -> bool:
         """Whether the search may read the ranges: both indexes valid, the backfill done.
@@ -132,26 +132,16 @@ class PrefixIndexes:
                 valid = await _valid(connection)
                 self._ready = valid and await backfilled(connection)
             # A build only for indexes missing or invalid, not for a backfill still going.
-            if not valid and (self._build is None or self._build.done()):
-                self._start()
+            if not valid:
+                self._build.start()
         return self._ready
 
     async def wait_built(self) -> None:
         """Until the background build this store runs has finished (tests)."""
-        if self._build is not None:
-            await asyncio.shield(self._build)
+        await self._build.wait()
 
     async def close(self) -> None:
-        task, self._build = self._build, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    def _start(self) -> None:
-        self._build = asyncio.get_running_loop().create_task(
-            self._run(), name="postgres-prefix-indexes"
-        )
+        await self._build.close()
 
     async def _run(self) -> None:
         while True:
