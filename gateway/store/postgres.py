@@ -123,6 +123,7 @@ from gateway.store.postgres_statements import (
     KEY_IN_ANY_SCOPE,
     NOW,
     NOW_ONCE,
+    REQUEST_PAYLOADS,
     SECONDS,
     _claim_existing,
     _Receipt,
@@ -1275,8 +1276,7 @@ partitions their operations' creation times span."""
 
 _ERASE_DUE = (
     ", erased AS (UPDATE operation_events e SET payload = NULL "
-    f"WHERE {_EVENTS_OF_DUE} AND e.type IN ('claimed', 'probe', 'probe-blind') "
-    "AND e.payload IS NOT NULL) "
+    f"WHERE {_EVENTS_OF_DUE} AND {REQUEST_PAYLOADS}) "
 )
 """A CTE after `_DUE`: `ERASE_REQUEST` for every row of the batch, in one statement (one
 statement per receipt cost the sweep milliseconds each)."""

@@ -300,10 +300,11 @@ _APPEND = (
 partition of their operation's creation (`gateway_event_key`); an operation that is
 gone (forgotten, its day being dropped) gets neither."""
 
+REQUEST_PAYLOADS = "type IN ('claimed', 'probe', 'probe-blind') AND payload IS NOT NULL"
+"""The events whose payload holds a request, or what a probe asked and read."""
+
 ERASE_REQUEST = (
-    "UPDATE operation_events SET payload = NULL "
-    f"WHERE {events_of('$1')} AND type IN ('claimed', 'probe', 'probe-blind') "
-    "AND payload IS NOT NULL"
+    f"UPDATE operation_events SET payload = NULL WHERE {events_of('$1')} AND {REQUEST_PAYLOADS}"
 )
 """Drop an operation's recorded request and what its probes asked and read (retention,
 redaction): their commitments stay."""
